@@ -1,0 +1,3 @@
+from mlc.cli import main
+
+main()

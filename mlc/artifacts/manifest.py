@@ -1,0 +1,77 @@
+"""The artifact manifest schema (versioned). The thin runtime reads the same JSON with plain dicts."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mlc.runtime.runner import SCHEMA_VERSION
+
+Dim = Union[int, str]  # a fixed size or a symbolic name
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TensorSpec(_Strict):
+    name: str
+    dtype: str
+    shape: list[Dim]
+    # Inputs that index a table (e.g. token ids into an embedding) must stay within it; TVM's
+    # gather reads out of bounds otherwise.
+    value_range: Optional[tuple[int, int]] = None
+
+
+class TargetInfo(_Strict):
+    name: str
+    tvm: dict[str, Any]
+    runtime_arch: str
+    device: str
+    required_cpu_features: list[str] = Field(default_factory=list)
+
+
+class SourceInfo(_Strict):
+    name: str
+    path: str
+    format: str
+    sha256: str
+    opset: Optional[int] = None
+
+
+class RuntimeInfo(_Strict):
+    library: str  # libtvm_runtime.so for the target architecture
+    module: str  # the thin runner (runtime/mlc_runtime.py)
+    entry: str  # run.py
+    requires: list[str]
+
+
+class ReferenceInfo(_Strict):
+    producer: str  # what computed the reference outputs, with its version
+    inputs: str
+    outputs: str
+    seed: int
+
+
+class CompileInfo(_Strict):
+    options: dict[str, Any]
+    timings_s: dict[str, float]
+    recipe: str  # the command that rebuilds this artifact
+    onnx_nodes: dict[str, int]  # node count before and after graph cleanup
+
+
+class Manifest(_Strict):
+    schema_version: int = SCHEMA_VERSION
+    mlc_version: str
+    tvm_version: str
+    created: str
+    source: SourceInfo
+    target: TargetInfo
+    library: str
+    runtime: RuntimeInfo
+    reference: ReferenceInfo
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    compile: CompileInfo
+    files: dict[str, str] = Field(default_factory=dict)  # path -> sha256, every file but the manifest

@@ -1,0 +1,238 @@
+"""The `mlc` command line: parses options, calls one API function, maps errors to exit codes.
+Progress goes to stderr; results (and --json) to stdout."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from mlc import __version__
+from mlc.errors import ExitCode, MlcError
+
+app = typer.Typer(
+    name="mlc",
+    help="Compile ONNX models with Apache TVM into verified, self-contained artifacts.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+# Outside a terminal rich assumes 80 columns, which squeezes the tables; logs are wider.
+_WIDTH = shutil.get_terminal_size((140, 24)).columns
+out = Console(highlight=False, width=_WIDTH)
+err = Console(stderr=True, highlight=False, width=_WIDTH)
+_state = {"debug": bool(os.environ.get("MLC_DEBUG"))}
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"mlc {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks and keep TVM's log on errors."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    _state["debug"] = _state["debug"] or debug
+
+
+def _step(description: str):
+    """Spinner while a step runs, then a done line with its duration (stderr)."""
+
+    @contextlib.contextmanager
+    def run():
+        start = time.perf_counter()
+        with err.status(f"{description}..."):
+            yield
+        err.print(f"[green]✓[/] {description} [dim]({time.perf_counter() - start:.1f} s)[/]")
+
+    return run()
+
+
+def _fmt(value: float, spec: str = ".2e") -> str:
+    return "nan" if math.isnan(value) else format(value, spec)
+
+
+def _check_table(result, title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("output", "shape", "dtype", "max abs err", "max rel err", "cosine", "mismatched", "atol/rtol", "result"):
+        table.add_column(column, justify="left" if column in ("output", "result") else "right")
+    for o in result.outputs:
+        problems = [o.problem] if o.problem else []
+        if o.nonfinite_mismatch:
+            problems.append(f"{o.nonfinite_mismatch} NaN/Inf differ")
+        verdict = "[green]pass[/]" if o.passed else "[red]FAIL[/] " + escape("; ".join(problems))
+        table.add_row(
+            escape(o.name), "x".join(map(str, o.shape)) or "scalar", o.dtype,
+            _fmt(o.max_abs_error), _fmt(o.max_rel_error), _fmt(o.cosine_similarity, ".6f"),
+            f"{o.mismatch_fraction:.2%}", f"{o.atol:g}/{o.rtol:g}", verdict.strip(),
+        )
+    return table
+
+
+def _latency_line(stats: dict) -> str:
+    return (
+        f"latency over {stats['runs']} runs: mean {stats['mean_ms']:.3f} ms, p50 {stats['p50_ms']:.3f} ms, "
+        f"p90 {stats['p90_ms']:.3f} ms, p99 {stats['p99_ms']:.3f} ms; throughput {stats['throughput_per_s']:.1f} runs/s "
+        f"({stats['samples_per_s']:.1f} samples/s)"
+    )
+
+
+@app.command("compile")
+def compile_cmd(
+    model: str = typer.Argument(..., help="An .onnx file, or zoo:NAME for a built-in model (see `mlc models`)."),
+    target: str = typer.Option("x86", "--target", "-t", help="Target preset (see `mlc targets`)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Artifact directory [default: artifacts/MODEL-TARGET]."),
+    input_shape: List[str] = typer.Option([], "--input-shape", help="Fix an input's shape, NAME:1x128 (repeatable)."),
+    archive: bool = typer.Option(False, "--archive", help="Also write the artifact as DIR.tar.gz."),
+    atol: Optional[float] = typer.Option(None, help="Absolute tolerance for the check [default: by dtype]."),
+    rtol: Optional[float] = typer.Option(None, help="Relative tolerance for the check [default: by dtype]."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Compile a model into a verified artifact: compiled library, thin runtime, reference data."""
+    from mlc import api
+
+    result = api.compile(model, target=target, output=output, input_shapes=input_shape, archive=archive,
+                         atol=atol, rtol=rtol, step=_step if not as_json else api._quiet_step)
+    for note in result.notes:
+        err.print(f"[yellow]warning:[/] {escape(note)}")
+    if as_json:
+        out.print_json(json.dumps({"artifact": str(result.path), "archive": str(result.archive) if result.archive else None,
+                                   "check": result.check.to_json(), "timings_s": result.manifest.compile.timings_s}))
+    else:
+        m = result.manifest
+        out.print(_check_table(result.check, "Check against " + m.reference.producer))
+        shapes = ", ".join(f"{i.name} {'x'.join(map(str, i.shape))} {i.dtype}" for i in m.inputs)
+        size = sum(p.stat().st_size for p in result.path.rglob("*") if p.is_file())
+        out.print(f"artifact: {result.path}  ({size / 2**20:.1f} MiB; inputs: {shapes})")
+        if result.archive:
+            out.print(f"archive:  {result.archive}")
+        out.print("[dim]untuned build: CPU kernels use TVM default schedules (slow); "
+                  "autotuning is what makes them fast, and is not in this release yet[/]")
+    if not result.check.passed:
+        api.require_pass(result.check)
+
+
+@app.command("run")
+def run_cmd(
+    artifact: Path = typer.Argument(..., help="Artifact directory written by `mlc compile`."),
+    inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help=".npz with one array per input [default: reference inputs]."),
+    outputs: Optional[Path] = typer.Option(None, "--outputs", "-o", help="Write the outputs to this .npz."),
+    warmup: int = typer.Option(3, help="Untimed runs first."),
+    repeat: int = typer.Option(50, help="Timed runs (0: run once, no timing)."),
+    as_json: bool = typer.Option(False, "--json", help="Print latency and output shapes as JSON."),
+) -> None:
+    """Run an artifact and report latency (mean, p50, p90, p99, throughput)."""
+    import numpy as np
+
+    from mlc import api
+
+    result = api.run(artifact, inputs, warmup=warmup, repeat=repeat)
+    for warning in result.warnings:
+        err.print(f"[yellow]warning:[/] {escape(warning)}")
+    if outputs:
+        tmp = outputs.with_name(f".{outputs.name}.tmp.npz")
+        np.savez(tmp, **result.outputs)
+        os.replace(tmp, outputs)
+    if as_json:
+        out.print_json(json.dumps({
+            "artifact": str(artifact),
+            "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in result.outputs.items()},
+            "latency": result.latency,
+        }))
+        return
+    for name, value in result.outputs.items():
+        out.print(f"{name}: shape {'x'.join(map(str, value.shape))} {value.dtype}")
+    if outputs:
+        out.print(f"outputs written to {outputs}")
+    if result.latency:
+        out.print(_latency_line(result.latency))
+
+
+@app.command("check")
+def check_cmd(
+    artifact: Path = typer.Argument(..., help="Artifact directory written by `mlc compile`."),
+    atol: Optional[float] = typer.Option(None, help="Absolute tolerance [default: by dtype: fp32 1e-4, fp16 1e-2, ints exact]."),
+    rtol: Optional[float] = typer.Option(None, help="Relative tolerance [default: by dtype: fp32 1e-3, fp16 5e-2, ints exact]."),
+    as_json: bool = typer.Option(False, "--json", help="Print per-output statistics as JSON."),
+) -> None:
+    """Run the artifact on its reference inputs and compare with the reference outputs (exit 3 on mismatch)."""
+    from mlc import api
+
+    result = api.check(artifact, atol=atol, rtol=rtol)
+    if as_json:
+        out.print_json(json.dumps(result.to_json()))
+    else:
+        manifest = json.loads((artifact / "manifest.json").read_text())
+        out.print(_check_table(result, f"{artifact}: check against {manifest['reference']['producer']}"))
+        out.print("[green]check passed[/]" if result.passed else "[red]check FAILED[/]")
+    api.require_pass(result)
+
+
+@app.command("unpack")
+def unpack_cmd(
+    archive: Path = typer.Argument(..., help="An artifact .tar.gz written by `mlc compile --archive`."),
+    dest: Path = typer.Option(Path("artifacts"), "--dest", "-d", help="Folder to unpack into."),
+) -> None:
+    """Unpack an artifact archive safely and verify every file."""
+    from mlc import artifacts
+
+    out.print(f"unpacked and verified: {artifacts.unpack(archive, dest)}")
+
+
+@app.command("targets")
+def targets_cmd() -> None:
+    """List the target presets."""
+    from mlc import targets
+
+    table = Table(title="Targets")
+    for column in ("name", "description", "TVM target"):
+        table.add_column(column)
+    for row in targets.describe_all():
+        table.add_row(row["name"], row["description"], row["tvm"])
+    out.print(table)
+
+
+@app.command("models")
+def models_cmd() -> None:
+    """List the built-in models (compile them as zoo:NAME)."""
+    from mlc.models import ZOO
+
+    table = Table(title="Built-in models (seeded random weights, built in code)")
+    for column in ("name", "framework", "description"):
+        table.add_column(column)
+    for m in ZOO.values():
+        table.add_row(f"zoo:{m.name}", m.framework, m.description)
+    out.print(table)
+
+
+def main() -> None:
+    """Entry point: runs the app and turns every failure into a one-line message and exit code."""
+    try:
+        app()  # typer handles usage errors itself (exit 2) and Ctrl-C
+    except MlcError as e:
+        if _state["debug"]:
+            traceback.print_exc()
+        err.print(f"[red]error:[/] {escape(str(e))}")
+        sys.exit(int(e.exit_code))
+    except Exception as e:  # a bug: say so plainly, keep the traceback behind --debug
+        if _state["debug"]:
+            traceback.print_exc()
+        err.print(f"[red]internal error:[/] {type(e).__name__}: {escape(str(e).splitlines()[0]) if str(e) else ''} "
+                  "(rerun with --debug for the traceback and report it)")
+        sys.exit(int(ExitCode.INTERNAL))

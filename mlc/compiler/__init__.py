@@ -1,0 +1,78 @@
+"""The compiler: frontends (-> ONNX + reference), ONNX passes, and the TVM worker process that
+imports ONNX into Relax and builds it. Only the worker (and modules it imports) imports tvm."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mlc.errors import CompilerError, MissingDependencyError, UnsupportedModelError
+
+TVM_PIN = "apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post1"
+
+
+def tvm_package_dir() -> Path:
+    """Where the apache-tvm package is installed, found without importing it (that takes ~6 s)."""
+    spec = importlib.util.find_spec("tvm")
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingDependencyError(f"Apache TVM is not installed; run: pip install {TVM_PIN}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def runtime_library() -> Path:
+    """libtvm_runtime.so of the installed TVM (the host architecture's)."""
+    path = tvm_package_dir() / "lib" / "libtvm_runtime.so"
+    if not path.is_file():
+        raise MissingDependencyError(f"{path} is missing; reinstall TVM: pip install --force-reinstall {TVM_PIN}")
+    return path
+
+
+def _format_unsupported(ops: dict[str, dict]) -> str:
+    parts = [f"{op} x{info['count']} (first: {', '.join(info['first_nodes'])})" for op, info in ops.items()]
+    return (
+        f"the model uses {len(ops)} op type(s) that TVM's ONNX importer cannot convert: {'; '.join(parts)}. "
+        "Replace or decompose them in the source model before compiling"
+    )
+
+
+def compile_in_worker(onnx_path: Path, target_json: dict[str, Any], library: Path) -> dict[str, Any]:
+    """Import + build + export in a child process; returns its result or raises an MlcError.
+    TVM's log goes to a file that is kept (and named in the error) only when the step fails."""
+    request = onnx_path.with_name("request.json")
+    request.write_text(json.dumps({"onnx": str(onnx_path), "target": target_json, "library": str(library)}))
+    with tempfile.NamedTemporaryFile("w", prefix="mlc-tvm-", suffix=".log", delete=False) as log:
+        proc = subprocess.run(
+            [sys.executable, "-m", "mlc.compiler.worker", str(request)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+    log_path = Path(log.name)
+    result_path = request.with_suffix(".result.json")
+    if proc.returncode != 0 or not result_path.exists():
+        if proc.returncode < 0:
+            how = f"was killed by {signal.Signals(-proc.returncode).name}"
+        else:
+            how = f"exited with status {proc.returncode}"
+        tail = _log_tail(log_path)
+        raise CompilerError(f"the TVM compile process {how}{': ' + tail if tail else ''} (full log: {log_path})")
+    result = json.loads(result_path.read_text())
+    if result["ok"] or result["kind"] == "unsupported":
+        log_path.unlink(missing_ok=True)
+    if result["ok"]:
+        return result
+    if result["kind"] == "unsupported":
+        raise UnsupportedModelError(_format_unsupported(result["ops"]))
+    raise CompilerError(f"TVM failed during {result['stage']}: {result['message']} (full log: {log_path})")
+
+
+def _log_tail(log_path: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""

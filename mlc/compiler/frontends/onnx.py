@@ -1,0 +1,233 @@
+"""ONNX frontend: load and validate a model file, describe its inputs, and compute the reference
+outputs with ONNX Runtime on fixed seeded inputs."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import TensorProto, helper
+
+from mlc.errors import InputError, UnsupportedModelError
+
+# Dims larger than this are almost certainly a mistake (and overflow int32 index math in TVM).
+MAX_DIM = (1 << 31) - 1
+REFERENCE_SEED = 0
+# Sizes given to symbolic dims when making reference inputs, unless the user fixed them.
+DEFAULT_BATCH = 2
+DEFAULT_OTHER_DIM = 16
+
+
+@dataclass
+class InputSpec:
+    name: str
+    dtype: str  # numpy dtype name
+    shape: list  # int or symbolic name per axis
+    value_range: Optional[tuple[int, int]] = None  # inclusive, for inputs that index a table
+
+
+@dataclass
+class Reference:
+    """What the source model computes on fixed inputs; the artifact is checked against it."""
+
+    producer: str
+    inputs: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray]
+    seed: int = REFERENCE_SEED
+    output_specs: list[InputSpec] = field(default_factory=list)
+
+
+def load(path: str | Path) -> onnx.ModelProto:
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"model file not found: {path}")
+    if path.is_dir():
+        raise InputError(f"{path} is a directory; pass an .onnx file")
+    try:
+        model = onnx.load(str(path))
+    except (DecodeError, ValueError, RuntimeError, OSError) as e:
+        raise InputError(f"{path} is not an ONNX model (cannot parse it: {_first_line(e)}); pass a valid .onnx file") from None
+    validate(model, str(path))
+    return model
+
+
+def validate(model: onnx.ModelProto, where: str) -> None:
+    if not model.graph.node:
+        raise InputError(f"{where} has an empty graph (no nodes); export the model again")
+    if not model.graph.output:
+        raise InputError(f"{where} declares no graph outputs; export the model again")
+    try:
+        onnx.checker.check_model(model)
+    except (onnx.checker.ValidationError, ValueError) as e:
+        raise InputError(f"{where} is not a valid ONNX model: {_first_line(e)}") from None
+    for spec in input_specs(model):
+        if any(isinstance(d, int) and d > MAX_DIM for d in spec.shape):
+            raise InputError(f"input '{spec.name}' of {where} has an absurd dimension {spec.shape}")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0][:300]
+
+
+def _dtype_name(elem_type: int) -> str:
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+    except (KeyError, TypeError):
+        return TensorProto.DataType.Name(elem_type).lower()
+
+
+def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
+    """The graph inputs that are fed at run time (initializers listed as inputs are weights)."""
+    weights = {init.name for init in model.graph.initializer}
+    specs = []
+    for value in model.graph.input:
+        if value.name in weights:
+            continue
+        tensor = value.type.tensor_type
+        if not value.type.HasField("tensor_type"):
+            raise UnsupportedModelError(f"input '{value.name}' is not a tensor (sequences and maps are not supported)")
+        shape: list = []
+        for axis, dim in enumerate(tensor.shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                shape.append(int(dim.dim_value))
+            else:
+                shape.append(_sanitize_dim(dim.dim_param) if dim.dim_param else f"{_sanitize_dim(value.name)}_dim{axis}")
+        specs.append(InputSpec(value.name, _dtype_name(tensor.elem_type), shape))
+    _attach_index_ranges(model, specs)
+    return specs
+
+
+def _sanitize_dim(name: str) -> str:
+    return re.sub(r"\W", "_", name) or "dim"
+
+
+def _attach_index_ranges(model: onnx.ModelProto, specs: list[InputSpec]) -> None:
+    """Integer inputs that are Gather indices into a constant table get that table's range."""
+    tables = {init.name: list(init.dims) for init in model.graph.initializer}
+    aliases = {s.name: s.name for s in specs}  # value name -> graph input it comes from (through Casts)
+    for node in model.graph.node:
+        if node.op_type == "Cast" and node.input[0] in aliases:
+            aliases[node.output[0]] = aliases[node.input[0]]
+    by_name = {s.name: s for s in specs}
+    for node in model.graph.node:
+        if node.op_type != "Gather" or len(node.input) < 2 or node.input[1] not in aliases:
+            continue
+        table = tables.get(node.input[0])
+        if not table:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        spec = by_name[aliases[node.input[1]]]
+        if np.dtype(spec.dtype).kind not in "iu":
+            continue
+        hi = table[axis] - 1
+        spec.value_range = (0, hi if spec.value_range is None else min(hi, spec.value_range[1]))
+
+
+def parse_input_shape(text: str) -> tuple[Optional[str], list[int]]:
+    """'input_ids:1x128' -> ('input_ids', [1, 128]); '1x3x224x224' -> (None, [...])."""
+    name, _, dims = text.rpartition(":")
+    if not re.fullmatch(r"\d+(x\d+)*", dims.strip()):
+        raise InputError(f"--input-shape '{text}' is malformed; write NAME:DIMxDIM..., e.g. input_ids:1x128")
+    shape = [int(d) for d in dims.strip().split("x")]
+    if any(d <= 0 or d > MAX_DIM for d in shape):
+        raise InputError(f"--input-shape '{text}' has a dimension outside 1..{MAX_DIM}")
+    return (name.strip() or None), shape
+
+
+def resolve_input_shapes(specs: list[InputSpec], texts: list[str]) -> dict[str, list[int]]:
+    """Parse --input-shape values against the model's inputs; every mismatch is an InputError."""
+    shapes: dict[str, list[int]] = {}
+    names = [s.name for s in specs]
+    for text in texts:
+        name, shape = parse_input_shape(text)
+        if name is None:
+            if len(specs) != 1:
+                raise InputError(f"--input-shape '{text}' has no input name and the model has {len(specs)} inputs: {', '.join(names)}")
+            name = names[0]
+        spec = next((s for s in specs if s.name == name), None)
+        if spec is None:
+            raise InputError(f"--input-shape names unknown input '{name}'; the model's inputs are: {', '.join(names)}")
+        if len(shape) != len(spec.shape):
+            raise InputError(f"--input-shape {name}: rank {len(shape)} given, the model expects {_fmt(spec.shape)}")
+        for want, got in zip(spec.shape, shape):
+            if isinstance(want, int) and want != got:
+                raise InputError(f"--input-shape {name}: {'x'.join(map(str, shape))} conflicts with the model's fixed shape {_fmt(spec.shape)}")
+        shapes[name] = shape
+    return shapes
+
+
+def _fmt(shape: list) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ")"
+
+
+def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> onnx.ModelProto:
+    """A copy of `model` whose named inputs have the given static shapes."""
+    if not shapes:
+        return model
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    for value in fixed.graph.input:
+        if value.name in shapes:
+            for dim, size in zip(value.type.tensor_type.shape.dim, shapes[value.name]):
+                dim.Clear()
+                dim.dim_value = size
+    # Intermediate shapes were inferred for the old input shapes; infer them again.
+    del fixed.graph.value_info[:]
+    return fixed
+
+
+def concrete_shapes(specs: list[InputSpec], fixed: dict[str, list[int]]) -> dict[str, list[int]]:
+    """A concrete shape per input for the reference run; the same symbolic name gets one size."""
+    sizes: dict[str, int] = {}
+    shapes = {}
+    for spec in specs:
+        if spec.name in fixed:
+            shapes[spec.name] = fixed[spec.name]
+            continue
+        shape = []
+        for axis, dim in enumerate(spec.shape):
+            if isinstance(dim, str):
+                dim = sizes.setdefault(dim, DEFAULT_BATCH if axis == 0 else DEFAULT_OTHER_DIM)
+            shape.append(dim)
+        shapes[spec.name] = shape
+    return shapes
+
+
+def make_inputs(specs: list[InputSpec], shapes: dict[str, list[int]], seed: int = REFERENCE_SEED) -> dict[str, np.ndarray]:
+    """Seeded inputs of the right dtype; masks are ones, table indices stay inside the table."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in specs:
+        shape, dtype = shapes[spec.name], np.dtype(spec.dtype)
+        if dtype.kind == "f":
+            value = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind == "b":
+            value = rng.random(shape) < 0.5
+        elif "mask" in spec.name.lower():
+            value = np.ones(shape, dtype)
+        else:
+            hi = spec.value_range[1] if spec.value_range else 3
+            value = rng.integers(0, hi + 1, size=shape).astype(dtype)
+        feeds[spec.name] = value
+    return feeds
+
+
+def onnxruntime_reference(path: Path, inputs: dict[str, np.ndarray]) -> Reference:
+    """Run the model as given by the user with ONNX Runtime on `inputs`."""
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(3)
+    try:
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        values = session.run(names, inputs)
+    except Exception as e:  # onnxruntime raises its own untyped exceptions
+        raise InputError(f"ONNX Runtime cannot run {path.name} on the reference inputs: {_first_line(e)}") from None
+    outputs = {name: np.asarray(v) for name, v in zip(names, values)}
+    return Reference(producer=f"onnxruntime {ort.__version__}", inputs=inputs, outputs=outputs)

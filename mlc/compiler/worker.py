@@ -1,0 +1,80 @@
+"""The compile worker: the only process that imports tvm. Run as
+
+    python -m mlc.compiler.worker REQUEST.json
+
+It reads the cleaned ONNX model named in the request, imports it into Relax, compiles it and
+exports the library; it writes RESULT (request path with .result.json) for the parent. Running
+TVM in a child process keeps a TVM crash (abort, segfault) from taking mlc down with it, and keeps
+TVM's C++ log lines in a log file rather than on the user's terminal."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+def summarize(error: BaseException) -> str:
+    """The line of a (possibly multi-line) TVM error that says what went wrong."""
+    lines = [ln.strip() for ln in str(error).strip().splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if not line.startswith(("File ", "Traceback", "^", "at ")):
+            return line[:400]
+    return type(error).__name__
+
+
+def compile_request(request: dict) -> dict:
+    import onnx
+
+    from mlc.compiler import build, importer
+
+    timings: dict[str, float] = {}
+    stage = "load"
+    try:
+        start = time.perf_counter()
+        import tvm
+
+        model = onnx.load(request["onnx"])
+        timings["tvm_import"] = time.perf_counter() - start
+        stage = "import"
+        missing = importer.unsupported_ops(model)
+        if missing:
+            return {"ok": False, "kind": "unsupported", "ops": missing}
+        start = time.perf_counter()
+        mod = importer.to_relax(model)
+        timings["relax_import"] = time.perf_counter() - start
+        stage = "build"
+        start = time.perf_counter()
+        executable = build.build(mod, request["target"])
+        timings["build"] = time.perf_counter() - start
+        stage = "export"
+        start = time.perf_counter()
+        executable.export_library(request["library"])
+        timings["export"] = time.perf_counter() - start
+        stage = "signature"
+        outputs = build.output_signature(mod)
+        return {"ok": True, "tvm_version": tvm.__version__, "outputs": outputs, "timings": timings}
+    except Exception as e:
+        traceback.print_exc()  # into the log file the parent points the user to
+        return {
+            "ok": False,
+            "kind": "compile",
+            "stage": stage,
+            "message": summarize(e),
+        }
+
+
+def main(argv: list[str]) -> int:
+    request_path = Path(argv[0])
+    result = compile_request(json.loads(request_path.read_text()))
+    result_path = request_path.with_suffix(".result.json")
+    tmp = result_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(result_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,50 @@
+"""One error hierarchy; each class carries its process exit code (the table in README.md)."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    USER_ERROR = 1  # bad model file, bad option value, unsupported model, tampered artifact
+    USAGE = 2  # unknown command or option (typer/click)
+    ACCURACY = 3  # the compiled model does not match its reference
+    MISSING_DEPENDENCY = 4  # an optional package or tool is not installed
+    INTERNAL = 70  # a bug in mlc or a crash inside TVM
+
+
+class MlcError(Exception):
+    """An error the user can act on. `str(err)` is the one-line message shown to the user."""
+
+    exit_code: ExitCode = ExitCode.USER_ERROR
+
+
+class InputError(MlcError):
+    """A file or an option value is wrong."""
+
+
+class UnsupportedModelError(MlcError):
+    """The model is valid but uses something mlc/TVM cannot compile."""
+
+
+class TargetError(MlcError):
+    """An unknown or unusable target."""
+
+
+class IntegrityError(MlcError):
+    """An artifact is incomplete, tampered with, or from a newer mlc."""
+
+
+class AccuracyError(MlcError):
+    exit_code = ExitCode.ACCURACY
+
+
+class MissingDependencyError(MlcError):
+    exit_code = ExitCode.MISSING_DEPENDENCY
+
+
+class CompilerError(MlcError):
+    """TVM failed or crashed on a model that passed our checks."""
+
+    exit_code = ExitCode.INTERNAL

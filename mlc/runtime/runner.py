@@ -1,0 +1,293 @@
+"""The thin runtime: runs an mlc artifact with nothing but the standard library, numpy and
+apache-tvm-ffi. This file is copied into every artifact (as runtime/mlc_runtime.py), so it must
+never import mlc, tvm or anything else.
+
+    from mlc_runtime import Runner
+    outputs = Runner("artifacts/mlp-x86").run({"x": x})
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import math
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+# Newest manifest schema this runtime understands; bump together with mlc.artifacts.manifest.
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+# DLDeviceType codes the VM is initialised with.
+_DEVICE_TYPES = {"cpu": 1}
+_POOLED_ALLOCATOR = 2
+
+
+class ArtifactError(Exception):
+    """The artifact cannot be used: missing or tampered files, wrong machine, newer schema."""
+
+
+class FeedError(ValueError):
+    """The inputs given do not match what the artifact expects."""
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def safe_member(root: Path, rel: str) -> Path:
+    """`root/rel`, refusing names that would leave `root` (absolute paths, '..', symlinks out)."""
+    if not rel or os.path.isabs(rel) or ".." in Path(rel).parts:
+        raise ArtifactError(f"manifest names a file outside the artifact: {rel!r}; refusing to use it")
+    path = (root / rel).resolve()
+    if not path.is_relative_to(root.resolve()):
+        raise ArtifactError(f"file {rel!r} points outside the artifact; refusing to use it")
+    return path
+
+
+def read_manifest(artifact_dir: str | os.PathLike) -> dict[str, Any]:
+    root = Path(artifact_dir)
+    path = root / MANIFEST
+    if not path.is_file():
+        raise ArtifactError(f"{root} is not an mlc artifact (no {MANIFEST}); pass the directory `mlc compile` wrote")
+    try:
+        manifest = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ArtifactError(f"{path} is not valid JSON ({e}); recompile the artifact") from None
+    version = manifest.get("schema_version") if isinstance(manifest, dict) else None
+    if not isinstance(version, int):
+        raise ArtifactError(f"{path} has no schema_version; it was not written by mlc")
+    if version > SCHEMA_VERSION:
+        raise ArtifactError(
+            f"artifact schema version {version} is newer than this runtime understands ({SCHEMA_VERSION}); "
+            "upgrade mlc (pip install -U mlc) or use the runtime shipped inside the artifact"
+        )
+    return manifest
+
+
+def verify_files(artifact_dir: str | os.PathLike, manifest: Mapping[str, Any]) -> None:
+    """Every file listed in the manifest exists and has its recorded sha256."""
+    root = Path(artifact_dir)
+    for rel, expected in manifest.get("files", {}).items():
+        path = safe_member(root, rel)
+        if not path.is_file():
+            raise ArtifactError(f"artifact file {rel} is missing; the artifact is incomplete, recompile it")
+        if sha256_file(path) != expected:
+            raise ArtifactError(
+                f"artifact file {rel} fails its sha256 check (modified or corrupted); recompile the artifact"
+            )
+
+
+def host_cpu_flags() -> set[str]:
+    """CPU feature flags of this machine as /proc/cpuinfo names them (empty where unknown)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _check_machine(manifest: Mapping[str, Any]) -> None:
+    target = manifest.get("target", {})
+    arch = target.get("runtime_arch")
+    here = platform.machine().lower().replace("amd64", "x86_64").replace("arm64", "aarch64")
+    if arch and arch != here:
+        raise ArtifactError(f"artifact was compiled for {arch} but this machine is {here}")
+    flags = host_cpu_flags()
+    missing = [f for f in target.get("required_cpu_features", []) if flags and f not in flags]
+    if missing:
+        raise ArtifactError(
+            f"this CPU lacks {', '.join(missing)} which the artifact's code uses "
+            f"(target {target.get('name')}); recompile with a more portable target"
+        )
+
+
+def _load_tvm_runtime(library: Path) -> None:
+    import tvm_ffi
+
+    # A process that imported the full `tvm` package already has a runtime; loading a second
+    # copy aborts the process on duplicate global registrations.
+    if tvm_ffi.get_global_func("device_api.cpu", allow_missing=True) is None:
+        ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+
+
+def _bind_dims(spec: Mapping[str, Any], array: np.ndarray, dims: dict[str, int]) -> None:
+    name, shape = spec["name"], spec["shape"]
+    if array.ndim != len(shape):
+        raise FeedError(f"input '{name}' expects rank {len(shape)} {_fmt_shape(shape)}, got shape {array.shape}")
+    for axis, (want, got) in enumerate(zip(shape, array.shape)):
+        if isinstance(want, int):
+            if want != got:
+                raise FeedError(f"input '{name}' expects shape {_fmt_shape(shape)}, got {array.shape} (axis {axis})")
+        else:
+            bound = dims.setdefault(want, got)
+            if bound != got:
+                raise FeedError(f"dimension '{want}' is {bound} in one input but {got} in '{name}'")
+
+
+def _fmt_shape(shape: list[Any]) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ")"
+
+
+def _flatten(value: Any) -> list[Any]:
+    if hasattr(value, "__dlpack__"):
+        return [value]
+    out: list[Any] = []
+    for item in value:  # tuple outputs come back as an ffi Array
+        out.extend(_flatten(item))
+    return out
+
+
+def latency_stats(seconds: list[float], batch: int = 1) -> dict[str, float]:
+    ms = np.asarray(seconds) * 1e3
+    mean = float(ms.mean())
+    return {
+        "runs": len(ms),
+        "mean_ms": mean,
+        "std_ms": float(ms.std()),
+        "min_ms": float(ms.min()),
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p90_ms": float(np.percentile(ms, 90)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "max_ms": float(ms.max()),
+        "throughput_per_s": 1e3 / mean if mean > 0 else math.inf,
+        "samples_per_s": batch * 1e3 / mean if mean > 0 else math.inf,
+    }
+
+
+class Runner:
+    """Loads an artifact's compiled model once and runs it on numpy inputs."""
+
+    def __init__(self, artifact_dir: str | os.PathLike, device: str = "cpu", verify: bool = True):
+        self.root = Path(artifact_dir)
+        self.manifest = read_manifest(self.root)
+        if verify:
+            verify_files(self.root, self.manifest)
+        _check_machine(self.manifest)
+        device = device or self.manifest["target"].get("device", "cpu")
+        if device not in _DEVICE_TYPES:
+            raise ArtifactError(f"device '{device}' is not supported by this runtime (supported: cpu)")
+        import tvm_ffi
+
+        self._tvm_ffi = tvm_ffi
+        _load_tvm_runtime(safe_member(self.root, self.manifest["runtime"]["library"]))
+        library = tvm_ffi.load_module(str(safe_member(self.root, self.manifest["library"])))
+        self._vm = library["vm_load_executable"]()
+        code = _DEVICE_TYPES[device]
+        # (device type, id, allocator) for the compute device, then the same for the host.
+        self._vm["vm_initialization"](code, 0, _POOLED_ALLOCATOR, 1, 0, _POOLED_ALLOCATOR)
+        self._main = self._vm["main"]
+        self.inputs: list[dict[str, Any]] = self.manifest["inputs"]
+        self.outputs: list[dict[str, Any]] = self.manifest["outputs"]
+
+    def prepare(self, feeds: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], list[str]]:
+        """Validate feeds against the manifest; returns the arrays in call order and warnings."""
+        expected = [spec["name"] for spec in self.inputs]
+        unknown = [k for k in feeds if k not in expected]
+        missing = [k for k in expected if k not in feeds]
+        if unknown or missing:
+            parts = []
+            if missing:
+                parts.append(f"missing {', '.join(missing)}")
+            if unknown:
+                parts.append(f"unexpected {', '.join(unknown)}")
+            raise FeedError(f"input names do not match ({'; '.join(parts)}); the model takes: {', '.join(expected)}")
+        arrays, warnings, dims = [], [], {}
+        for spec in self.inputs:
+            array = np.asarray(feeds[spec["name"]])
+            if array.dtype != np.dtype(spec["dtype"]):
+                raise FeedError(f"input '{spec['name']}' expects dtype {spec['dtype']}, got {array.dtype}")
+            _bind_dims(spec, array, dims)
+            if array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
+                warnings.append(f"input '{spec['name']}' contains NaN or Inf")
+            bounds = spec.get("value_range")
+            if bounds is not None and array.size:
+                lo, hi = bounds
+                if array.min() < lo or array.max() > hi:
+                    raise FeedError(
+                        f"input '{spec['name']}' has values in [{array.min()}, {array.max()}] but the model "
+                        f"indexes a table with it and accepts only [{lo}, {hi}]"
+                    )
+            arrays.append(np.ascontiguousarray(array))
+        return arrays, warnings
+
+    def _call(self, tensors: list[Any]) -> list[Any]:
+        return _flatten(self._main(*tensors))
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        arrays, _ = self.prepare(feeds)
+        results = self._call([self._tvm_ffi.from_dlpack(a) for a in arrays])
+        # Copy: the VM's pooled allocator may reuse these buffers on the next call.
+        return {spec["name"]: np.from_dlpack(r).copy() for spec, r in zip(self.outputs, results)}
+
+    def benchmark(self, feeds: Mapping[str, np.ndarray], warmup: int = 3, repeat: int = 50) -> dict[str, float]:
+        arrays, _ = self.prepare(feeds)
+        tensors = [self._tvm_ffi.from_dlpack(a) for a in arrays]
+        for _ in range(warmup):
+            self._call(tensors)
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            self._call(tensors)
+            times.append(time.perf_counter() - start)
+        batch = int(arrays[0].shape[0]) if arrays and arrays[0].ndim else 1
+        return latency_stats(times, batch)
+
+
+def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Arrays from an .npz file; never unpickles (object arrays are refused)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except FileNotFoundError:
+        raise FeedError(f"input file not found: {path}") from None
+    except (ValueError, OSError, EOFError) as e:  # includes zipfile.BadZipFile and pickled arrays
+        raise FeedError(f"cannot read {path} as an .npz of plain arrays ({e})") from None
+
+
+def main(argv: list[str] | None = None, artifact_dir: str | os.PathLike | None = None) -> int:
+    """`python run.py` inside an artifact: run it on .npz inputs (default: its reference inputs)."""
+    import argparse
+    import sys
+
+    root = Path(artifact_dir or Path(__file__).resolve().parent.parent)
+    parser = argparse.ArgumentParser(description=f"Run the mlc artifact in {root}")
+    parser.add_argument("-i", "--inputs", help=".npz with one array per model input (default: reference inputs)")
+    parser.add_argument("-o", "--outputs", help="write the outputs to this .npz")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--json", action="store_true", help="print latency as JSON")
+    args = parser.parse_args(argv)
+    try:
+        runner = Runner(root)
+        feeds = load_npz(args.inputs or root / runner.manifest["reference"]["inputs"])
+        outputs = runner.run(feeds)
+        stats = runner.benchmark(feeds, args.warmup, args.repeat) if args.repeat > 0 else None
+    except (ArtifactError, FeedError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if args.outputs:
+        np.savez(args.outputs, **outputs)
+    if args.json:
+        print(json.dumps({"outputs": {k: list(v.shape) for k, v in outputs.items()}, "latency": stats}))
+    else:
+        for name, value in outputs.items():
+            print(f"{name}: shape {value.shape} dtype {value.dtype}")
+        if stats:
+            print(
+                f"latency over {stats['runs']} runs: mean {stats['mean_ms']:.3f} ms, p50 {stats['p50_ms']:.3f}, "
+                f"p90 {stats['p90_ms']:.3f}, p99 {stats['p99_ms']:.3f}; {stats['throughput_per_s']:.1f} runs/s"
+            )
+    return 0

@@ -1,0 +1,135 @@
+"""Target presets as data. A preset resolves to a `Target` whose `tvm` field is the TVM target
+JSON dict (TVM 0.27 accepts only JSON dicts or tags, never hand-built strings)."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import platform
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from mlc.errors import TargetError
+from mlc.runtime.runner import host_cpu_flags
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    description: str
+    tvm: dict[str, Any]  # TVM target JSON
+    runtime_arch: str  # machine the artifact runs on, as `platform.machine()` says it
+    device: str = "cpu"  # runtime device kind
+    # CPU features the generated code needs (as /proc/cpuinfo names them); checked before loading
+    # so a machine that lacks them gets a clear error instead of SIGILL.
+    required_cpu_features: tuple[str, ...] = field(default=())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "tvm": self.tvm,
+            "runtime_arch": self.runtime_arch,
+            "device": self.device,
+            "required_cpu_features": list(self.required_cpu_features),
+        }
+
+
+# mcpu by x86 feature level, newest first: (features that must all be present, LLVM cpu name).
+_X86_LEVELS: list[tuple[tuple[str, ...], str]] = [
+    (("amx_tile", "avx512_fp16"), "sapphirerapids"),
+    (("avx512_bf16", "avx512_vnni"), "cooperlake"),
+    (("avx512_vnni",), "cascadelake"),
+    (("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"), "skylake-avx512"),
+    (("avx2", "fma", "bmi2"), "haswell"),
+]
+_AVX2 = ("avx2", "fma", "bmi2")
+_AVX512 = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd")
+
+
+def host_cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _detect_x86() -> Target:
+    if platform.machine() not in ("x86_64", "AMD64"):
+        raise TargetError(
+            f"target 'x86' means this host's CPU, but this host is {platform.machine()}; "
+            "use a portable preset (x86-avx2, x86-avx512) to cross-compile"
+        )
+    flags = host_cpu_flags()
+    mcpu, needed = "x86-64", ()
+    for level, (features, cpu) in enumerate(_X86_LEVELS):
+        if all(f in flags for f in features):
+            # A level implies the ones below it: the code may use all of their features.
+            mcpu = cpu
+            needed = tuple(dict.fromkeys(f for feats, _ in _X86_LEVELS[level:] for f in feats))
+            break
+    return Target(
+        name="x86",
+        description=f"this host: {host_cpu_name()} ({mcpu}, {usable_cores()} cores)",
+        tvm={"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": mcpu, "num-cores": usable_cores()},
+        runtime_arch="x86_64",
+        required_cpu_features=tuple(needed),
+    )
+
+
+def _portable_x86(name: str, mcpu: str, features: tuple[str, ...], what: str) -> Callable[[], Target]:
+    def make() -> Target:
+        return Target(
+            name=name,
+            description=f"portable x86_64 build for any {what} CPU ({mcpu})",
+            tvm={"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": mcpu, "num-cores": usable_cores()},
+            runtime_arch="x86_64",
+            required_cpu_features=features,
+        )
+
+    return make
+
+
+# name -> factory (detection is lazy: listing presets must not fail on another architecture)
+PRESETS: dict[str, Callable[[], Target]] = {
+    "x86": _detect_x86,
+    "x86-avx2": _portable_x86("x86-avx2", "haswell", _AVX2, "AVX2 (Haswell or newer)"),
+    "x86-avx512": _portable_x86("x86-avx512", "skylake-avx512", _AVX512, "AVX-512 (Skylake-SP or newer)"),
+}
+
+
+def resolve(name: str) -> Target:
+    """A preset name to a Target; unknown names get the preset list and the nearest match."""
+    factory = PRESETS.get(name.strip().lower())
+    if factory is not None:
+        return factory()
+    if name.lstrip().startswith("{"):
+        raise TargetError(
+            "raw TVM target JSON is not supported yet; use one of the presets: " + ", ".join(PRESETS)
+        )
+    near = difflib.get_close_matches(name.lower(), PRESETS, n=1, cutoff=0.4)
+    hint = f"did you mean '{near[0]}'? " if near else ""
+    raise TargetError(f"unknown target '{name}'; {hint}known targets: {', '.join(PRESETS)} (see `mlc targets`)")
+
+
+def describe_all() -> list[dict[str, str]]:
+    """One row per preset for `mlc targets`; a preset that does not apply here says why."""
+    rows = []
+    for name, factory in PRESETS.items():
+        try:
+            t = factory()
+            rows.append({"name": name, "description": t.description, "tvm": json.dumps(t.tvm)})
+        except TargetError as e:
+            rows.append({"name": name, "description": f"unavailable here: {e}", "tvm": ""})
+    return rows
