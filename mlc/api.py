@@ -109,6 +109,7 @@ def compile(  # noqa: A001 - the verb users know
             if not source_info.sha256:
                 source_info.sha256 = thin_runtime.sha256_file(model_path)
             source_info.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+            compiler.check_supported(model)
             specs = onnx_frontend.input_specs(model)
             fixed = onnx_frontend.resolve_input_shapes(specs, list(input_shapes))
         with timed("reference", "Computing reference outputs with ONNX Runtime"):

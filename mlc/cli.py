@@ -110,7 +110,7 @@ def compile_cmd(
     result = api.compile(model, target=target, output=output, input_shapes=input_shape, archive=archive,
                          atol=atol, rtol=rtol, step=_step if not as_json else api._quiet_step)
     for note in result.notes:
-        err.print(f"[yellow]warning:[/] {escape(note)}")
+        err.print(f"[yellow]warning:[/] {escape(note)}", soft_wrap=True)
     if as_json:
         out.print_json(json.dumps({"artifact": str(result.path), "archive": str(result.archive) if result.archive else None,
                                    "check": result.check.to_json(), "timings_s": result.manifest.compile.timings_s}))
@@ -144,7 +144,7 @@ def run_cmd(
 
     result = api.run(artifact, inputs, warmup=warmup, repeat=repeat)
     for warning in result.warnings:
-        err.print(f"[yellow]warning:[/] {escape(warning)}")
+        err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
     if outputs:
         tmp = outputs.with_name(f".{outputs.name}.tmp.npz")
         np.savez(tmp, **result.outputs)
@@ -228,11 +228,11 @@ def main() -> None:
     except MlcError as e:
         if _state["debug"]:
             traceback.print_exc()
-        err.print(f"[red]error:[/] {escape(str(e))}")
+        err.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)  # one line, never wrapped
         sys.exit(int(e.exit_code))
     except Exception as e:  # a bug: say so plainly, keep the traceback behind --debug
         if _state["debug"]:
             traceback.print_exc()
         err.print(f"[red]internal error:[/] {type(e).__name__}: {escape(str(e).splitlines()[0]) if str(e) else ''} "
-                  "(rerun with --debug for the traceback and report it)")
+                  "(rerun with --debug for the traceback and report it)", soft_wrap=True)
         sys.exit(int(ExitCode.INTERNAL))

@@ -33,6 +33,15 @@ def runtime_library() -> Path:
     return path
 
 
+def check_supported(model) -> None:
+    """Raise UnsupportedModelError listing every op type TVM cannot import (all of them at once)."""
+    from mlc.compiler.importer import unsupported_ops
+
+    missing = unsupported_ops(model)
+    if missing:
+        raise UnsupportedModelError(_format_unsupported(missing))
+
+
 def _format_unsupported(ops: dict[str, dict]) -> str:
     parts = [f"{op} x{info['count']} (first: {', '.join(info['first_nodes'])})" for op, info in ops.items()]
     return (

@@ -26,6 +26,9 @@ MANIFEST = "manifest.json"
 # DLDeviceType codes the VM is initialised with.
 _DEVICE_TYPES = {"cpu": 1}
 _POOLED_ALLOCATOR = 2
+# TVM kernels declare their buffers 64-byte aligned and use aligned vector loads: an unaligned
+# numpy buffer handed over zero-copy through DLPack segfaults inside the kernel.
+_ALIGNMENT = 64
 
 
 class ArtifactError(Exception):
@@ -119,8 +122,24 @@ def _load_tvm_runtime(library: Path) -> None:
 
     # A process that imported the full `tvm` package already has a runtime; loading a second
     # copy aborts the process on duplicate global registrations.
-    if tvm_ffi.get_global_func("device_api.cpu", allow_missing=True) is None:
-        ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+    if tvm_ffi.get_global_func("device_api.cpu", allow_missing=True) is not None:
+        return
+    # Where the same runtime is installed with the compiler, load that file instead of the copy,
+    # so a later `import tvm` in this process finds it already loaded rather than loading twice.
+    installed = _installed_tvm_runtime()
+    if installed is not None and installed.stat().st_size == library.stat().st_size and sha256_file(installed) == sha256_file(library):
+        library = installed
+    ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+
+
+def _installed_tvm_runtime() -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("tvm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "lib" / "libtvm_runtime.so"
+    return path if path.is_file() else None
 
 
 def _bind_dims(spec: Mapping[str, Any], array: np.ndarray, dims: dict[str, int]) -> None:
@@ -135,6 +154,17 @@ def _bind_dims(spec: Mapping[str, Any], array: np.ndarray, dims: dict[str, int])
             bound = dims.setdefault(want, got)
             if bound != got:
                 raise FeedError(f"dimension '{want}' is {bound} in one input but {got} in '{name}'")
+
+
+def aligned(array: np.ndarray) -> np.ndarray:
+    """`array` itself when C-contiguous and 64-byte aligned, else an aligned copy."""
+    if array.size == 0 or (array.flags.c_contiguous and array.ctypes.data % _ALIGNMENT == 0):
+        return array
+    raw = np.empty(array.nbytes + _ALIGNMENT, dtype=np.uint8)
+    start = -raw.ctypes.data % _ALIGNMENT
+    out = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    out[...] = array
+    return out
 
 
 def _fmt_shape(shape: list[Any]) -> str:
@@ -220,7 +250,7 @@ class Runner:
                         f"input '{spec['name']}' has values in [{array.min()}, {array.max()}] but the model "
                         f"indexes a table with it and accepts only [{lo}, {hi}]"
                     )
-            arrays.append(np.ascontiguousarray(array))
+            arrays.append(aligned(array))
         return arrays, warnings
 
     def _call(self, tensors: list[Any]) -> list[Any]:

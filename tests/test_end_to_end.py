@@ -1,0 +1,153 @@
+"""The foundation slice end to end, through the real CLI: compile, run, check."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from conftest import assert_clean_error, run_mlc, torch_bert_onnx, torch_cnn_onnx
+from mlc import artifacts
+from mlc.runtime import Runner
+
+
+def _reseal(artifact) -> None:
+    """Rewrite file hashes after a deliberate change, as a wrong compiler would have written them."""
+    manifest = artifacts.load(artifact, verify=False)
+    artifacts.seal(artifact, manifest)
+
+
+@pytest.mark.parametrize("build", [torch_cnn_onnx, torch_bert_onnx], ids=["torch-cnn", "torch-bert-2layer"])
+def test_compile_run_check_torch_exports(build, tmp_path):
+    model = build(tmp_path / "model.onnx")
+    out = tmp_path / "art"
+    proc = run_mlc("compile", model, "--target", "x86", "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "pass" in proc.stdout and "FAIL" not in proc.stdout
+
+    check = run_mlc("check", out, "--json")
+    assert check.returncode == 0, check.stderr
+    report = json.loads(check.stdout)
+    assert report["passed"] and report["outputs"][0]["max_abs_error"] < 1e-4
+
+    run = run_mlc("run", out, "--repeat", "5", "--warmup", "1")
+    assert run.returncode == 0, run.stderr
+    assert "p50" in run.stdout and "p99" in run.stdout and "runs/s" in run.stdout
+
+
+def test_dynamic_batch_answers_every_batch_size(mlp_model, mlp_artifact):
+    manifest = json.loads((mlp_artifact / "manifest.json").read_text())
+    assert manifest["inputs"][0]["shape"] == ["batch", 16]
+    assert manifest["outputs"][0]["shape"] == ["batch", 4]
+    runner = Runner(mlp_artifact)
+    session = ort.InferenceSession(str(mlp_model))
+    for batch in (1, 5, 17):
+        x = np.random.default_rng(batch).standard_normal((batch, 16)).astype(np.float32)
+        got = runner.run({"x": x})["y"]
+        np.testing.assert_allclose(got, session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_input_shape_fixes_dynamic_dims(mlp_model, tmp_path):
+    out = tmp_path / "fixed"
+    run_mlc("compile", mlp_model, "--input-shape", "x:3x16", "-o", out, check=True)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["inputs"][0]["shape"] == [3, 16]
+    np.testing.assert_equal(np.load(out / "reference/inputs.npz")["x"].shape, (3, 16))
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, x=np.zeros((2, 16), np.float32))
+    assert_clean_error(run_mlc("run", out, "-i", inputs), 1, "expects shape (3, 16), got (2, 16)")
+
+
+def test_run_reads_and_writes_npz(mlp_artifact, tmp_path):
+    x = np.random.default_rng(7).standard_normal((4, 16)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", x=x)
+    proc = run_mlc("run", mlp_artifact, "-i", tmp_path / "in.npz", "-o", tmp_path / "out.npz", "--repeat", "3", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["outputs"]["y"]["shape"] == [4, 4]
+    assert report["latency"]["runs"] == 3 and report["latency"]["p50_ms"] > 0
+    expected = Runner(mlp_artifact).run({"x": x})["y"]
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npz")["y"], expected)
+
+
+def test_perturbed_reference_fails_check_with_exit_3(mlp_artifact, tmp_path):
+    art = tmp_path / "perturbed"
+    shutil.copytree(mlp_artifact, art)
+    ref = dict(np.load(art / "reference/outputs.npz"))
+    ref["y"] = ref["y"] + 0.01  # what a miscompiled model would look like
+    np.savez(art / "reference/outputs.npz", **ref)
+    _reseal(art)
+    proc = run_mlc("check", art)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "FAIL" in proc.stdout
+    assert "accuracy check failed for output(s): y" in proc.stderr
+    # Loosening the tolerance past the perturbation passes again: the check measures, it does not guess.
+    assert run_mlc("check", art, "--atol", "0.02").returncode == 0
+
+
+def test_artifact_runs_with_its_own_run_py(mlp_artifact):
+    proc = subprocess.run([sys.executable, str(mlp_artifact / "run.py"), "--repeat", "2"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "y: shape (2, 4)" in proc.stdout and "latency over 2 runs" in proc.stdout
+
+
+def test_archive_round_trip(mlp_model, tmp_path):
+    out = tmp_path / "a" / "mlp-x86"
+    run_mlc("compile", mlp_model, "-o", out, "--archive", check=True)
+    archive = out.with_name("mlp-x86.tar.gz")
+    assert archive.is_file()
+    proc = run_mlc("unpack", archive, "--dest", tmp_path / "unpacked")
+    assert proc.returncode == 0, proc.stderr
+    assert run_mlc("check", tmp_path / "unpacked" / "mlp-x86").returncode == 0
+
+
+def test_zoo_models_compile_and_pass(tmp_path):
+    for name in ("mlp", "cnn", "transformer"):
+        proc = run_mlc("compile", f"zoo:{name}", "-o", tmp_path / name, "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["check"]["passed"]
+
+
+def test_manifest_records_what_the_issue_asks(mlp_artifact, mlp_model):
+    manifest = json.loads((mlp_artifact / "manifest.json").read_text())
+    assert manifest["schema_version"] == 1
+    assert manifest["tvm_version"].startswith("0.27")
+    assert manifest["target"]["tvm"]["kind"] == "llvm" and manifest["target"]["tvm"]["num-cores"] >= 1
+    from mlc.runtime.runner import sha256_file
+
+    assert manifest["source"]["sha256"] == sha256_file(mlp_model)
+    for rel, digest in manifest["files"].items():
+        assert sha256_file(mlp_artifact / rel) == digest
+    assert set(manifest["files"]) >= {"model.so", "run.py", "runtime/libtvm_runtime.so", "runtime/mlc_runtime.py",
+                                      "reference/inputs.npz", "reference/outputs.npz"}
+    assert {"load", "reference", "onnx_passes", "tvm", "tvm_build"} <= set(manifest["compile"]["timings_s"])
+    assert manifest["compile"]["recipe"].startswith("mlc compile")
+
+
+def test_version_targets_help():
+    assert run_mlc("--version").stdout.startswith("mlc ")
+    targets = run_mlc("targets")
+    assert targets.returncode == 0 and "x86-avx512" in targets.stdout
+    assert "compile" in run_mlc("--help").stdout
+
+
+def test_unaligned_inputs_are_safe(tmp_path):
+    """TVM conv kernels segfault on buffers that are not 64-byte aligned; the runner must align."""
+    import mlc.api as api
+
+    art = api.compile("zoo:cnn", output=tmp_path / "cnn").path
+    runner = Runner(art)
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    expected = runner.run({"image": x})["logits"]
+    backing = np.empty(x.size + 16, np.float32)
+    for offset in range(1, 16):  # 4-byte steps through every misalignment
+        view = backing[offset:offset + x.size].reshape(x.shape)
+        view[...] = x
+        np.testing.assert_array_equal(runner.run({"image": view})["logits"], expected)
+    strided = np.asfortranarray(x)
+    np.testing.assert_array_equal(runner.run({"image": strided})["logits"], expected)

@@ -1,0 +1,67 @@
+"""Target presets: detection, portability, errors, and validity as TVM targets."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mlc import targets
+from mlc.errors import TargetError
+
+
+def test_presets_resolve_to_valid_tvm_targets():
+    """Every preset's JSON is accepted by TVM 0.27 (checked in a child: `import tvm` must not
+    share a process with an artifact runtime loaded by other tests)."""
+    presets = {name: targets.resolve(name).tvm for name in targets.PRESETS}
+    script = (
+        "import json, sys, tvm\n"
+        "for name, spec in json.loads(sys.argv[1]).items():\n"
+        "    t = tvm.target.Target(spec)\n"
+        "    print(name, t.kind.name, t.attrs['mcpu'])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(presets)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    lines = dict(line.split(" ", 1) for line in proc.stdout.strip().splitlines())
+    assert lines["x86-avx2"] == "llvm haswell"
+    assert lines["x86-avx512"] == "llvm skylake-avx512"
+
+
+@pytest.mark.parametrize(
+    "flags, mcpu",
+    [
+        ({"sse2"}, "x86-64"),
+        ({"avx2", "fma", "bmi2"}, "haswell"),
+        ({"avx2", "fma", "bmi2", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"}, "skylake-avx512"),
+        ({"avx2", "fma", "bmi2", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd", "avx512_vnni"}, "cascadelake"),
+    ],
+)
+def test_host_detection_by_cpu_flags(monkeypatch, flags, mcpu):
+    monkeypatch.setattr(targets, "host_cpu_flags", lambda: flags)
+    monkeypatch.setattr(targets.platform, "machine", lambda: "x86_64")
+    target = targets.resolve("x86")
+    assert target.tvm["mcpu"] == mcpu and target.tvm["num-cores"] >= 1
+    assert set(target.required_cpu_features) <= flags  # never require what the host lacks
+
+
+def test_detection_refuses_other_architectures(monkeypatch):
+    monkeypatch.setattr(targets.platform, "machine", lambda: "aarch64")
+    with pytest.raises(TargetError, match="this host is aarch64"):
+        targets.resolve("x86")
+    rows = {r["name"]: r for r in targets.describe_all()}
+    assert rows["x86"]["description"].startswith("unavailable here")
+
+
+def test_unknown_target_lists_presets_and_suggests():
+    with pytest.raises(TargetError, match="did you mean 'x86-avx2'"):
+        targets.resolve("x86_avx2")
+    with pytest.raises(TargetError, match="known targets: x86, x86-avx2, x86-avx512"):
+        targets.resolve("tpu")
+
+
+def test_runner_refuses_a_cpu_without_the_features(mlp_artifact, monkeypatch):
+    from mlc.runtime import runner
+
+    monkeypatch.setattr(runner, "host_cpu_flags", lambda: {"sse2"})
+    with pytest.raises(runner.ArtifactError, match="this CPU lacks"):
+        runner.Runner(mlp_artifact)
