@@ -8,6 +8,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import time
 import traceback
@@ -221,10 +222,27 @@ def models_cmd() -> None:
     out.print(table)
 
 
+class _Interrupted(BaseException):
+    """Raised from SIGINT/SIGTERM handlers. Not a KeyboardInterrupt, which click would swallow
+    into 'Aborted!' with exit 1; unwinding runs every cleanup (staging directories, temp files)."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+
+
+def _raise_interrupted(signum, _frame) -> None:
+    raise _Interrupted(signum)
+
+
 def main() -> None:
     """Entry point: runs the app and turns every failure into a one-line message and exit code."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _raise_interrupted)
     try:
-        app()  # typer handles usage errors itself (exit 2) and Ctrl-C
+        app()  # typer handles usage errors itself (exit 2)
+    except _Interrupted as e:
+        err.print("interrupted; no partial output was left behind")
+        sys.exit(128 + e.signum)
     except MlcError as e:
         if _state["debug"]:
             traceback.print_exc()

@@ -170,3 +170,27 @@ def test_out_of_range_token_ids_are_refused_not_segfaulted(tmp_path):
     feeds["input_ids"][0, 0] = 1000  # vocab is 1000
     np.savez(tmp_path / "ids.npz", **feeds)
     assert_clean_error(run_mlc("run", art, "-i", tmp_path / "ids.npz"), 1, "input 'input_ids' has values in [", "accepts only [0, 999]")
+
+
+def test_interrupted_compile_leaves_old_artifact_and_no_debris(mlp_artifact, mlp_model, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "art"
+    shutil.copytree(mlp_artifact, out)
+    before = (out / "manifest.json").read_bytes()
+    proc = subprocess.Popen([sys.executable, "-m", "mlc", "compile", "zoo:transformer", "-o", out],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and not any(p.name.startswith(".art.tmp-") for p in tmp_path.iterdir()):
+        time.sleep(0.05)  # wait until the staging directory exists: TVM is compiling
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "interrupted" in stderr
+    assert (out / "manifest.json").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
+    assert run_mlc("check", out).returncode == 0
