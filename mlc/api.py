@@ -25,7 +25,7 @@ from mlc.artifacts.manifest import (
     TargetInfo,
     TensorSpec,
 )
-from mlc.check import CheckResult, compare
+from mlc.check import CheckResult, compare, compare_one, localize, tolerance_for
 from mlc.compiler.frontends import onnx as onnx_frontend
 from mlc.compiler.passes import onnx as onnx_passes
 from mlc.errors import AccuracyError, InputError, IntegrityError
@@ -76,6 +76,56 @@ def _resolve_source(source: str, workdir: Path) -> tuple[Path, SourceInfo]:
     return path, SourceInfo(name=path.stem, path=str(path), format="onnx", sha256="")
 
 
+class _Timer:
+    """Times named steps into `timings` and shows each through the step reporter."""
+
+    def __init__(self, step: StepReporter):
+        self.step = step
+        self.timings: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, key: str, description: str):
+        start = time.perf_counter()
+        with self.step(description):
+            yield
+        self.timings[key] = round(time.perf_counter() - start, 4)
+
+
+@dataclass
+class _Prepared:
+    """A model loaded, checked, with its inputs decided and its graph cleaned for TVM."""
+
+    path: Path  # the ONNX file as the user gave it (or the zoo model written out)
+    source: SourceInfo
+    model: onnx.ModelProto
+    specs: list
+    fixed: dict[str, list[int]]
+    feeds: dict[str, np.ndarray]
+    cleaned: onnx.ModelProto
+    cleaned_path: Path
+    notes: list[str]
+
+
+def _prepare(source: str, input_shapes: Sequence[str], workdir: Path, timed: _Timer,
+             feeds: Optional[Mapping[str, np.ndarray]] = None) -> _Prepared:
+    with timed("load", "Loading the model"):
+        model_path, source_info = _resolve_source(source, workdir)
+        model = onnx_frontend.load(model_path)
+        if not source_info.sha256:
+            source_info.sha256 = thin_runtime.sha256_file(model_path)
+        source_info.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+        compiler.check_supported(model)
+        specs = onnx_frontend.input_specs(model)
+        fixed = onnx_frontend.resolve_input_shapes(specs, list(input_shapes))
+        if feeds is None:
+            feeds = onnx_frontend.make_inputs(specs, onnx_frontend.concrete_shapes(specs, fixed))
+    with timed("onnx_passes", "Folding constants and inferring shapes"):
+        cleaned, notes = onnx_passes.clean(onnx_frontend.fix_input_shapes(model, fixed))
+        cleaned_path = workdir / "cleaned.onnx"
+        onnx.save(cleaned, str(cleaned_path))
+    return _Prepared(model_path, source_info, model, specs, fixed, dict(feeds), cleaned, cleaned_path, notes)
+
+
 def compile(  # noqa: A001 - the verb users know
     source: str,
     target: str = "x86",
@@ -90,56 +140,30 @@ def compile(  # noqa: A001 - the verb users know
 
     Raises MlcError subclasses for anything the user can fix; AccuracyError (exit 3) is not
     raised here: the artifact is written and `result.check` says whether it matches."""
-    timings: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def timed(key: str, description: str):
-        start = time.perf_counter()
-        with step(description):
-            yield
-        timings[key] = round(time.perf_counter() - start, 4)
-
+    timed = _Timer(step)
     preset = targets.resolve(target)
     runtime_lib = compiler.runtime_library()
     with tempfile.TemporaryDirectory(prefix="mlc-compile-") as scratch:
-        workdir = Path(scratch)
-        with timed("load", "Loading the model"):
-            model_path, source_info = _resolve_source(source, workdir)
-            model = onnx_frontend.load(model_path)
-            if not source_info.sha256:
-                source_info.sha256 = thin_runtime.sha256_file(model_path)
-            source_info.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-            compiler.check_supported(model)
-            specs = onnx_frontend.input_specs(model)
-            fixed = onnx_frontend.resolve_input_shapes(specs, list(input_shapes))
+        prepared = _prepare(source, input_shapes, Path(scratch), timed)
         with timed("reference", "Computing reference outputs with ONNX Runtime"):
-            feeds = onnx_frontend.make_inputs(specs, onnx_frontend.concrete_shapes(specs, fixed))
-            reference = onnx_frontend.onnxruntime_reference(model_path, feeds)
-        with timed("onnx_passes", "Folding constants and inferring shapes"):
-            nodes_before = len(model.graph.node)
-            cleaned, notes = onnx_passes.clean(onnx_frontend.fix_input_shapes(model, fixed))
-            cleaned_path = workdir / "cleaned.onnx"
-            onnx.save(cleaned, str(cleaned_path))
-
-        name = source_info.name
-        final = Path(output) if output else DEFAULT_OUTPUT_ROOT / f"{name}-{preset.name}"
+            reference = onnx_frontend.onnxruntime_reference(prepared.path, prepared.feeds)
+        final = Path(output) if output else DEFAULT_OUTPUT_ROOT / f"{prepared.source.name}-{preset.name}"
         with artifacts.staging_dir(final) as staged:
             with timed("tvm", f"Compiling with TVM for {preset.name} ({preset.tvm.get('mcpu', preset.tvm['kind'])})"):
-                result = compiler.compile_in_worker(cleaned_path, preset.tvm, staged / LIBRARY)
-            timings.update({f"tvm_{k}": round(v, 4) for k, v in result["timings"].items()})
+                result = compiler.compile_in_worker(prepared.cleaned_path, preset.tvm, library=staged / LIBRARY)
+            timed.timings.update({f"tvm_{k}": round(v, 4) for k, v in result["timings"].items()})
             with timed("package", "Packaging the artifact"):
-                manifest = _package(staged, runtime_lib, preset, source_info, specs, fixed, reference, result,
-                                    timings, nodes_before, len(cleaned.graph.node), list(input_shapes), source, target)
+                manifest = _package(staged, runtime_lib, preset, prepared, reference, result, timed.timings,
+                                    list(input_shapes), source, target)
                 artifacts.publish(staged, final)
     with timed("check", "Checking the artifact against the reference"):
         check_result = check(final, atol=atol, rtol=rtol)
     archive_path = artifacts.archive(final) if archive else None
-    return CompileResult(final, manifest, check_result, archive_path, notes)
+    return CompileResult(final, manifest, check_result, archive_path, prepared.notes)
 
 
-def _package(staged: Path, runtime_lib: Path, preset: targets.Target, source_info: SourceInfo,
-             specs: list, fixed: dict, reference: onnx_frontend.Reference, result: dict,
-             timings: dict, nodes_before: int, nodes_after: int, input_shapes: list[str],
+def _package(staged: Path, runtime_lib: Path, preset: targets.Target, prepared: _Prepared,
+             reference: onnx_frontend.Reference, result: dict, timings: dict, input_shapes: list[str],
              source: str, target: str) -> Manifest:
     (staged / "runtime").mkdir()
     shutil.copyfile(runtime_lib, staged / RUNTIME_LIBRARY)
@@ -150,8 +174,8 @@ def _package(staged: Path, runtime_lib: Path, preset: targets.Target, source_inf
     np.savez(staged / REFERENCE_OUTPUTS, **reference.outputs)
 
     inputs = [
-        TensorSpec(name=s.name, dtype=s.dtype, shape=fixed.get(s.name, s.shape), value_range=s.value_range)
-        for s in specs
+        TensorSpec(name=s.name, dtype=s.dtype, shape=prepared.fixed.get(s.name, s.shape), value_range=s.value_range)
+        for s in prepared.specs
     ]
     out_names = list(reference.outputs)
     outputs = [
@@ -162,7 +186,7 @@ def _package(staged: Path, runtime_lib: Path, preset: targets.Target, source_inf
         mlc_version=__version__,
         tvm_version=result["tvm_version"],
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        source=source_info,
+        source=prepared.source,
         target=TargetInfo(**preset.to_json()),
         library=LIBRARY,
         runtime=RuntimeInfo(library=RUNTIME_LIBRARY, module=RUNTIME_MODULE, entry=RUN_ENTRY,
@@ -172,7 +196,8 @@ def _package(staged: Path, runtime_lib: Path, preset: targets.Target, source_inf
         inputs=inputs,
         outputs=outputs,
         compile=CompileInfo(options={"target": target, "input_shapes": input_shapes}, timings_s=timings,
-                            recipe=recipe, onnx_nodes={"before": nodes_before, "after": nodes_after}),
+                            recipe=recipe, onnx_nodes={"before": len(prepared.model.graph.node),
+                                                          "after": len(prepared.cleaned.graph.node)}),
     )
     return artifacts.seal(staged, manifest)
 
@@ -234,3 +259,197 @@ def require_pass(result: CheckResult) -> None:
     if not result.passed:
         failed = [o.name for o in result.outputs if not o.passed]
         raise AccuracyError(f"accuracy check failed for output(s): {', '.join(failed)}")
+
+
+@dataclass
+class DebugReport:
+    """Where accuracy is lost, stage by stage: graph clean-up, then TVM node by node."""
+
+    source: str
+    target: str
+    method: str  # "final-only" (healthy), "exposed" (one build, every value an output) or "bisect"
+    builds: int
+    values_compared: int
+    cleanup: CheckResult  # ONNX Runtime on the cleaned graph vs on the model as given
+    final: CheckResult  # the compiled model's outputs vs ONNX Runtime on the model as given
+    divergence: localize.Divergence
+    extracted: Optional[Path] = None
+
+    @property
+    def diverged(self) -> bool:
+        return not self.cleanup.passed or not self.final.passed or self.divergence.first is not None
+
+    def to_json(self) -> dict:
+        d = self.divergence
+        return {
+            "source": self.source, "target": self.target, "method": self.method, "builds": self.builds,
+            "values_compared": self.values_compared, "diverged": self.diverged,
+            "cleanup": self.cleanup.to_json(), "final": self.final.to_json(),
+            "first_divergence": d.first.to_json() if d.first else None,
+            "first_nonfinite": d.first_nonfinite.to_json() if d.first_nonfinite else None,
+            "preceding": [r.to_json() for r in d.preceding],
+            "extracted": str(self.extracted) if self.extracted else None,
+        }
+
+
+def _ort_values(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """ONNX Runtime's value for every graph output of `model`."""
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(3)
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        wanted = {i.name for i in session.get_inputs()}
+        return dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in wanted})))
+    except Exception as e:  # onnxruntime raises untyped errors
+        raise InputError(f"ONNX Runtime cannot run the model's intermediate values: {str(e).splitlines()[0][:300]}") from None
+
+
+def _tvm_values(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], preset: targets.Target,
+                workdir: Path, tag: str, isolate: bool) -> dict[str, np.ndarray]:
+    """Compile `model` with TVM, run it on `feeds`, and name its outputs."""
+    path, inputs, outputs = (workdir / f"{tag}{suffix}" for suffix in (".onnx", ".in.npz", ".out.npz"))
+    onnx.save(model, str(path))
+    weights = {init.name for init in model.graph.initializer}
+    names = [v.name for v in model.graph.input if v.name not in weights]
+    np.savez(inputs, **{f"in_{i}": feeds[n] for i, n in enumerate(names)})
+    compiler.compile_in_worker(path, preset.tvm, run=(inputs, outputs), isolate=isolate)
+    with np.load(outputs, allow_pickle=False) as data:
+        return {v.name: data[f"out_{i}"] for i, v in enumerate(model.graph.output)}
+
+
+def _debug_source(source: str, target: Optional[str], input_shapes: Sequence[str], inputs):
+    """For an artifact directory: its source model, target, input shapes and reference inputs."""
+    path = Path(source)
+    if not (path.is_dir() and (path / thin_runtime.MANIFEST).is_file()):
+        return source, target or "x86", list(input_shapes), inputs
+    manifest = artifacts.load(path)
+    origin = manifest.source.path
+    if not models.is_zoo(origin) and not Path(origin).is_file():
+        raise InputError(f"artifact {path} was compiled from {origin}, which is not there any more; "
+                         f"run `mlc debug MODEL --target {manifest.compile.options.get('target', 'x86')}` on the model file")
+    shapes = list(input_shapes) or list(manifest.compile.options.get("input_shapes", []))
+    if inputs is None:
+        inputs = path / manifest.reference.inputs
+    return origin, target or manifest.compile.options.get("target", "x86"), shapes, inputs
+
+
+def debug(
+    source: str,
+    target: Optional[str] = None,
+    input_shapes: Sequence[str] = (),
+    inputs: Optional[str | Path | Mapping[str, np.ndarray]] = None,
+    atol: Optional[float] = None,
+    rtol: Optional[float] = None,
+    extract: Optional[str | Path] = None,
+    method: str = "auto",
+    isolate: bool = True,
+    step: StepReporter = _quiet_step,
+) -> DebugReport:
+    """Find the first node whose compiled output differs from ONNX Runtime.
+
+    `source` is a model (path or zoo:NAME) or an artifact directory (its source model, target,
+    shapes and reference inputs are reused). `method`: "auto" (one normal build; if its outputs
+    are wrong, one build exposing every value; if that hides the fault, bisection), "exposed" or
+    "bisect"."""
+    if method not in ("auto", "exposed", "bisect"):
+        raise InputError(f"unknown method '{method}'; use auto, exposed or bisect")
+    source, target, input_shapes, inputs = _debug_source(source, target, input_shapes, inputs)
+    preset = targets.resolve(target)
+    timed = _Timer(step)
+    feeds = None
+    if inputs is not None:
+        feeds = dict(inputs) if isinstance(inputs, Mapping) else thin_runtime.load_npz(inputs)
+    with tempfile.TemporaryDirectory(prefix="mlc-debug-") as scratch:
+        workdir = Path(scratch)
+        prepared = _prepare(source, input_shapes, workdir, timed, feeds)
+        cleaned, feeds = prepared.cleaned, prepared.feeds
+        values = localize.computed_values(cleaned)
+        with timed("reference", f"Computing {len(values)} intermediate values with ONNX Runtime"):
+            given = onnx_frontend.onnxruntime_reference(prepared.path, feeds).outputs
+            reference = _ort_values(localize.with_outputs(cleaned, [v.name for v in values]), feeds)
+            cleanup = compare(given, {k: reference[k] for k in given if k in reference}, atol, rtol)
+        out_names = [o.name for o in cleaned.graph.output]
+        builds = 0
+
+        def tvm_values(model: onnx.ModelProto, tag: str, what: str) -> dict[str, np.ndarray]:
+            nonlocal builds
+            builds += 1
+            with timed(f"build_{builds}", f"TVM build {builds}: {what}"):
+                return _tvm_values(model, feeds, preset, workdir, tag, isolate)
+
+        final_values = tvm_values(cleaned, "final", "the model as compiled")
+        final = compare(given, final_values, atol, rtol)
+        # TVM is at fault only where it differs from ONNX Runtime on the graph TVM was given;
+        # a difference from the model as given, with none here, was made by the clean-up.
+        tvm_ok = compare({k: reference[k] for k in out_names}, final_values, atol, rtol).passed
+        divergence, used, compared = localize.Divergence(), "final-only", len(out_names)
+        if method != "auto" or not tvm_ok:
+            if method in ("auto", "exposed"):
+                used = "exposed"
+                exposed = localize.with_outputs(cleaned, [v.name for v in values])
+                actual = tvm_values(exposed, "exposed", f"all {len(values)} values exposed")
+                divergence = localize.scan(cleaned, values, reference, actual, atol, rtol)
+                compared = len(values)
+            if divergence.first is None and (method == "bisect" or not tvm_ok):
+                used = "bisect"
+                divergence, compared = _bisect(cleaned, values, reference, tvm_values, atol, rtol)
+        extracted = None
+        if extract and divergence.first is not None:
+            extracted = _extract(Path(extract), cleaned, values[divergence.first.position], reference,
+                                 divergence, preset, workdir, isolate)
+    return DebugReport(source, preset.name, used, builds, compared, cleanup, final, divergence, extracted)
+
+
+def _bisect(cleaned, values, reference, tvm_values, atol, rtol) -> tuple[localize.Divergence, int]:
+    """Binary search over prefix models, each built as the real graph up to one value."""
+    probes = [i for i, v in enumerate(values) if v.name in reference]
+    cache: dict[int, bool] = {}
+
+    def diverges(k: int) -> bool:
+        if k not in cache:
+            value = values[probes[k]]
+            got = tvm_values(localize.with_outputs(cleaned, [value.name]), f"prefix{k}", f"bisect at {value.node_name}")
+            ref = reference[value.name]
+            stats = compare_one(value.name, ref, got[value.name], tolerance_for(str(ref.dtype), atol, rtol))
+            cache[k] = not stats.passed
+        return cache[k]
+
+    if not probes or not diverges(len(probes) - 1):
+        return localize.Divergence(), len(cache)
+    culprit = values[probes[localize.bisect(len(probes), diverges)]]
+    # One more build: the culprit's inputs and outputs, to show which side of the node the error is on.
+    node = cleaned.graph.node[culprit.node_index]
+    weights = {init.name for init in cleaned.graph.initializer}
+    around = [n for n in dict.fromkeys(list(node.input) + list(node.output)) if n and n not in weights and n in reference]
+    wanted = [v for v in values if v.name in around]
+    actual = tvm_values(localize.with_outputs(cleaned, [v.name for v in wanted]), "culprit", f"around {culprit.node_name}")
+    return localize.scan(cleaned, wanted, reference, actual, atol, rtol), len(cache) + len(wanted)
+
+
+def _extract(dest: Path, cleaned, culprit: localize.Value, reference, divergence, preset, workdir, isolate) -> Path:
+    """Write the failing node as its own model with its inputs, the expected and the actual outputs."""
+    import json
+
+    single = localize.single_node_model(cleaned, culprit.node_index, reference)
+    feeds = {v.name: reference[v.name] for v in single.graph.input}
+    actual = _tvm_values(single, feeds, preset, workdir, "extracted", isolate)
+    with artifacts.staging_dir(dest) as staged:
+        onnx.save(single, str(staged / "model.onnx"))
+        np.savez(staged / "inputs.npz", **{f"in_{i}": v for i, v in enumerate(feeds.values())})
+        np.savez(staged / "expected.npz", **{f"out_{i}": reference[o.name] for i, o in enumerate(single.graph.output) if o.name in reference})
+        np.savez(staged / "actual.npz", **{f"out_{i}": v for i, v in enumerate(actual.values())})
+        report = {
+            "node": divergence.first.to_json(),
+            "target": preset.to_json(),
+            "inputs": [v.name for v in single.graph.input],
+            "outputs": [o.name for o in single.graph.output],
+            "isolated_node_matches": compare({o.name: reference[o.name] for o in single.graph.output if o.name in reference},
+                                             actual).passed,
+            "files": {"model.onnx": "the node alone", "inputs.npz": "in_i: its inputs, in graph-input order",
+                      "expected.npz": "out_i: ONNX Runtime's outputs", "actual.npz": "out_i: TVM's outputs"},
+        }
+        (staged / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        artifacts.publish(staged, dest)
+    return dest

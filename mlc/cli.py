@@ -185,6 +185,82 @@ def check_cmd(
     api.require_pass(result)
 
 
+def _value_rows(table: Table, report, style: str = "") -> None:
+    s = report.stats
+    verdict = "[green]ok[/]" if s.passed else "[red]DIFFERS[/]"
+    table.add_row(f"#{report.position}", escape(report.node_name), report.op_type, escape(report.value),
+                  "x".join(map(str, s.shape)), _fmt(s.max_abs_error), _fmt(s.max_rel_error),
+                  _fmt(s.cosine_similarity, ".6f"), f"{s.mismatch_fraction:.2%}", verdict, style=style)
+
+
+def _print_debug(report) -> None:
+    d = report.divergence
+    cleanup_worst = max((o.max_abs_error for o in report.cleanup.outputs), default=0.0)
+    final_worst = max((o.max_abs_error for o in report.final.outputs), default=0.0)
+    out.print(f"graph clean-up (constant folding, shape inference): "
+              + ("[green]outputs unchanged[/]" if report.cleanup.passed else f"[red]CHANGED the outputs[/] (max abs err {_fmt(cleanup_worst)})"))
+    out.print(f"compiled for {report.target} vs ONNX Runtime: "
+              + ("[green]outputs match[/]" if report.final.passed else f"[red]outputs differ[/] (max abs err {_fmt(final_worst)})"))
+    how = {"final-only": "the outputs of one build", "exposed": "one build with every intermediate value exposed",
+           "bisect": "bisection over prefix models"}[report.method]
+    out.print(f"compared {report.values_compared} values by {how} ({report.builds} TVM builds)")
+    if d.first is None:
+        if report.cleanup.passed and report.final.passed:
+            out.print("[green]no divergence: every compared value is within tolerance[/]")
+        elif not report.cleanup.passed:
+            out.print("[red]accuracy is lost in the ONNX clean-up, before TVM[/]")
+        return
+    f = d.first
+    out.print(f"\n[bold red]first diverging node:[/] {escape(f.node_name)} ({f.op_type}) -> {escape(f.value)}")
+    for i in f.inputs:
+        if i["constant"]:
+            state = "constant"
+        elif "passed" in i:
+            state = f"max abs err {_fmt(i['max_abs_error'])} ({'matches' if i['passed'] else 'already differs'})"
+        else:
+            state = "graph input"
+        shape = "x".join(map(str, i["shape"])) if i["shape"] else "?"
+        out.print(f"  input {escape(i['name'])}: {shape} {i['dtype'] or ''}  {state}")
+    table = Table(title="values compared up to the first divergence", title_justify="left")
+    for column in ("pos", "node", "op", "value", "shape", "max abs err", "max rel err", "cosine", "mismatched", "result"):
+        table.add_column(column, justify="left" if column in ("node", "op", "value", "result") else "right")
+    for r in d.preceding:
+        _value_rows(table, r)
+    _value_rows(table, f, style="bold")
+    out.print(table)
+    if d.first_nonfinite:
+        n = d.first_nonfinite
+        out.print(f"first NaN/Inf: {escape(n.node_name)} ({n.op_type}) -> {escape(n.value)}")
+    if report.extracted:
+        out.print(f"extracted the node with its inputs and outputs to {report.extracted}/ "
+                  "(model.onnx, inputs.npz, expected.npz, actual.npz, report.json)")
+
+
+@app.command("debug")
+def debug_cmd(
+    model: str = typer.Argument(..., help="An .onnx file, zoo:NAME, or an artifact directory (reuses its model, target, shapes, inputs)."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="Target preset [default: the artifact's, else x86]."),
+    input_shape: List[str] = typer.Option([], "--input-shape", help="Fix an input's shape, NAME:1x128 (repeatable)."),
+    inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help=".npz of model inputs [default: seeded reference inputs]."),
+    atol: Optional[float] = typer.Option(None, help="Absolute tolerance [default: by dtype]."),
+    rtol: Optional[float] = typer.Option(None, help="Relative tolerance [default: by dtype]."),
+    extract: Optional[Path] = typer.Option(None, "--extract", help="Write the first diverging node as a small ONNX model with its data here."),
+    method: str = typer.Option("auto", help="auto | exposed (one build, every value an output) | bisect (prefix builds)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Localise the first node whose compiled output differs from ONNX Runtime (exit 3 if any)."""
+    from mlc import api
+
+    report = api.debug(model, target=target, input_shapes=input_shape, inputs=inputs, atol=atol, rtol=rtol,
+                       extract=extract, method=method, step=_step if not as_json else api._quiet_step)
+    if as_json:
+        out.print_json(json.dumps(report.to_json()))
+    else:
+        _print_debug(report)
+    if report.diverged:
+        raise typer.Exit(int(ExitCode.ACCURACY))
+
+
 @app.command("unpack")
 def unpack_cmd(
     archive: Path = typer.Argument(..., help="An artifact .tar.gz written by `mlc compile --archive`."),

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from mlc.errors import CompilerError, MissingDependencyError, UnsupportedModelError
 
@@ -50,18 +50,33 @@ def _format_unsupported(ops: dict[str, dict]) -> str:
     )
 
 
-def compile_in_worker(onnx_path: Path, target_json: dict[str, Any], library: Path) -> dict[str, Any]:
-    """Import + build + export in a child process; returns its result or raises an MlcError.
-    TVM's log goes to a file that is kept (and named in the error) only when the step fails."""
-    request = onnx_path.with_name("request.json")
-    request.write_text(json.dumps({"onnx": str(onnx_path), "target": target_json, "library": str(library)}))
+def compile_in_worker(
+    onnx_path: Path,
+    target_json: dict[str, Any],
+    library: Optional[Path] = None,
+    run: Optional[tuple[Path, Path]] = None,
+    isolate: bool = True,
+) -> dict[str, Any]:
+    """Import + build (+ export to `library`) (+ run on `run`=(inputs.npz, outputs.npz)) with TVM.
+
+    With `isolate` (the default) this happens in a child process whose log goes to a file that
+    is kept, and named in the error, only when the step fails. `isolate=False` runs in this
+    process (tests use it to patch TVM). Returns the worker's result or raises an MlcError."""
+    from mlc.compiler import worker
+
+    request = {"onnx": str(onnx_path), "target": target_json, "library": str(library) if library else None,
+               "run": {"inputs": str(run[0]), "outputs": str(run[1])} if run else None}
+    if not isolate:
+        return _check_result(worker.compile_request(request), None)
+    request_path = onnx_path.with_name(onnx_path.stem + ".request.json")
+    request_path.write_text(json.dumps(request))
     with tempfile.NamedTemporaryFile("w", prefix="mlc-tvm-", suffix=".log", delete=False) as log:
         proc = subprocess.run(
-            [sys.executable, "-m", "mlc.compiler.worker", str(request)],
+            [sys.executable, "-m", "mlc.compiler.worker", str(request_path)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
     log_path = Path(log.name)
-    result_path = request.with_suffix(".result.json")
+    result_path = request_path.with_suffix(".result.json")
     if proc.returncode != 0 or not result_path.exists():
         if proc.returncode < 0:
             how = f"was killed by {signal.Signals(-proc.returncode).name}"
@@ -69,14 +84,18 @@ def compile_in_worker(onnx_path: Path, target_json: dict[str, Any], library: Pat
             how = f"exited with status {proc.returncode}"
         tail = _log_tail(log_path)
         raise CompilerError(f"the TVM compile process {how}{': ' + tail if tail else ''} (full log: {log_path})")
-    result = json.loads(result_path.read_text())
-    if result["ok"] or result["kind"] == "unsupported":
+    return _check_result(json.loads(result_path.read_text()), log_path)
+
+
+def _check_result(result: dict[str, Any], log_path: Optional[Path]) -> dict[str, Any]:
+    if log_path is not None and (result["ok"] or result["kind"] == "unsupported"):
         log_path.unlink(missing_ok=True)
     if result["ok"]:
         return result
     if result["kind"] == "unsupported":
         raise UnsupportedModelError(_format_unsupported(result["ops"]))
-    raise CompilerError(f"TVM failed during {result['stage']}: {result['message']} (full log: {log_path})")
+    where = f" (full log: {log_path})" if log_path else ""
+    raise CompilerError(f"TVM failed during {result['stage']}: {result['message']}{where}")
 
 
 def _log_tail(log_path: Path) -> str:

@@ -2,10 +2,11 @@
 
     python -m mlc.compiler.worker REQUEST.json
 
-It reads the cleaned ONNX model named in the request, imports it into Relax, compiles it and
-exports the library; it writes RESULT (request path with .result.json) for the parent. Running
-TVM in a child process keeps a TVM crash (abort, segfault) from taking mlc down with it, and keeps
-TVM's C++ log lines in a log file rather than on the user's terminal."""
+The request names a cleaned ONNX model and a target; the worker imports it into Relax, compiles
+it, and optionally exports the library and/or runs it on an .npz of inputs (used by `mlc debug`).
+It writes RESULT (the request path with .result.json) for the parent. Running TVM in a child
+process keeps a TVM crash (abort, segfault) from taking mlc down with it, and keeps TVM's C++
+log lines in a log file rather than on the user's terminal."""
 
 from __future__ import annotations
 
@@ -23,6 +24,21 @@ def summarize(error: BaseException) -> str:
         if not line.startswith(("File ", "Traceback", "^", "at ")):
             return line[:400]
     return type(error).__name__
+
+
+def _run(executable, inputs_path: str, outputs_path: str) -> None:
+    """Run the compiled model on in_0, in_1, ... of an .npz (graph input order); save out_0, ...
+    (flattened output order). Positional keys: tensor names may hold '/' or ':'."""
+    import numpy as np
+    import tvm
+
+    with np.load(inputs_path, allow_pickle=False) as data:
+        # tvm.runtime.tensor copies into TVM-allocated (aligned) memory.
+        args = [tvm.runtime.tensor(data[f"in_{i}"]) for i in range(len(data.files))]
+    vm = tvm.relax.VirtualMachine(executable, tvm.cpu())
+    result = vm["main"](*args)
+    flat = [result] if hasattr(result, "numpy") else list(result)
+    np.savez(outputs_path, **{f"out_{i}": t.numpy() for i, t in enumerate(flat)})
 
 
 def compile_request(request: dict) -> dict:
@@ -49,21 +65,22 @@ def compile_request(request: dict) -> dict:
         start = time.perf_counter()
         executable = build.build(mod, request["target"])
         timings["build"] = time.perf_counter() - start
-        stage = "export"
-        start = time.perf_counter()
-        executable.export_library(request["library"])
-        timings["export"] = time.perf_counter() - start
+        if request.get("library"):
+            stage = "export"
+            start = time.perf_counter()
+            executable.export_library(request["library"])
+            timings["export"] = time.perf_counter() - start
+        if request.get("run"):
+            stage = "run"
+            start = time.perf_counter()
+            _run(executable, request["run"]["inputs"], request["run"]["outputs"])
+            timings["run"] = time.perf_counter() - start
         stage = "signature"
         outputs = build.output_signature(mod)
         return {"ok": True, "tvm_version": tvm.__version__, "outputs": outputs, "timings": timings}
     except Exception as e:
         traceback.print_exc()  # into the log file the parent points the user to
-        return {
-            "ok": False,
-            "kind": "compile",
-            "stage": stage,
-            "message": summarize(e),
-        }
+        return {"ok": False, "kind": "compile", "stage": stage, "message": summarize(e)}
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,116 @@
+"""`mlc debug` localises the first diverging node. Faults are injected here, in the tests, by
+patching TVM's ONNX converters in-process (isolate=False), never in the product."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import mlc.api as api
+from conftest import assert_clean_error, run_mlc
+from mlc.models import ZOO
+
+
+@pytest.fixture
+def patch_converter(monkeypatch):
+    """Replace one TVM ONNX converter's implementation for the duration of a test."""
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    def patch(op: str, version: str, impl):
+        monkeypatch.setattr(getattr(onnx_frontend, op), version, classmethod(impl))
+
+    return patch
+
+
+def _first(model: onnx.ModelProto, op_type: str) -> str:
+    return next(n.name for n in model.graph.node if n.op_type == op_type)
+
+
+def test_healthy_model_reports_no_divergence():
+    report = api.debug("zoo:transformer")
+    assert not report.diverged and report.divergence.first is None
+    assert report.method == "final-only" and report.builds == 1
+    forced = api.debug("zoo:mlp", method="bisect")
+    assert not forced.diverged and forced.divergence.first is None
+
+
+@pytest.mark.parametrize("method", ["auto", "bisect"])
+def test_perturbed_op_is_localised(patch_converter, method, tmp_path):
+    from tvm import relax
+
+    patch_converter("Erf", "_impl_v13",
+                    lambda cls, bb, inputs, attr, params: relax.op.add(relax.op.erf(inputs[0]), relax.const(0.05, "float32")))
+    report = api.debug("zoo:transformer", method=method, isolate=False, extract=tmp_path / "repro")
+    first = report.divergence.first
+    assert report.diverged and report.method == ("exposed" if method == "auto" else "bisect")
+    assert (first.node_name, first.op_type) == (_first(ZOO["transformer"].build(), "Erf"), "Erf")
+    assert 0.04 < first.stats.max_abs_error < 0.06
+    (node_input,) = first.inputs
+    assert node_input["passed"] and node_input["max_abs_error"] < 1e-4  # its input was still right
+    if method == "bisect":
+        assert report.builds < 12  # log2 of ~75 values, plus the first and last builds
+
+    repro = tmp_path / "repro"
+    extracted = onnx.load(repro / "model.onnx")
+    assert [n.op_type for n in extracted.graph.node] == ["Erf"]
+    with np.load(repro / "inputs.npz") as inputs, np.load(repro / "expected.npz") as expected:
+        session = ort.InferenceSession(str(repro / "model.onnx"))
+        got = session.run(None, {session.get_inputs()[0].name: inputs["in_0"]})[0]
+        np.testing.assert_allclose(got, expected["out_0"], rtol=1e-6)
+    details = json.loads((repro / "report.json").read_text())
+    assert details["node"]["op_type"] == "Erf" and details["isolated_node_matches"] is False
+
+
+def test_first_nan_is_reported(patch_converter):
+    from tvm import relax
+
+    # sqrt of a negative number: NaN appears at the first Relu and flows downstream.
+    patch_converter("Relu", "_impl_v13", lambda cls, bb, inputs, attr, params: relax.op.sqrt(inputs[0]))
+    report = api.debug("zoo:mlp", isolate=False)
+    relu = _first(ZOO["mlp"].build(), "Relu")
+    assert report.divergence.first.node_name == relu
+    assert report.divergence.first_nonfinite.node_name == relu
+    assert report.divergence.first.stats.nonfinite_mismatch > 0
+
+
+def test_wrong_clean_up_pass_is_blamed_not_tvm(monkeypatch):
+    from mlc.compiler.passes import onnx as onnx_passes
+
+    real_clean = onnx_passes.clean
+
+    def broken_clean(model):
+        model, notes = real_clean(model)
+        weight = model.graph.initializer[0]
+        weight.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(weight) * 1.5, weight.name))
+        return model, notes
+
+    monkeypatch.setattr(onnx_passes, "clean", broken_clean)
+    report = api.debug("zoo:mlp")
+    assert report.diverged and not report.cleanup.passed and not report.final.passed
+    assert report.divergence.first is None and report.method == "final-only"  # TVM matches what it was given
+
+
+def test_debug_cli_on_an_artifact(tmp_path):
+    art = tmp_path / "mlp"
+    run_mlc("compile", "zoo:mlp", "-o", art, "--input-shape", "x:3x64", check=True)
+    proc = run_mlc("debug", art, "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["diverged"] is False and report["target"] == "x86" and report["first_divergence"] is None
+    assert report["final"]["outputs"][0]["shape"] == [3, 10]  # the artifact's shapes and inputs were reused
+    assert "no divergence" in run_mlc("debug", art).stdout
+
+
+def test_debug_errors(tmp_path):
+    assert_clean_error(run_mlc("debug", "zoo:mlp", "--method", "guess"), 1, "unknown method 'guess'")
+    assert_clean_error(run_mlc("debug", tmp_path / "missing.onnx"), 1, "model file not found")
+    model = tmp_path / "m.onnx"
+    onnx.save(ZOO["mlp"].build(), model)
+    art = tmp_path / "art"
+    run_mlc("compile", model, "-o", art, check=True)
+    model.unlink()
+    assert_clean_error(run_mlc("debug", art), 1, "which is not there any more")
