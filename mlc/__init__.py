@@ -7,7 +7,14 @@ self-contained artifacts.
     mlc.run(result.path, {"x": x}).outputs
 """
 
+import os
+
 __version__ = "0.1.0"
+
+# ONNX Runtime >= 1.31 starts a telemetry client on Linux (a session file in $TMPDIR, a database
+# in ~/.cache/Microsoft, uploads). mlc runs offline; opt out unless the user decided otherwise.
+# Read when onnxruntime loads, so it must be set before any import of it.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 _API = ("compile", "run", "check", "CompileResult", "RunResult")
 

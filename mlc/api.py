@@ -135,11 +135,14 @@ def compile(  # noqa: A001 - the verb users know
     atol: Optional[float] = None,
     rtol: Optional[float] = None,
     step: StepReporter = _quiet_step,
+    isolate: bool = True,
 ) -> CompileResult:
     """Compile an ONNX model (or zoo:NAME) for a target into a verified artifact directory.
 
     Raises MlcError subclasses for anything the user can fix; AccuracyError (exit 3) is not
-    raised here: the artifact is written and `result.check` says whether it matches."""
+    raised here: the artifact is written and `result.check` says whether it matches.
+    `isolate=False` runs TVM in this process (faster for many small models; a TVM crash then
+    takes the process down)."""
     timed = _Timer(step)
     preset = targets.resolve(target)
     runtime_lib = compiler.runtime_library()
@@ -150,7 +153,8 @@ def compile(  # noqa: A001 - the verb users know
         final = Path(output) if output else DEFAULT_OUTPUT_ROOT / f"{prepared.source.name}-{preset.name}"
         with artifacts.staging_dir(final) as staged:
             with timed("tvm", f"Compiling with TVM for {preset.name} ({preset.tvm.get('mcpu', preset.tvm['kind'])})"):
-                result = compiler.compile_in_worker(prepared.cleaned_path, preset.tvm, library=staged / LIBRARY)
+                result = compiler.compile_in_worker(prepared.cleaned_path, preset.tvm, library=staged / LIBRARY,
+                                                    isolate=isolate)
             timed.timings.update({f"tvm_{k}": round(v, 4) for k, v in result["timings"].items()})
             with timed("package", "Packaging the artifact"):
                 manifest = _package(staged, runtime_lib, preset, prepared, reference, result, timed.timings,
@@ -211,15 +215,19 @@ def open_runner(artifact: str | Path) -> thin_runtime.Runner:
         raise IntegrityError(str(e)) from None
 
 
-def load_inputs(runner: thin_runtime.Runner, inputs: Optional[str | Path | Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    if inputs is None:
-        return thin_runtime.load_npz(runner.root / runner.manifest["reference"]["inputs"])
-    if isinstance(inputs, Mapping):
-        return dict(inputs)
+def _read_npz(path: str | Path) -> dict[str, np.ndarray]:
     try:
-        return thin_runtime.load_npz(inputs)
+        return thin_runtime.load_npz(path)
     except thin_runtime.FeedError as e:
         raise InputError(str(e)) from None
+
+
+def load_inputs(runner: thin_runtime.Runner, inputs: Optional[str | Path | Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    if inputs is None:
+        return _read_npz(runner.root / runner.manifest["reference"]["inputs"])
+    if isinstance(inputs, Mapping):
+        return dict(inputs)
+    return _read_npz(inputs)
 
 
 @dataclass
@@ -250,8 +258,11 @@ def check(artifact: str | Path, atol: Optional[float] = None, rtol: Optional[flo
         if value is not None and not (value >= 0 and np.isfinite(value)):
             raise InputError(f"--{name} must be a finite number >= 0, got {value}")
     runner = open_runner(artifact)
-    reference = thin_runtime.load_npz(runner.root / runner.manifest["reference"]["outputs"])
-    actual = runner.run(load_inputs(runner, None))
+    reference = _read_npz(runner.root / runner.manifest["reference"]["outputs"])
+    try:
+        actual = runner.run(load_inputs(runner, None))
+    except thin_runtime.FeedError as e:
+        raise IntegrityError(f"the artifact's reference inputs do not fit its model: {e}") from None
     return compare(reference, actual, atol=atol, rtol=rtol)
 
 
@@ -360,7 +371,7 @@ def debug(
     timed = _Timer(step)
     feeds = None
     if inputs is not None:
-        feeds = dict(inputs) if isinstance(inputs, Mapping) else thin_runtime.load_npz(inputs)
+        feeds = dict(inputs) if isinstance(inputs, Mapping) else _read_npz(inputs)
     with tempfile.TemporaryDirectory(prefix="mlc-debug-") as scratch:
         workdir = Path(scratch)
         prepared = _prepare(source, input_shapes, workdir, timed, feeds)

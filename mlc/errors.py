@@ -19,6 +19,10 @@ class MlcError(Exception):
 
     exit_code: ExitCode = ExitCode.USER_ERROR
 
+    def __init__(self, message: str):
+        # One line, always: a value echoed from the user or a model may carry line breaks.
+        super().__init__(str(message).replace("\r", "\\r").replace("\n", "\\n"))
+
 
 class InputError(MlcError):
     """A file or an option value is wrong."""

@@ -11,15 +11,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from conftest import assert_clean_error, run_mlc, torch_bert_onnx, torch_cnn_onnx
-from mlc import artifacts
+from conftest import assert_clean_error, reseal, run_mlc, torch_bert_onnx, torch_cnn_onnx
 from mlc.runtime import Runner
-
-
-def _reseal(artifact) -> None:
-    """Rewrite file hashes after a deliberate change, as a wrong compiler would have written them."""
-    manifest = artifacts.load(artifact, verify=False)
-    artifacts.seal(artifact, manifest)
 
 
 @pytest.mark.parametrize("build", [torch_cnn_onnx, torch_bert_onnx], ids=["torch-cnn", "torch-bert-2layer"])
@@ -81,7 +74,7 @@ def test_perturbed_reference_fails_check_with_exit_3(mlp_artifact, tmp_path):
     ref = dict(np.load(art / "reference/outputs.npz"))
     ref["y"] = ref["y"] + 0.01  # what a miscompiled model would look like
     np.savez(art / "reference/outputs.npz", **ref)
-    _reseal(art)
+    reseal(art)
     proc = run_mlc("check", art)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "FAIL" in proc.stdout

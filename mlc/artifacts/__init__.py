@@ -22,13 +22,34 @@ from mlc.runtime.runner import MANIFEST, ArtifactError, read_manifest, sha256_fi
 @contextlib.contextmanager
 def staging_dir(final: Path) -> Iterator[Path]:
     """A temporary directory beside `final` (same filesystem, so the final rename is atomic).
-    Removed on any failure, Ctrl-C included; the caller publishes it with `publish`."""
+    Removed on any failure, Ctrl-C included; the caller publishes it with `publish`. Its name
+    carries our pid so that a later run can remove what a killed run (SIGKILL) left behind."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    sweep_stale(final)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent))
     try:
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def sweep_stale(final: Path) -> None:
+    """Remove staging and replaced-artifact directories of `final` whose process is gone."""
+    for leftover in final.parent.glob(f".{final.name}.*-*"):
+        kind, _, rest = leftover.name[len(final.name) + 2:].partition("-")
+        pid = rest.split("-", 1)[0]
+        if kind in ("tmp", "old") and pid.isdigit() and not _pid_alive(int(pid)) and leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def publish(staged: Path, final: Path) -> None:
@@ -37,7 +58,7 @@ def publish(staged: Path, final: Path) -> None:
     lock_path = final.parent / f".{final.name}.lock"
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+        old = final.parent / f".{final.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         if final.exists() or final.is_symlink():
             if not final.is_dir() or final.is_symlink():
                 raise InputError(f"output path {final} exists and is not an artifact directory; choose another -o")

@@ -120,7 +120,7 @@ def resolve(name: str) -> Target:
         )
     near = difflib.get_close_matches(name.lower(), PRESETS, n=1, cutoff=0.4)
     hint = f"did you mean '{near[0]}'? " if near else ""
-    raise TargetError(f"unknown target '{name}'; {hint}known targets: {', '.join(PRESETS)} (see `mlc targets`)")
+    raise TargetError(f"unknown target {name!r}; {hint}known targets: {', '.join(PRESETS)} (see `mlc targets`)")
 
 
 def describe_all() -> list[dict[str, str]]:

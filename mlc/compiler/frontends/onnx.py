@@ -18,6 +18,8 @@ from mlc.errors import InputError, UnsupportedModelError
 # Dims larger than this are almost certainly a mistake (and overflow int32 index math in TVM).
 MAX_DIM = (1 << 31) - 1
 REFERENCE_SEED = 0
+# The reference run must fit in memory beside the model; larger inputs are almost always a typo.
+MAX_REFERENCE_BYTES = 2 << 30
 # Sizes given to symbolic dims when making reference inputs, unless the user fixed them.
 DEFAULT_BATCH = 2
 DEFAULT_OTHER_DIM = 16
@@ -61,6 +63,8 @@ def validate(model: onnx.ModelProto, where: str) -> None:
         raise InputError(f"{where} has an empty graph (no nodes); export the model again")
     if not model.graph.output:
         raise InputError(f"{where} declares no graph outputs; export the model again")
+    _check_opsets(model, where)
+    _check_dataflow(model, where)
     try:
         onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, ValueError) as e:
@@ -68,6 +72,35 @@ def validate(model: onnx.ModelProto, where: str) -> None:
     for spec in input_specs(model):
         if any(isinstance(d, int) and d > MAX_DIM for d in spec.shape):
             raise InputError(f"input '{spec.name}' of {where} has an absurd dimension {spec.shape}")
+
+
+def _check_opsets(model: onnx.ModelProto, where: str) -> None:
+    newest = onnx.defs.onnx_opset_version()
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx") and opset.version > newest:
+            raise InputError(f"{where} uses ONNX opset {opset.version}, newer than any this installation knows "
+                             f"(up to {newest}); export it again with opset {newest} or lower")
+
+
+def _check_dataflow(model: onnx.ModelProto, where: str) -> None:
+    """Every node input is a graph input, an initializer or an earlier node's output (which also
+    rules out cycles); said in terms of the nodes, unlike the checker's message."""
+    available = {v.name for v in model.graph.input} | {i.name for i in model.graph.initializer} | {""}
+    producer = {out: node.name or f"#{i}" for i, node in enumerate(model.graph.node) for out in node.output}
+    for index, node in enumerate(model.graph.node):
+        for name in node.input:
+            if name in available:
+                continue
+            user = node.name or f"#{index}"
+            if name in producer:
+                raise InputError(f"{where}: node {user} uses '{name}' before node {producer[name]} computes it "
+                                 "(the graph has a cycle or is not topologically sorted)")
+            raise InputError(f"{where}: node {user} uses '{name}', which no node, graph input or initializer "
+                             "provides (a missing initializer?); export the model again")
+        available.update(node.output)
+    missing = [o.name for o in model.graph.output if o.name not in available]
+    if missing:
+        raise InputError(f"{where}: graph output(s) {', '.join(missing)} are not computed by any node")
 
 
 def _first_line(e: BaseException) -> str:
@@ -133,10 +166,10 @@ def parse_input_shape(text: str) -> tuple[Optional[str], list[int]]:
     """'input_ids:1x128' -> ('input_ids', [1, 128]); '1x3x224x224' -> (None, [...])."""
     name, _, dims = text.rpartition(":")
     if not re.fullmatch(r"\d+(x\d+)*", dims.strip()):
-        raise InputError(f"--input-shape '{text}' is malformed; write NAME:DIMxDIM..., e.g. input_ids:1x128")
+        raise InputError(f"--input-shape {text!r} is malformed; write NAME:DIMxDIM..., e.g. input_ids:1x128")
     shape = [int(d) for d in dims.strip().split("x")]
     if any(d <= 0 or d > MAX_DIM for d in shape):
-        raise InputError(f"--input-shape '{text}' has a dimension outside 1..{MAX_DIM}")
+        raise InputError(f"--input-shape {text!r} has a dimension outside 1..{MAX_DIM}")
     return (name.strip() or None), shape
 
 
@@ -148,11 +181,11 @@ def resolve_input_shapes(specs: list[InputSpec], texts: list[str]) -> dict[str, 
         name, shape = parse_input_shape(text)
         if name is None:
             if len(specs) != 1:
-                raise InputError(f"--input-shape '{text}' has no input name and the model has {len(specs)} inputs: {', '.join(names)}")
+                raise InputError(f"--input-shape {text!r} has no input name and the model has {len(specs)} inputs: {', '.join(names)}")
             name = names[0]
         spec = next((s for s in specs if s.name == name), None)
         if spec is None:
-            raise InputError(f"--input-shape names unknown input '{name}'; the model's inputs are: {', '.join(names)}")
+            raise InputError(f"--input-shape names unknown input {name!r}; the model's inputs are: {', '.join(names)}")
         if len(shape) != len(spec.shape):
             raise InputError(f"--input-shape {name}: rank {len(shape)} given, the model expects {_fmt(spec.shape)}")
         for want, got in zip(spec.shape, shape):
@@ -201,6 +234,11 @@ def concrete_shapes(specs: list[InputSpec], fixed: dict[str, list[int]]) -> dict
 
 def make_inputs(specs: list[InputSpec], shapes: dict[str, list[int]], seed: int = REFERENCE_SEED) -> dict[str, np.ndarray]:
     """Seeded inputs of the right dtype; masks are ones, table indices stay inside the table."""
+    total = sum(int(np.prod(shapes[s.name], dtype=np.float64)) * np.dtype(s.dtype).itemsize for s in specs)
+    if total > MAX_REFERENCE_BYTES:
+        described = ", ".join(f"{s.name} {'x'.join(map(str, shapes[s.name]))}" for s in specs)
+        raise InputError(f"the reference inputs would take {total / 2**30:.1f} GiB ({described}); "
+                         "choose smaller shapes with --input-shape")
     rng = np.random.default_rng(seed)
     feeds = {}
     for spec in specs:

@@ -1,0 +1,223 @@
+"""Hardening: malformed models and arguments, crash safety, integrity, untrusted files, soak."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper
+
+import mlc.api as api
+from conftest import assert_clean_error, mlp_onnx, reseal, run_mlc
+from mlc.errors import MlcError
+
+
+def _save(tmp_path: Path, name: str, nodes, inputs, outputs, inits=(), opset: int = 17) -> Path:
+    graph = helper.make_graph(nodes, name, inputs, outputs, list(inits))
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8), path)
+    return path
+
+
+def _vi(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def test_malformed_graphs_get_clear_errors(tmp_path):
+    cycle = _save(tmp_path, "cycle", [helper.make_node("Relu", ["b"], ["a"], name="r1"),
+                                      helper.make_node("Relu", ["a"], ["b"], name="r2")], [_vi("x", [1])], [_vi("a", [1])])
+    assert_clean_error(run_mlc("compile", cycle), 1, "node r1 uses 'b' before node r2 computes it")
+    missing = _save(tmp_path, "missing_init", [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")],
+                    [_vi("x", [1, 2])], [_vi("y", [1, 2])])
+    assert_clean_error(run_mlc("compile", missing), 1, "node mm uses 'W', which no node", "missing initializer")
+    future = _save(tmp_path, "future", [helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [1])], [_vi("y", [1])], opset=999)
+    assert_clean_error(run_mlc("compile", future), 1, "uses ONNX opset 999")
+    absurd = _save(tmp_path, "absurd", [helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [1, 2**40])], [_vi("y", [1, 2**40])])
+    assert_clean_error(run_mlc("compile", absurd), 1, "absurd dimension")
+    huge = _save(tmp_path, "huge", [helper.make_node("Relu", ["x"], ["y"])], [_vi("x", ["n", 4096])], [_vi("y", ["n", 4096])])
+    assert_clean_error(run_mlc("compile", huge, "--input-shape", "x:1000000x4096"), 1, "GiB", "choose smaller shapes")
+    dangling = _save(tmp_path, "dangling", [helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [1])], [_vi("z", [1])])
+    assert_clean_error(run_mlc("compile", dangling), 1, "graph output(s) z are not computed")
+
+
+def _find_worker(parent_pid: int, timeout: float = 60) -> int:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+                stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if b"mlc.compiler.worker" in cmdline and int(stat[1]) == parent_pid:
+                return int(proc.name)
+        time.sleep(0.05)
+    raise AssertionError("no worker process appeared")
+
+
+def test_tvm_crash_is_contained(mlp_model, tmp_path):
+    """A crash inside TVM (here: the worker killed mid-compile) is a clean exit 70, not a dead mlc."""
+    out = tmp_path / "art"
+    proc = subprocess.Popen([sys.executable, "-m", "mlc", "compile", mlp_model, "-o", out],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    os.kill(_find_worker(proc.pid), signal.SIGSEGV)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 70, stderr
+    assert "TVM compile process was killed by SIGSEGV" in stderr and "Traceback" not in stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_killed_compile_leaves_old_artifact_and_next_run_sweeps(mlp_artifact, mlp_model, tmp_path):
+    out = tmp_path / "art"
+    shutil.copytree(mlp_artifact, out)
+    before = (out / "manifest.json").read_bytes()
+    proc = subprocess.Popen([sys.executable, "-m", "mlc", "compile", mlp_model, "-o", out],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _find_worker(proc.pid)
+    proc.kill()  # SIGKILL: no cleanup runs
+    proc.wait()
+    assert (out / "manifest.json").read_bytes() == before and run_mlc("check", out).returncode == 0
+    assert any(p.name.startswith(".art.tmp-") for p in tmp_path.iterdir())  # debris of the killed run
+    run_mlc("compile", mlp_model, "-o", out, check=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
+
+
+def test_concurrent_compiles_to_one_output(mlp_model, tmp_path):
+    out = tmp_path / "art"
+    procs = [subprocess.Popen([sys.executable, "-m", "mlc", "compile", mlp_model, "-o", out],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for proc in procs:
+        _, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr
+    assert run_mlc("check", out).returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
+
+
+def _archive_with(tmp_path: Path, members: dict[str, bytes], links: dict[str, str] = {}) -> Path:
+    path = tmp_path / "evil.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for name, target in links.items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+    return path
+
+
+def test_archive_escapes_are_refused(tmp_path):
+    dest = tmp_path / "dest"
+    slip = _archive_with(tmp_path, {"art/manifest.json": b"{}", "art/../../escaped.txt": b"x"})
+    assert_clean_error(run_mlc("unpack", slip, "-d", dest), 1)
+    link = _archive_with(tmp_path, {"art/manifest.json": b"{}"}, {"art/passwd": "/etc/passwd"})
+    assert_clean_error(run_mlc("unpack", link, "-d", dest), 1)
+    assert not (tmp_path / "escaped.txt").exists() and not (dest / "art").exists()
+
+
+def test_invalid_manifest_is_named(mlp_artifact, tmp_path):
+    art = tmp_path / "art"
+    shutil.copytree(mlp_artifact, art)
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["inputs"][0]["shape"] = "not a list"
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    assert_clean_error(run_mlc("check", art), 1, "manifest.json is invalid at 'inputs.0.shape'")
+    (art / "manifest.json").write_text("{ truncated")
+    assert_clean_error(run_mlc("check", art), 1, "is not valid JSON")
+
+
+def test_nothing_is_unpickled(mlp_artifact, tmp_path):
+    """A pickled array smuggled into an artifact is refused, not loaded (even with valid hashes)."""
+    art = tmp_path / "art"
+    shutil.copytree(mlp_artifact, art)
+    np.savez(art / "reference/inputs.npz", x=np.array([{"payload": 1}], dtype=object))
+    reseal(art)
+    assert_clean_error(run_mlc("check", art), 1, "cannot read", "inputs.npz")
+
+
+# -- property-based: mutated models and arguments always end in success or a clean MlcError --
+
+_MLP_BYTES = None
+
+
+def _mlp_bytes(tmp_path_factory) -> bytes:
+    global _MLP_BYTES
+    if _MLP_BYTES is None:
+        _MLP_BYTES = mlp_onnx(tmp_path_factory.mktemp("prop") / "mlp.onnx").read_bytes()
+    return _MLP_BYTES
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_mutated_model_bytes_fail_cleanly(tmp_path_factory, data):
+    model = bytearray(_mlp_bytes(tmp_path_factory))
+    for _ in range(data.draw(st.integers(1, 8))):
+        model[data.draw(st.integers(0, len(model) - 1))] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(1, len(model)))
+    path = tmp_path_factory.mktemp("mut") / "m.onnx"
+    path.write_bytes(bytes(model[:cut]))
+    try:
+        api.compile(str(path), output=path.parent / "out")
+    except MlcError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(shape=st.text(max_size=24), target=st.text(max_size=16))
+def test_arbitrary_option_values_fail_cleanly(shape, target):
+    """Any --input-shape or --target string is accepted or refused with a one-line MlcError."""
+    from mlc import targets
+    from mlc.compiler.frontends import onnx as frontend
+    from mlc.models import ZOO
+
+    specs = frontend.input_specs(ZOO["mlp"].build())
+    for attempt in (lambda: frontend.resolve_input_shapes(specs, [shape]), lambda: targets.resolve(target)):
+        try:
+            attempt()
+        except MlcError as e:
+            assert str(e) and "\n" not in str(e)
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def test_soak_compile_run_check_cycles(tmp_path, monkeypatch):
+    """200 compile/run/check cycles in one process: bounded memory, no leaked temporary files."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    model = mlp_onnx(tmp_path / "mlp.onnx")
+    out = tmp_path / "art"
+    x = np.ones((3, 16), np.float32)
+    rss = []
+    for cycle in range(200):
+        result = api.compile(str(model), output=out, isolate=False)
+        assert result.check.passed
+        assert api.run(out, {"x": x}, warmup=0, repeat=1).outputs["y"].shape == (3, 4)
+        assert api.check(out).passed
+        if cycle in (19, 199):
+            rss.append(_rss_mib())
+    assert rss[1] - rss[0] < 150, f"memory grew from {rss[0]:.0f} to {rss[1]:.0f} MiB over 180 cycles"
+    assert list(scratch.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art", "mlp.onnx", "tmp"]
