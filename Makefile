@@ -5,9 +5,25 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO := artifacts/demo-transformer-x86
 
-.PHONY: setup demo test test-all clean
+# Debian packages for ARM targets: the aarch64 cross compiler and qemu to verify its output here.
+APT_PACKAGES := g++-aarch64-linux-gnu qemu-user
+SYSTEM_TOOLS := aarch64-linux-gnu-g++ qemu-aarch64
 
-setup: $(STAMP)
+.PHONY: setup system-deps demo test test-all clean
+
+setup: $(STAMP) system-deps
+
+# Installs the Debian packages when run as root (CI, containers); otherwise says what to run.
+system-deps:
+	@for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing $(APT_PACKAGES) (ARM cross-compilation and emulation)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
+	  else \
+	    echo "note: ARM targets need: sudo apt-get install $(APT_PACKAGES) (their tests are skipped until then)"; \
+	  fi; \
+	fi
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -26,15 +26,18 @@ from mlc.artifacts.manifest import (
     TensorSpec,
 )
 from mlc.check import CheckResult, compare, compare_one, localize, tolerance_for
+from mlc.compiler import runtimes
 from mlc.compiler.frontends import onnx as onnx_frontend
 from mlc.compiler.passes import onnx as onnx_passes
-from mlc.errors import AccuracyError, InputError, IntegrityError
+from mlc.errors import AccuracyError, InputError, IntegrityError, MissingDependencyError
 from mlc.runtime import runner as thin_runtime
 
 DEFAULT_OUTPUT_ROOT = Path("artifacts")
 LIBRARY = "model.so"
 RUNTIME_LIBRARY = "runtime/libtvm_runtime.so"
 RUNTIME_MODULE = "runtime/mlc_runtime.py"
+FFI_LIBRARY = "runtime/libtvm_ffi.so"
+NATIVE_RUNNER = "runtime/mlc_runner"
 RUN_ENTRY = "run.py"
 REFERENCE_INPUTS = "reference/inputs.npz"
 REFERENCE_OUTPUTS = "reference/outputs.npz"
@@ -51,7 +54,7 @@ def _quiet_step(_: str) -> ContextManager[object]:
 class CompileResult:
     path: Path
     manifest: Manifest
-    check: CheckResult
+    check: Optional[CheckResult]  # None when the artifact cannot run here (no emulator)
     archive: Optional[Path] = None
     notes: list[str] = field(default_factory=list)
 
@@ -145,7 +148,9 @@ def compile(  # noqa: A001 - the verb users know
     takes the process down)."""
     timed = _Timer(step)
     preset = targets.resolve(target)
-    runtime_lib = compiler.runtime_library()
+    # Fail fast on a missing cross toolchain or runtime, before any heavy work.
+    runtime = runtimes.runtime_files(preset.runtime_arch)
+    cross = runtimes.toolchain(preset.runtime_arch).compiler if preset.runtime_arch != runtimes.HOST_ARCH else None
     with tempfile.TemporaryDirectory(prefix="mlc-compile-") as scratch:
         prepared = _prepare(source, input_shapes, Path(scratch), timed)
         with timed("reference", "Computing reference outputs with ONNX Runtime"):
@@ -154,23 +159,32 @@ def compile(  # noqa: A001 - the verb users know
         with artifacts.staging_dir(final) as staged:
             with timed("tvm", f"Compiling with TVM for {preset.name} ({preset.tvm.get('mcpu', preset.tvm['kind'])})"):
                 result = compiler.compile_in_worker(prepared.cleaned_path, preset.tvm, library=staged / LIBRARY,
-                                                    isolate=isolate)
+                                                    isolate=isolate, cross_compiler=cross)
             timed.timings.update({f"tvm_{k}": round(v, 4) for k, v in result["timings"].items()})
             with timed("package", "Packaging the artifact"):
-                manifest = _package(staged, runtime_lib, preset, prepared, reference, result, timed.timings,
+                manifest = _package(staged, runtime, preset, prepared, reference, result, timed.timings,
                                     list(input_shapes), source, target)
                 artifacts.publish(staged, final)
-    with timed("check", "Checking the artifact against the reference"):
-        check_result = check(final, atol=atol, rtol=rtol)
+    check_result: Optional[CheckResult] = None
+    arch = preset.runtime_arch
+    if arch == runtimes.HOST_ARCH or thin_runtime.emulator_command(arch):
+        how = "" if arch == runtimes.HOST_ARCH else " under qemu emulation"
+        with timed("check", f"Checking the artifact against the reference{how}"):
+            check_result = check(final, atol=atol, rtol=rtol)
+    else:
+        prepared.notes.append(f"not verified: this {runtimes.HOST_ARCH} machine cannot run {arch} code "
+                              "(apt-get install qemu-user); run `mlc check` or `python run.py` on the device")
     archive_path = artifacts.archive(final) if archive else None
     return CompileResult(final, manifest, check_result, archive_path, prepared.notes)
 
 
-def _package(staged: Path, runtime_lib: Path, preset: targets.Target, prepared: _Prepared,
+def _package(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.Target, prepared: _Prepared,
              reference: onnx_frontend.Reference, result: dict, timings: dict, input_shapes: list[str],
              source: str, target: str) -> Manifest:
     (staged / "runtime").mkdir()
-    shutil.copyfile(runtime_lib, staged / RUNTIME_LIBRARY)
+    shutil.copyfile(runtime.tvm_runtime, staged / RUNTIME_LIBRARY)
+    shutil.copyfile(runtime.tvm_ffi, staged / FFI_LIBRARY)
+    shutil.copy(runtime.native_runner, staged / NATIVE_RUNNER)  # keeps the executable bit
     shutil.copyfile(Path(thin_runtime.__file__), staged / RUNTIME_MODULE)
     shutil.copyfile(Path(thin_runtime.__file__).with_name("run_entry.py"), staged / RUN_ENTRY)
     (staged / "reference").mkdir()
@@ -194,7 +208,8 @@ def _package(staged: Path, runtime_lib: Path, preset: targets.Target, prepared: 
         target=TargetInfo(**preset.to_json()),
         library=LIBRARY,
         runtime=RuntimeInfo(library=RUNTIME_LIBRARY, module=RUNTIME_MODULE, entry=RUN_ENTRY,
-                            requires=["numpy", "apache-tvm-ffi==0.1.14.post1"]),
+                            requires=["numpy", "apache-tvm-ffi==0.1.14.post1"],
+                            ffi_library=FFI_LIBRARY, native_runner=NATIVE_RUNNER),
         reference=ReferenceInfo(producer=reference.producer, inputs=REFERENCE_INPUTS,
                                 outputs=REFERENCE_OUTPUTS, seed=reference.seed),
         inputs=inputs,
@@ -206,11 +221,16 @@ def _package(staged: Path, runtime_lib: Path, preset: targets.Target, prepared: 
     return artifacts.seal(staged, manifest)
 
 
-def open_runner(artifact: str | Path) -> thin_runtime.Runner:
-    """Validate an artifact (schema + sha256) and load it for running."""
-    artifacts.load(artifact)
+def open_runner(artifact: str | Path) -> thin_runtime.Runner | thin_runtime.NativeRunner:
+    """Validate an artifact (schema + sha256) and load it for running: in this process when it
+    was built for this machine, else through its native runner under emulation."""
+    manifest = artifacts.load(artifact)
     try:
-        return thin_runtime.Runner(artifact, verify=False)  # just verified
+        if manifest.target.runtime_arch == runtimes.HOST_ARCH:
+            return thin_runtime.Runner(artifact, verify=False)  # just verified
+        return thin_runtime.NativeRunner(artifact, verify=False)
+    except thin_runtime.EmulatorMissing as e:
+        raise MissingDependencyError(str(e)) from None
     except thin_runtime.ArtifactError as e:
         raise IntegrityError(str(e)) from None
 
@@ -249,6 +269,10 @@ def run(artifact: str | Path, inputs=None, warmup: int = 3, repeat: int = 50) ->
         latency = runner.benchmark(feeds, warmup, repeat) if repeat > 0 else None
     except thin_runtime.FeedError as e:
         raise InputError(str(e)) from None
+    except thin_runtime.ArtifactError as e:
+        raise IntegrityError(str(e)) from None
+    if isinstance(runner, thin_runtime.NativeRunner) and runner.emulated:
+        warnings.append("ran under qemu emulation: the latency is not a measurement of the device")
     return RunResult(outputs, latency, warnings)
 
 
@@ -263,6 +287,8 @@ def check(artifact: str | Path, atol: Optional[float] = None, rtol: Optional[flo
         actual = runner.run(load_inputs(runner, None))
     except thin_runtime.FeedError as e:
         raise IntegrityError(f"the artifact's reference inputs do not fit its model: {e}") from None
+    except thin_runtime.ArtifactError as e:
+        raise IntegrityError(str(e)) from None
     return compare(reference, actual, atol=atol, rtol=rtol)
 
 

@@ -25,6 +25,8 @@ def test_presets_resolve_to_valid_tvm_targets():
     lines = dict(line.split(" ", 1) for line in proc.stdout.strip().splitlines())
     assert lines["x86-avx2"] == "llvm haswell"
     assert lines["x86-avx512"] == "llvm skylake-avx512"
+    assert lines["graviton3"] == "llvm neoverse-v1" and lines["rpi5"] == "llvm cortex-a76"
+    assert set(lines) == set(targets.PRESETS)
 
 
 @pytest.mark.parametrize(
@@ -55,7 +57,7 @@ def test_detection_refuses_other_architectures(monkeypatch):
 def test_unknown_target_lists_presets_and_suggests():
     with pytest.raises(TargetError, match="did you mean 'x86-avx2'"):
         targets.resolve("x86_avx2")
-    with pytest.raises(TargetError, match="known targets: x86, x86-avx2, x86-avx512"):
+    with pytest.raises(TargetError, match="known targets: x86, x86-avx2, x86-avx512, graviton2"):
         targets.resolve("tpu")
 
 

@@ -42,9 +42,11 @@ class SourceInfo(_Strict):
 
 class RuntimeInfo(_Strict):
     library: str  # libtvm_runtime.so for the target architecture
-    module: str  # the thin runner (runtime/mlc_runtime.py)
+    module: str  # the thin Python runner (runtime/mlc_runtime.py)
     entry: str  # run.py
-    requires: list[str]
+    requires: list[str]  # Python packages the thin runner needs
+    ffi_library: Optional[str] = None  # libtvm_ffi.so for the target architecture
+    native_runner: Optional[str] = None  # runtime/mlc_runner: runs the model without Python
 
 
 class ReferenceInfo(_Strict):

@@ -25,14 +25,6 @@ def tvm_package_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def runtime_library() -> Path:
-    """libtvm_runtime.so of the installed TVM (the host architecture's)."""
-    path = tvm_package_dir() / "lib" / "libtvm_runtime.so"
-    if not path.is_file():
-        raise MissingDependencyError(f"{path} is missing; reinstall TVM: pip install --force-reinstall {TVM_PIN}")
-    return path
-
-
 def check_supported(model) -> None:
     """Raise UnsupportedModelError listing every op type TVM cannot import (all of them at once)."""
     from mlc.compiler.importer import unsupported_ops
@@ -56,6 +48,7 @@ def compile_in_worker(
     library: Optional[Path] = None,
     run: Optional[tuple[Path, Path]] = None,
     isolate: bool = True,
+    cross_compiler: Optional[str] = None,
 ) -> dict[str, Any]:
     """Import + build (+ export to `library`) (+ run on `run`=(inputs.npz, outputs.npz)) with TVM.
 
@@ -65,7 +58,8 @@ def compile_in_worker(
     from mlc.compiler import worker
 
     request = {"onnx": str(onnx_path), "target": target_json, "library": str(library) if library else None,
-               "run": {"inputs": str(run[0]), "outputs": str(run[1])} if run else None}
+               "run": {"inputs": str(run[0]), "outputs": str(run[1])} if run else None,
+               "cross_compiler": cross_compiler}
     if not isolate:
         return _check_result(worker.compile_request(request), None)
     request_path = onnx_path.with_name(onnx_path.stem + ".request.json")

@@ -68,7 +68,12 @@ def compile_request(request: dict) -> dict:
         if request.get("library"):
             stage = "export"
             start = time.perf_counter()
-            executable.export_library(request["library"])
+            fcompile = None
+            if request.get("cross_compiler"):
+                from tvm.support import cc
+
+                fcompile = cc.cross_compiler(request["cross_compiler"])
+            executable.export_library(request["library"], fcompile=fcompile)
             timings["export"] = time.perf_counter() - start
         if request.get("run"):
             stage = "run"

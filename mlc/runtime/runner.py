@@ -14,6 +14,9 @@ import json
 import math
 import os
 import platform
+import shutil
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -31,8 +34,17 @@ _POOLED_ALLOCATOR = 2
 _ALIGNMENT = 64
 
 
+HOST_ARCH = platform.machine().lower().replace("amd64", "x86_64").replace("arm64", "aarch64")
+# User-mode emulators (Debian's qemu-user) and the sysroot of the cross toolchain, per architecture.
+_EMULATORS = {"aarch64": ("qemu-aarch64", "/usr/aarch64-linux-gnu")}
+
+
 class ArtifactError(Exception):
     """The artifact cannot be used: missing or tampered files, wrong machine, newer schema."""
+
+
+class EmulatorMissing(ArtifactError):
+    """The artifact is for another architecture and nothing here can emulate it."""
 
 
 class FeedError(ValueError):
@@ -102,12 +114,21 @@ def host_cpu_flags() -> set[str]:
     return set()
 
 
+def emulator_command(arch: str) -> list[str] | None:
+    """How to run `arch` binaries on this machine under emulation, or None if we cannot."""
+    if arch == HOST_ARCH or arch not in _EMULATORS:
+        return None
+    qemu, sysroot = _EMULATORS[arch]
+    if shutil.which(qemu) is None or not Path(sysroot).is_dir():
+        return None
+    return [qemu, "-L", sysroot]
+
+
 def _check_machine(manifest: Mapping[str, Any]) -> None:
     target = manifest.get("target", {})
     arch = target.get("runtime_arch")
-    here = platform.machine().lower().replace("amd64", "x86_64").replace("arm64", "aarch64")
-    if arch and arch != here:
-        raise ArtifactError(f"artifact was compiled for {arch} but this machine is {here}")
+    if arch and arch != HOST_ARCH:
+        raise ArtifactError(f"artifact was compiled for {arch} but this machine is {HOST_ARCH}")
     flags = host_cpu_flags()
     missing = [f for f in target.get("required_cpu_features", []) if flags and f not in flags]
     if missing:
@@ -197,6 +218,39 @@ def latency_stats(seconds: list[float], batch: int = 1) -> dict[str, float]:
     }
 
 
+def validate_feeds(specs: list[dict[str, Any]], feeds: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], list[str]]:
+    """Check feeds against the manifest's input specs; returns the arrays in call order (C-order,
+    64-byte aligned) and warnings."""
+    expected = [spec["name"] for spec in specs]
+    unknown = [k for k in feeds if k not in expected]
+    missing = [k for k in expected if k not in feeds]
+    if unknown or missing:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(missing)}")
+        if unknown:
+            parts.append(f"unexpected {', '.join(unknown)}")
+        raise FeedError(f"input names do not match ({'; '.join(parts)}); the model takes: {', '.join(expected)}")
+    arrays, warnings, dims = [], [], {}
+    for spec in specs:
+        array = np.asarray(feeds[spec["name"]])
+        if array.dtype != np.dtype(spec["dtype"]):
+            raise FeedError(f"input '{spec['name']}' expects dtype {spec['dtype']}, got {array.dtype}")
+        _bind_dims(spec, array, dims)
+        if array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
+            warnings.append(f"input '{spec['name']}' contains NaN or Inf")
+        bounds = spec.get("value_range")
+        if bounds is not None and array.size:
+            lo, hi = bounds
+            if array.min() < lo or array.max() > hi:
+                raise FeedError(
+                    f"input '{spec['name']}' has values in [{array.min()}, {array.max()}] but the model "
+                    f"indexes a table with it and accepts only [{lo}, {hi}]"
+                )
+        arrays.append(aligned(array))
+    return arrays, warnings
+
+
 class Runner:
     """Loads an artifact's compiled model once and runs it on numpy inputs."""
 
@@ -223,35 +277,7 @@ class Runner:
         self.outputs: list[dict[str, Any]] = self.manifest["outputs"]
 
     def prepare(self, feeds: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], list[str]]:
-        """Validate feeds against the manifest; returns the arrays in call order and warnings."""
-        expected = [spec["name"] for spec in self.inputs]
-        unknown = [k for k in feeds if k not in expected]
-        missing = [k for k in expected if k not in feeds]
-        if unknown or missing:
-            parts = []
-            if missing:
-                parts.append(f"missing {', '.join(missing)}")
-            if unknown:
-                parts.append(f"unexpected {', '.join(unknown)}")
-            raise FeedError(f"input names do not match ({'; '.join(parts)}); the model takes: {', '.join(expected)}")
-        arrays, warnings, dims = [], [], {}
-        for spec in self.inputs:
-            array = np.asarray(feeds[spec["name"]])
-            if array.dtype != np.dtype(spec["dtype"]):
-                raise FeedError(f"input '{spec['name']}' expects dtype {spec['dtype']}, got {array.dtype}")
-            _bind_dims(spec, array, dims)
-            if array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
-                warnings.append(f"input '{spec['name']}' contains NaN or Inf")
-            bounds = spec.get("value_range")
-            if bounds is not None and array.size:
-                lo, hi = bounds
-                if array.min() < lo or array.max() > hi:
-                    raise FeedError(
-                        f"input '{spec['name']}' has values in [{array.min()}, {array.max()}] but the model "
-                        f"indexes a table with it and accepts only [{lo}, {hi}]"
-                    )
-            arrays.append(aligned(array))
-        return arrays, warnings
+        return validate_feeds(self.inputs, feeds)
 
     def _call(self, tensors: list[Any]) -> list[Any]:
         return _flatten(self._main(*tensors))
@@ -274,6 +300,63 @@ class Runner:
             times.append(time.perf_counter() - start)
         batch = int(arrays[0].shape[0]) if arrays and arrays[0].ndim else 1
         return latency_stats(times, batch)
+
+
+class NativeRunner:
+    """Runs an artifact through its native runner (runtime/mlc_runner, no Python on the device
+    side), under user-mode emulation when it was built for another architecture. Same interface
+    as Runner; latency measured under emulation is not a measurement of the device."""
+
+    def __init__(self, artifact_dir: str | os.PathLike, verify: bool = True):
+        self.root = Path(artifact_dir)
+        self.manifest = read_manifest(self.root)
+        if verify:
+            verify_files(self.root, self.manifest)
+        runtime = self.manifest["runtime"]
+        if not runtime.get("native_runner"):
+            raise ArtifactError("this artifact has no native runner; recompile it with a newer mlc")
+        self.runner = safe_member(self.root, runtime["native_runner"])
+        arch = self.manifest["target"]["runtime_arch"]
+        self.prefix = emulator_command(arch) or []
+        if arch != HOST_ARCH and not self.prefix:
+            qemu = _EMULATORS.get(arch, ("an emulator",))[0]
+            raise EmulatorMissing(f"artifact is for {arch}; to run it on this {HOST_ARCH} machine install {qemu} "
+                                "(apt-get install qemu-user) and the cross toolchain's sysroot, or run it on the device")
+        self.emulated = bool(self.prefix)
+        self.inputs: list[dict[str, Any]] = self.manifest["inputs"]
+        self.outputs: list[dict[str, Any]] = self.manifest["outputs"]
+
+    def prepare(self, feeds: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], list[str]]:
+        return validate_feeds(self.inputs, feeds)
+
+    def _execute(self, arrays: list[np.ndarray], repeat: int) -> tuple[dict[str, np.ndarray], list[float]]:
+        with tempfile.TemporaryDirectory(prefix="mlc-native-") as tmp:
+            inputs, outputs = Path(tmp) / "in", Path(tmp) / "out"
+            inputs.mkdir()
+            outputs.mkdir()
+            for i, array in enumerate(arrays):
+                np.save(inputs / f"in_{i}.npy", np.ascontiguousarray(array))
+            proc = subprocess.run([*self.prefix, str(self.runner), str(self.root), str(inputs), str(outputs), str(repeat)],
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+                raise ArtifactError(f"the native runner failed: {reason}")
+            times = json.loads(proc.stdout.strip().splitlines()[-1])["times_ms"]
+            results = {spec["name"]: np.load(outputs / f"out_{i}.npy", allow_pickle=False)
+                       for i, spec in enumerate(self.outputs)}
+        return results, [t / 1e3 for t in times]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        arrays, _ = self.prepare(feeds)
+        return self._execute(arrays, 0)[0]
+
+    def benchmark(self, feeds: Mapping[str, np.ndarray], warmup: int = 3, repeat: int = 50) -> dict[str, float]:
+        arrays, _ = self.prepare(feeds)
+        _, times = self._execute(arrays, warmup + repeat)
+        batch = int(arrays[0].shape[0]) if arrays and arrays[0].ndim else 1
+        stats = latency_stats(times[warmup:] or times, batch)
+        stats["emulated"] = self.emulated
+        return stats
 
 
 def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:

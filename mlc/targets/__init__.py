@@ -101,11 +101,34 @@ def _portable_x86(name: str, mcpu: str, features: tuple[str, ...], what: str) ->
     return make
 
 
+def _arm(name: str, mcpu: str, mattr: list[str], what: str, features: tuple[str, ...]) -> Callable[[], Target]:
+    """A 64-bit ARM Linux board or instance. TVM 0.27 has tags for some Raspberry Pis but none
+    for Graviton, so all are written out here the same way."""
+
+    def make() -> Target:
+        return Target(
+            name=name,
+            description=f"{what}; cross-compiled, verified here under qemu",
+            # num-cores: what MetaSchedule tunes for; 4 matches the boards and a c7g.xlarge.
+            tvm={"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": mcpu, "mattr": mattr, "num-cores": 4},
+            runtime_arch="aarch64",
+            required_cpu_features=features,
+        )
+
+    return make
+
+
 # name -> factory (detection is lazy: listing presets must not fail on another architecture)
 PRESETS: dict[str, Callable[[], Target]] = {
     "x86": _detect_x86,
     "x86-avx2": _portable_x86("x86-avx2", "haswell", _AVX2, "AVX2 (Haswell or newer)"),
     "x86-avx512": _portable_x86("x86-avx512", "skylake-avx512", _AVX512, "AVX-512 (Skylake-SP or newer)"),
+    "graviton2": _arm("graviton2", "neoverse-n1", ["+neon"], "AWS Graviton2 (Neoverse N1)", ("asimd",)),
+    "graviton3": _arm("graviton3", "neoverse-v1", ["+neon", "+sve"], "AWS Graviton3 (Neoverse V1, SVE)", ("asimd", "sve")),
+    "graviton4": _arm("graviton4", "neoverse-v2", ["+neon", "+sve2"], "AWS Graviton4 (Neoverse V2, SVE2)", ("asimd", "sve2")),
+    "rpi3": _arm("rpi3", "cortex-a53", ["+neon"], "Raspberry Pi 3, 64-bit OS (Cortex-A53)", ("asimd",)),
+    "rpi4": _arm("rpi4", "cortex-a72", ["+neon"], "Raspberry Pi 4, 64-bit OS (Cortex-A72)", ("asimd",)),
+    "rpi5": _arm("rpi5", "cortex-a76", ["+neon", "+dotprod"], "Raspberry Pi 5, 64-bit OS (Cortex-A76)", ("asimd", "asimddp")),
 }
 
 

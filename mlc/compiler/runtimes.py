@@ -1,0 +1,155 @@
+"""The runtime files an artifact carries, per target architecture: libtvm_runtime.so and
+libtvm_ffi.so (from the apache-tvm / apache-tvm-ffi wheels of that architecture, at the exact
+versions installed here) and the native runner (runtime/native/mlc_runner.cc, compiled for it).
+
+The host's come from the installed packages; others are fetched once with pip for that platform
+and cached in $MLC_CACHE_DIR (default ~/.cache/mlc)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Optional
+
+from mlc.compiler import tvm_package_dir
+from mlc.errors import MissingDependencyError
+from mlc.runtime.runner import HOST_ARCH
+
+NATIVE_SOURCE = Path(__file__).resolve().parent.parent / "runtime" / "native" / "mlc_runner.cc"
+# pip platform tags of the manylinux wheels, per architecture
+_PLATFORMS = {"aarch64": ["manylinux_2_28_aarch64", "manylinux2014_aarch64"]}
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    compiler: str  # C++ compiler executable
+    package: str  # Debian package that provides it
+
+
+TOOLCHAINS = {
+    HOST_ARCH: Toolchain("g++", "g++"),
+    "aarch64": Toolchain("aarch64-linux-gnu-g++", "g++-aarch64-linux-gnu"),
+}
+
+
+@dataclass(frozen=True)
+class RuntimeFiles:
+    tvm_runtime: Path
+    tvm_ffi: Path
+    native_runner: Path
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MLC_CACHE_DIR", Path.home() / ".cache" / "mlc"))
+
+
+def toolchain(arch: str) -> Toolchain:
+    chain = TOOLCHAINS.get(arch)
+    if chain is None:
+        raise MissingDependencyError(f"no cross toolchain is known for {arch}")
+    if shutil.which(chain.compiler) is None:
+        raise MissingDependencyError(
+            f"{chain.compiler} (the C++ compiler for {arch}) is not installed; run: apt-get install {chain.package}"
+        )
+    return chain
+
+
+def _versions() -> tuple[str, str]:
+    return metadata.version("apache-tvm"), metadata.version("apache-tvm-ffi")
+
+
+def _host_libraries() -> tuple[Path, Path]:
+    import importlib.util
+
+    ffi = importlib.util.find_spec("tvm_ffi")
+    ffi_dir = Path(list(ffi.submodule_search_locations)[0]) if ffi and ffi.submodule_search_locations else None
+    runtime = tvm_package_dir() / "lib" / "libtvm_runtime.so"
+    if ffi_dir is None or not (ffi_dir / "lib" / "libtvm_ffi.so").is_file() or not runtime.is_file():
+        raise MissingDependencyError("apache-tvm / apache-tvm-ffi are incomplete; reinstall: "
+                                     "pip install --force-reinstall apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post1")
+    return runtime, ffi_dir / "lib" / "libtvm_ffi.so"
+
+
+def _fetch_libraries(arch: str, dest: Path) -> tuple[Path, Path]:
+    """Download this TVM's wheels for `arch` and keep their two runtime libraries."""
+    runtime, ffi = dest / "libtvm_runtime.so", dest / "libtvm_ffi.so"
+    if runtime.is_file() and ffi.is_file():
+        return runtime, ffi
+    tvm_version, ffi_version = _versions()
+    with tempfile.TemporaryDirectory(prefix="mlc-wheels-") as tmp:
+        platforms = [arg for tag in _PLATFORMS[arch] for arg in ("--platform", tag)]
+        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                   *platforms, "--python-version", "3.11", "-d", tmp,
+                   f"apache-tvm=={tvm_version}", f"apache-tvm-ffi=={ffi_version}"]
+        proc = subprocess.run(command, capture_output=True, text=True)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["pip failed"])[-1]
+            raise MissingDependencyError(
+                f"cannot download the {arch} TVM runtime (apache-tvm=={tvm_version}, apache-tvm-ffi=={ffi_version}): "
+                f"{last}; put libtvm_runtime.so and libtvm_ffi.so for {arch} in {dest}")
+        staged = Path(tmp) / "out"
+        staged.mkdir()
+        for wheel in Path(tmp).glob("*.whl"):
+            with zipfile.ZipFile(wheel) as zf:
+                for member, name in (("tvm/lib/libtvm_runtime.so", "libtvm_runtime.so"),
+                                     ("tvm_ffi/lib/libtvm_ffi.so", "libtvm_ffi.so")):
+                    if member in zf.namelist():
+                        (staged / name).write_bytes(zf.read(member))
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in ("libtvm_runtime.so", "libtvm_ffi.so"):
+            if not (staged / name).is_file():
+                raise MissingDependencyError(f"the {arch} wheels hold no {name}")
+            shutil.move(staged / name, dest / name)
+    return runtime, ffi
+
+
+def _native_runner(arch: str, tvm_ffi_lib: Path, dest: Path) -> Path:
+    """Compile the native runner for `arch` (cached by source and tvm-ffi version)."""
+    source = NATIVE_SOURCE.read_bytes()
+    key = hashlib.sha256(source + _versions()[1].encode()).hexdigest()[:16]
+    runner = dest / f"mlc_runner-{key}"
+    if runner.is_file():
+        return runner
+    chain = toolchain(arch)
+    include = tvm_ffi_lib.parent.parent / "include" if arch == HOST_ARCH else _ffi_include()
+    dest.mkdir(parents=True, exist_ok=True)
+    tmp = dest / f".{runner.name}.{os.getpid()}.tmp"
+    proc = subprocess.run(
+        [chain.compiler, "-std=c++17", "-O2", f"-I{include}", str(NATIVE_SOURCE), "-o", str(tmp),
+         f"-L{tvm_ffi_lib.parent}", "-l:libtvm_ffi.so", "-ldl", "-Wl,-rpath,$ORIGIN"],
+        capture_output=True, text=True,
+    )
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise MissingDependencyError(f"building the native runner with {chain.compiler} failed: "
+                                     f"{(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+    os.replace(tmp, runner)
+    return runner
+
+
+def _ffi_include() -> Path:
+    _, ffi = _host_libraries()
+    return ffi.parent.parent / "include"  # headers are the same on every architecture
+
+
+def runtime_files(arch: str) -> RuntimeFiles:
+    """Everything an artifact for `arch` needs to run, building or fetching what is missing."""
+    if arch == HOST_ARCH:
+        runtime, ffi = _host_libraries()
+        native_dir = cache_dir() / "native" / arch
+    elif arch in _PLATFORMS:
+        tvm_version, ffi_version = _versions()
+        base = cache_dir() / "runtimes" / f"{arch}-tvm{tvm_version}-ffi{ffi_version}"
+        runtime, ffi = _fetch_libraries(arch, base)
+        native_dir = base
+    else:
+        raise MissingDependencyError(f"no TVM runtime is available for {arch}")
+    return RuntimeFiles(runtime, ffi, _native_runner(arch, ffi, native_dir))

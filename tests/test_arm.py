@@ -1,0 +1,105 @@
+"""ARM targets: cross-compiled artifacts verified here under qemu with their own native runner.
+Needs Debian's g++-aarch64-linux-gnu and qemu-user (`make test` installs them where it can; CI must)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import mlc.api as api
+from conftest import assert_clean_error, reseal, run_mlc
+from mlc.compiler import runtimes
+from mlc.errors import MissingDependencyError
+from mlc.runtime import runner as thin_runtime
+
+HAVE_TOOLS = shutil.which("aarch64-linux-gnu-g++") and thin_runtime.emulator_command("aarch64")
+if not HAVE_TOOLS and os.environ.get("CI"):
+    raise RuntimeError("CI must have g++-aarch64-linux-gnu and qemu-user installed (see .ci/run)")
+needs_tools = pytest.mark.skipif(not HAVE_TOOLS, reason="apt-get install g++-aarch64-linux-gnu qemu-user")
+
+ELF_MACHINE = {183: "aarch64", 62: "x86_64"}
+
+
+def elf_machine(path) -> str:
+    header = path.read_bytes()[:20]
+    assert header[:4] == b"\x7fELF", path
+    return ELF_MACHINE.get(int.from_bytes(header[18:20], "little"), "other")
+
+
+@pytest.fixture(scope="module")
+def arm_artifact(tmp_path_factory):
+    out = tmp_path_factory.mktemp("arm") / "mlp-graviton3"
+    proc = run_mlc("compile", "zoo:mlp", "--target", "graviton3", "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "pass" in proc.stdout and "under qemu emulation" in proc.stderr
+    return out
+
+
+@needs_tools
+def test_arm_artifact_is_aarch64_and_checks_under_qemu(arm_artifact):
+    manifest = json.loads((arm_artifact / "manifest.json").read_text())
+    assert manifest["target"]["runtime_arch"] == "aarch64"
+    assert manifest["target"]["tvm"]["mcpu"] == "neoverse-v1" and "+sve" in manifest["target"]["tvm"]["mattr"]
+    for rel in ("model.so", "runtime/libtvm_runtime.so", "runtime/libtvm_ffi.so", "runtime/mlc_runner"):
+        assert elf_machine(arm_artifact / rel) == "aarch64", rel
+    assert os.access(arm_artifact / "runtime/mlc_runner", os.X_OK)
+    check = run_mlc("check", arm_artifact, "--json")
+    assert check.returncode == 0, check.stderr
+    assert json.loads(check.stdout)["outputs"][0]["max_abs_error"] < 1e-4
+
+
+@needs_tools
+def test_arm_run_on_new_inputs_matches_host_build(arm_artifact, tmp_path):
+    x = np.random.default_rng(3).standard_normal((5, 64)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", x=x)
+    proc = run_mlc("run", arm_artifact, "-i", tmp_path / "in.npz", "-o", tmp_path / "out.npz", "--repeat", "2", "--warmup", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert "qemu emulation" in proc.stderr and "not a measurement" in proc.stderr
+    host = api.compile("zoo:mlp", output=tmp_path / "host").path
+    expected = thin_runtime.Runner(host).run({"x": x})["logits"]
+    np.testing.assert_allclose(np.load(tmp_path / "out.npz")["logits"], expected, rtol=1e-4, atol=1e-5)
+
+
+@needs_tools
+def test_arm_accuracy_failure_exits_3(arm_artifact, tmp_path):
+    art = tmp_path / "bad"
+    shutil.copytree(arm_artifact, art)
+    ref = dict(np.load(art / "reference/outputs.npz"))
+    ref["logits"] = ref["logits"] * 1.1
+    np.savez(art / "reference/outputs.npz", **ref)
+    reseal(art)
+    assert run_mlc("check", art).returncode == 3
+
+
+@needs_tools
+def test_arm_native_runner_errors_are_clean(arm_artifact, tmp_path):
+    np.savez(tmp_path / "wrong.npz", x=np.zeros((2, 63), np.float32))
+    assert_clean_error(run_mlc("run", arm_artifact, "-i", tmp_path / "wrong.npz"), 1, "expects shape (batch, 64)")
+
+
+def test_native_runner_on_the_host_matches_python_runner(mlp_artifact):
+    x = np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32)
+    native = thin_runtime.NativeRunner(mlp_artifact).run({"x": x})["y"]
+    np.testing.assert_array_equal(native, thin_runtime.Runner(mlp_artifact).run({"x": x})["y"])
+    assert thin_runtime.NativeRunner(mlp_artifact).benchmark({"x": x}, warmup=1, repeat=3)["runs"] == 3
+
+
+def test_missing_cross_toolchain_is_exit_4_with_apt_command(monkeypatch):
+    real_which = shutil.which
+    monkeypatch.setattr(runtimes.shutil, "which", lambda name: None if "aarch64" in name else real_which(name))
+    with pytest.raises(MissingDependencyError, match="apt-get install g\\+\\+-aarch64-linux-gnu") as info:
+        runtimes.toolchain("aarch64")
+    assert info.value.exit_code == 4
+
+
+@needs_tools
+def test_without_emulator_the_artifact_is_built_but_not_verified(monkeypatch, tmp_path, arm_artifact):
+    monkeypatch.setattr(thin_runtime, "emulator_command", lambda arch: None)
+    result = api.compile("zoo:mlp", target="rpi4", output=tmp_path / "rpi4")
+    assert result.check is None and any("not verified" in n for n in result.notes)
+    with pytest.raises(MissingDependencyError, match="install qemu-aarch64"):
+        api.check(arm_artifact)
