@@ -63,6 +63,14 @@ def _sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def default_output(model_name: str, target_name: str, root: Path = DEFAULT_OUTPUT_ROOT) -> Path:
+    return root / f"{model_name}-{target_name}"
+
+
+def model_name(source: str) -> str:
+    return models.get(source).name if models.is_zoo(source) else Path(source).stem
+
+
 def _resolve_source(source: str, workdir: Path) -> tuple[Path, SourceInfo]:
     """A model spec ('path.onnx' or 'zoo:NAME') to an ONNX file on disk and its description."""
     if models.is_zoo(source):
@@ -155,7 +163,7 @@ def compile(  # noqa: A001 - the verb users know
         prepared = _prepare(source, input_shapes, Path(scratch), timed)
         with timed("reference", "Computing reference outputs with ONNX Runtime"):
             reference = onnx_frontend.onnxruntime_reference(prepared.path, prepared.feeds)
-        final = Path(output) if output else DEFAULT_OUTPUT_ROOT / f"{prepared.source.name}-{preset.name}"
+        final = Path(output) if output else default_output(prepared.source.name, preset.name)
         with artifacts.staging_dir(final) as staged:
             with timed("tvm", f"Compiling with TVM for {preset.name} ({preset.tvm.get('mcpu', preset.tvm['kind'])})"):
                 result = compiler.compile_in_worker(prepared.cleaned_path, preset.tvm, library=staged / LIBRARY,

@@ -97,8 +97,11 @@ def _latency_line(stats: dict) -> str:
 @app.command("compile")
 def compile_cmd(
     model: str = typer.Argument(..., help="An .onnx file, or zoo:NAME for a built-in model (see `mlc models`)."),
-    target: str = typer.Option("x86", "--target", "-t", help="Target preset (see `mlc targets`)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Artifact directory [default: artifacts/MODEL-TARGET]."),
+    target: List[str] = typer.Option(["x86"], "--target", "-t",
+                                     help="Target preset (see `mlc targets`) or TVM target JSON; repeat for several."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o",
+                                          help="Artifact directory [default: artifacts/MODEL-TARGET]; with several targets, "
+                                               "the folder that receives MODEL-TARGET for each."),
     input_shape: List[str] = typer.Option([], "--input-shape", help="Fix an input's shape, NAME:1x128 (repeatable)."),
     archive: bool = typer.Option(False, "--archive", help="Also write the artifact as DIR.tar.gz."),
     atol: Optional[float] = typer.Option(None, help="Absolute tolerance for the check [default: by dtype]."),
@@ -106,30 +109,44 @@ def compile_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Compile a model into a verified artifact: compiled library, thin runtime, reference data."""
-    from mlc import api
+    from mlc import api, targets
 
-    result = api.compile(model, target=target, output=output, input_shapes=input_shape, archive=archive,
-                         atol=atol, rtol=rtol, step=_step if not as_json else api._quiet_step)
+    presets = [targets.resolve(t) for t in dict.fromkeys(target)]  # every name checked before compiling
+    results = []
+    for preset, spec in zip(presets, dict.fromkeys(target)):
+        dest = output
+        if output is not None and len(presets) > 1:
+            dest = api.default_output(api.model_name(model), preset.name, root=output)
+        if len(presets) > 1 and not as_json:
+            err.print(f"[bold]== {preset.name}[/]")
+        results.append(api.compile(model, target=spec, output=dest, input_shapes=input_shape, archive=archive,
+                                   atol=atol, rtol=rtol, step=_step if not as_json else api._quiet_step))
+        _report_compile(results[-1], as_json)
+    for result in results:
+        if result.check is not None:
+            api.require_pass(result.check)
+
+
+def _report_compile(result, as_json: bool) -> None:
     for note in result.notes:
         err.print(f"[yellow]warning:[/] {escape(note)}", soft_wrap=True)
     check = result.check
     if as_json:
         out.print_json(json.dumps({"artifact": str(result.path), "archive": str(result.archive) if result.archive else None,
+                                   "target": result.manifest.target.name,
                                    "check": check.to_json() if check else None,
                                    "timings_s": result.manifest.compile.timings_s}))
-    else:
-        m = result.manifest
-        if check:
-            out.print(_check_table(check, "Check against " + m.reference.producer))
-        shapes = ", ".join(f"{i.name} {'x'.join(map(str, i.shape))} {i.dtype}" for i in m.inputs)
-        size = sum(p.stat().st_size for p in result.path.rglob("*") if p.is_file())
-        out.print(f"artifact: {result.path}  ({size / 2**20:.1f} MiB; inputs: {shapes})")
-        if result.archive:
-            out.print(f"archive:  {result.archive}")
-        out.print("[dim]untuned build: CPU kernels use TVM default schedules (slow); "
-                  "autotuning is what makes them fast, and is not in this release yet[/]")
-    if check is not None:
-        api.require_pass(check)
+        return
+    m = result.manifest
+    if check:
+        out.print(_check_table(check, "Check against " + m.reference.producer))
+    shapes = ", ".join(f"{i.name} {'x'.join(map(str, i.shape))} {i.dtype}" for i in m.inputs)
+    size = sum(p.stat().st_size for p in result.path.rglob("*") if p.is_file())
+    out.print(f"artifact: {result.path}  ({size / 2**20:.1f} MiB; inputs: {shapes})")
+    if result.archive:
+        out.print(f"archive:  {result.archive}")
+    out.print("[dim]untuned build: CPU kernels use TVM default schedules (slow); "
+              "autotuning is what makes them fast, and is not in this release yet[/]")
 
 
 @app.command("run")

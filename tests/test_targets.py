@@ -67,3 +67,28 @@ def test_runner_refuses_a_cpu_without_the_features(mlp_artifact, monkeypatch):
     monkeypatch.setattr(runner, "host_cpu_flags", lambda: {"sse2"})
     with pytest.raises(runner.ArtifactError, match="this CPU lacks"):
         runner.Runner(mlp_artifact)
+
+
+def test_raw_json_targets():
+    target = targets.resolve('{"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a55"}')
+    assert (target.name, target.runtime_arch, target.tvm["num-cores"]) == ("llvm-cortex-a55", "aarch64", 4)
+    assert targets.resolve('{"kind": "llvm", "mcpu": "haswell"}').runtime_arch == targets.HOST_ARCH
+    for bad, message in [('{"kind"', "does not parse"), ("{}", 'object with a "kind"'),
+                         ('{"kind": "rocm"}', "not supported yet"), ('{"kind": "llvm", "mtriple": "riscv64-linux"}', "riscv64")]:
+        with pytest.raises(TargetError, match=message):
+            targets.resolve(bad)
+
+
+def test_several_targets_in_one_run(tmp_path):
+    from conftest import assert_clean_error, run_mlc
+
+    proc = run_mlc("compile", "zoo:mlp", "-t", "x86", "-t", "x86-avx2", "-o", tmp_path, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp-x86", "mlp-x86-avx2"]
+    avx2 = json.loads((tmp_path / "mlp-x86-avx2" / "manifest.json").read_text())
+    assert avx2["target"]["tvm"]["mcpu"] == "haswell"
+    # Every target is checked before anything compiles.
+    assert_clean_error(run_mlc("compile", "zoo:mlp", "-t", "x86", "-t", "nope", "-o", tmp_path / "x"), 1, "unknown target 'nope'")
+    assert not (tmp_path / "x").exists()
+    bad = run_mlc("compile", "zoo:mlp", "-t", '{"kind": "llvm", "mattr": "oops"}', "-o", tmp_path / "y")
+    assert_clean_error(bad, 1, "TVM rejects the target")

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from mlc.errors import CompilerError, MissingDependencyError, UnsupportedModelError
+from mlc.errors import CompilerError, MissingDependencyError, TargetError, UnsupportedModelError
 
 TVM_PIN = "apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post1"
 
@@ -82,12 +82,14 @@ def compile_in_worker(
 
 
 def _check_result(result: dict[str, Any], log_path: Optional[Path]) -> dict[str, Any]:
-    if log_path is not None and (result["ok"] or result["kind"] == "unsupported"):
+    if log_path is not None and (result["ok"] or result["kind"] in ("unsupported", "target")):
         log_path.unlink(missing_ok=True)
     if result["ok"]:
         return result
     if result["kind"] == "unsupported":
         raise UnsupportedModelError(_format_unsupported(result["ops"]))
+    if result["kind"] == "target":
+        raise TargetError(f"TVM rejects the target: {result['message']}")
     where = f" (full log: {log_path})" if log_path else ""
     raise CompilerError(f"TVM failed during {result['stage']}: {result['message']}{where}")
 

@@ -54,6 +54,11 @@ def compile_request(request: dict) -> dict:
 
         model = onnx.load(request["onnx"])
         timings["tvm_import"] = time.perf_counter() - start
+        stage = "target"
+        try:
+            tvm.target.Target(request["target"])
+        except Exception as e:  # TVM raises ValueError/TVMError/AttributeError for bad JSON targets
+            return {"ok": False, "kind": "target", "message": summarize(e)}
         stage = "import"
         missing = importer.unsupported_ops(model)
         if missing:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from mlc.errors import TargetError
-from mlc.runtime.runner import host_cpu_flags
+from mlc.runtime.runner import HOST_ARCH, host_cpu_flags
 
 
 @dataclass(frozen=True)
@@ -138,12 +138,35 @@ def resolve(name: str) -> Target:
     if factory is not None:
         return factory()
     if name.lstrip().startswith("{"):
-        raise TargetError(
-            "raw TVM target JSON is not supported yet; use one of the presets: " + ", ".join(PRESETS)
-        )
+        return from_json(name)
     near = difflib.get_close_matches(name.lower(), PRESETS, n=1, cutoff=0.4)
     hint = f"did you mean '{near[0]}'? " if near else ""
     raise TargetError(f"unknown target {name!r}; {hint}known targets: {', '.join(PRESETS)} (see `mlc targets`)")
+
+
+# LLVM triple prefixes -> the machine the code runs on
+_TRIPLE_ARCH = {"x86_64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
+
+
+def from_json(text: str) -> Target:
+    """A raw TVM target JSON object (llvm kind) as a Target; TVM validates the rest at compile."""
+    try:
+        spec = json.loads(text)
+    except ValueError as e:
+        raise TargetError(f"--target looks like JSON but does not parse ({e})") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("kind"), str):
+        raise TargetError('a JSON --target must be an object with a "kind", e.g. {"kind": "llvm", "mcpu": "cortex-a55", '
+                          '"mtriple": "aarch64-linux-gnu"}')
+    if spec["kind"] != "llvm":
+        raise TargetError(f"JSON targets of kind {spec['kind']!r} are not supported yet; use kind \"llvm\" or a preset")
+    triple = str(spec.get("mtriple", ""))
+    arch = _TRIPLE_ARCH.get(triple.split("-")[0]) if triple else HOST_ARCH
+    if arch is None:
+        raise TargetError(f"mtriple {triple!r} is for an architecture mlc cannot package a runtime for "
+                          f"(supported: {', '.join(sorted(set(_TRIPLE_ARCH.values())))})")
+    spec.setdefault("num-cores", usable_cores() if arch == HOST_ARCH else 4)
+    mcpu = str(spec.get("mcpu", "generic"))
+    return Target(name=f"llvm-{mcpu}", description=f"custom TVM target {json.dumps(spec)}", tvm=spec, runtime_arch=arch)
 
 
 def describe_all() -> list[dict[str, str]]:
