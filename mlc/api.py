@@ -38,6 +38,7 @@ RUNTIME_LIBRARY = "runtime/libtvm_runtime.so"
 RUNTIME_MODULE = "runtime/mlc_runtime.py"
 FFI_LIBRARY = "runtime/libtvm_ffi.so"
 NATIVE_RUNNER = "runtime/mlc_runner"
+KERNELS = "kernels"  # generated GPU source, for reading and for upstream bug reports
 RUN_ENTRY = "run.py"
 REFERENCE_INPUTS = "reference/inputs.npz"
 REFERENCE_OUTPUTS = "reference/outputs.npz"
@@ -157,7 +158,7 @@ def compile(  # noqa: A001 - the verb users know
     timed = _Timer(step)
     preset = targets.resolve(target)
     # Fail fast on a missing cross toolchain or runtime, before any heavy work.
-    runtime = runtimes.runtime_files(preset.runtime_arch)
+    runtime = runtimes.runtime_files(preset.runtime_arch, preset.device)
     cross = runtimes.toolchain(preset.runtime_arch).compiler if preset.runtime_arch != runtimes.HOST_ARCH else None
     with tempfile.TemporaryDirectory(prefix="mlc-compile-") as scratch:
         prepared = _prepare(source, input_shapes, Path(scratch), timed)
@@ -167,7 +168,8 @@ def compile(  # noqa: A001 - the verb users know
         with artifacts.staging_dir(final) as staged:
             with timed("tvm", f"Compiling with TVM for {preset.name} ({preset.tvm.get('mcpu', preset.tvm['kind'])})"):
                 result = compiler.compile_in_worker(prepared.cleaned_path, preset.tvm, library=staged / LIBRARY,
-                                                    isolate=isolate, cross_compiler=cross)
+                                                    isolate=isolate, cross_compiler=cross,
+                                                    kernels_dir=staged / KERNELS)
             timed.timings.update({f"tvm_{k}": round(v, 4) for k, v in result["timings"].items()})
             with timed("package", "Packaging the artifact"):
                 manifest = _package(staged, runtime, preset, prepared, reference, result, timed.timings,
@@ -175,7 +177,11 @@ def compile(  # noqa: A001 - the verb users know
                 artifacts.publish(staged, final)
     check_result: Optional[CheckResult] = None
     arch = preset.runtime_arch
-    if arch == runtimes.HOST_ARCH or thin_runtime.emulator_command(arch):
+    prepared.notes.extend(runtime.notes)
+    if preset.device != "cpu" and not thin_runtime.device_present(preset.device):
+        prepared.notes.append(f"not verified: no {preset.device.upper()} device here; run `mlc check {final}` "
+                              "(or `python run.py`) on a machine with one")
+    elif arch == runtimes.HOST_ARCH or thin_runtime.emulator_command(arch):
         how = "" if arch == runtimes.HOST_ARCH else " under qemu emulation"
         with timed("check", f"Checking the artifact against the reference{how}"):
             check_result = check(final, atol=atol, rtol=rtol)
@@ -193,6 +199,10 @@ def _package(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.Targe
     shutil.copyfile(runtime.tvm_runtime, staged / RUNTIME_LIBRARY)
     shutil.copyfile(runtime.tvm_ffi, staged / FFI_LIBRARY)
     shutil.copy(runtime.native_runner, staged / NATIVE_RUNNER)  # keeps the executable bit
+    device_libraries = []
+    for library in runtime.device_libraries:
+        shutil.copyfile(library, staged / "runtime" / library.name)
+        device_libraries.append(f"runtime/{library.name}")
     shutil.copyfile(Path(thin_runtime.__file__), staged / RUNTIME_MODULE)
     shutil.copyfile(Path(thin_runtime.__file__).with_name("run_entry.py"), staged / RUN_ENTRY)
     (staged / "reference").mkdir()
@@ -217,12 +227,14 @@ def _package(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.Targe
         library=LIBRARY,
         runtime=RuntimeInfo(library=RUNTIME_LIBRARY, module=RUNTIME_MODULE, entry=RUN_ENTRY,
                             requires=["numpy", "apache-tvm-ffi==0.1.14.post1"],
-                            ffi_library=FFI_LIBRARY, native_runner=NATIVE_RUNNER),
+                            ffi_library=FFI_LIBRARY, native_runner=NATIVE_RUNNER,
+                            device_libraries=device_libraries),
         reference=ReferenceInfo(producer=reference.producer, inputs=REFERENCE_INPUTS,
                                 outputs=REFERENCE_OUTPUTS, seed=reference.seed),
         inputs=inputs,
         outputs=outputs,
         compile=CompileInfo(options={"target": target, "input_shapes": input_shapes}, timings_s=timings,
+                            kernels=result.get("kernels", {}),
                             recipe=recipe, onnx_nodes={"before": len(prepared.model.graph.node),
                                                           "after": len(prepared.cleaned.graph.node)}),
     )
@@ -237,7 +249,7 @@ def open_runner(artifact: str | Path) -> thin_runtime.Runner | thin_runtime.Nati
         if manifest.target.runtime_arch == runtimes.HOST_ARCH:
             return thin_runtime.Runner(artifact, verify=False)  # just verified
         return thin_runtime.NativeRunner(artifact, verify=False)
-    except thin_runtime.EmulatorMissing as e:
+    except (thin_runtime.EmulatorMissing, thin_runtime.DeviceMissing) as e:
         raise MissingDependencyError(str(e)) from None
     except thin_runtime.ArtifactError as e:
         raise IntegrityError(str(e)) from None

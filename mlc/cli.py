@@ -145,8 +145,9 @@ def _report_compile(result, as_json: bool) -> None:
     out.print(f"artifact: {result.path}  ({size / 2**20:.1f} MiB; inputs: {shapes})")
     if result.archive:
         out.print(f"archive:  {result.archive}")
-    out.print("[dim]untuned build: CPU kernels use TVM default schedules (slow); "
-              "autotuning is what makes them fast, and is not in this release yet[/]")
+    if m.target.device == "cpu":
+        out.print("[dim]untuned build: CPU kernels use TVM default schedules (slow); "
+                  "autotuning is what makes them fast, and is not in this release yet[/]")
 
 
 @app.command("run")

@@ -47,6 +47,7 @@ class RuntimeInfo(_Strict):
     requires: list[str]  # Python packages the thin runner needs
     ffi_library: Optional[str] = None  # libtvm_ffi.so for the target architecture
     native_runner: Optional[str] = None  # runtime/mlc_runner: runs the model without Python
+    device_libraries: list[str] = Field(default_factory=list)  # e.g. the CUDA runtime, loaded in order
 
 
 class ReferenceInfo(_Strict):
@@ -58,6 +59,7 @@ class ReferenceInfo(_Strict):
 
 class CompileInfo(_Strict):
     options: dict[str, Any]
+    kernels: dict[str, list[str]] = Field(default_factory=dict)  # GPU kernels per device kind (sources in kernels/)
     timings_s: dict[str, float]
     recipe: str  # the command that rebuilds this artifact
     onnx_nodes: dict[str, int]  # node count before and after graph cleanup

@@ -45,6 +45,8 @@ class RuntimeFiles:
     tvm_runtime: Path
     tvm_ffi: Path
     native_runner: Path
+    device_libraries: tuple[Path, ...] = ()  # loaded after tvm_runtime, in this order
+    notes: tuple[str, ...] = ()
 
 
 def cache_dir() -> Path:
@@ -140,7 +142,22 @@ def _ffi_include() -> Path:
     return ffi.parent.parent / "include"  # headers are the same on every architecture
 
 
-def runtime_files(arch: str) -> RuntimeFiles:
+def _cuda_libraries() -> tuple[tuple[Path, ...], tuple[str, ...]]:
+    """TVM's CUDA runtime plugin and the CUDA runtime (libcudart) it was linked against. The
+    driver (libcuda.so.1) belongs to the GPU machine and is never shipped."""
+    plugin = tvm_package_dir() / "lib" / "libtvm_runtime_cuda.so"
+    if not plugin.is_file():
+        raise MissingDependencyError(f"this TVM has no CUDA runtime ({plugin} is missing)")
+    proc = subprocess.run(["ldd", str(plugin)], capture_output=True, text=True)
+    cudart = next((Path(line.split("=>")[1].split("(")[0].strip()) for line in proc.stdout.splitlines()
+                   if "libcudart.so" in line and "=>" in line and "not found" not in line), None)
+    if cudart is None or not cudart.is_file():
+        wanted = next((line.split()[0] for line in proc.stdout.splitlines() if "libcudart" in line), "libcudart")
+        return (plugin,), (f"{wanted} (the CUDA runtime) was not found here; the GPU machine must provide it",)
+    return (cudart.resolve(), plugin), ()
+
+
+def runtime_files(arch: str, device: str = "cpu") -> RuntimeFiles:
     """Everything an artifact for `arch` needs to run, building or fetching what is missing."""
     if arch == HOST_ARCH:
         runtime, ffi = _host_libraries()
@@ -152,4 +169,9 @@ def runtime_files(arch: str) -> RuntimeFiles:
         native_dir = base
     else:
         raise MissingDependencyError(f"no TVM runtime is available for {arch}")
-    return RuntimeFiles(runtime, ffi, _native_runner(arch, ffi, native_dir))
+    device_libraries, notes = ((), ())
+    if device == "cuda":
+        if arch != HOST_ARCH:
+            raise MissingDependencyError(f"CUDA artifacts for {arch} hosts are not supported yet")
+        device_libraries, notes = _cuda_libraries()
+    return RuntimeFiles(runtime, ffi, _native_runner(arch, ffi, native_dir), device_libraries, notes)

@@ -11,6 +11,7 @@ log lines in a log file rather than on the user's terminal."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 import traceback
@@ -39,6 +40,39 @@ def _run(executable, inputs_path: str, outputs_path: str) -> None:
     result = vm["main"](*args)
     flat = [result] if hasattr(result, "numpy") else list(result)
     np.savez(outputs_path, **{f"out_{i}": t.numpy() for i, t in enumerate(flat)})
+
+
+# Device code kinds whose source is kept in the artifact, and its file suffix.
+_DEVICE_SOURCES = {"cuda": ".cu", "metal": ".metal"}
+
+
+def _write_device_sources(executable, out_dir: str) -> dict[str, list[str]]:
+    """Save the generated GPU source (CUDA C, Metal Shading Language) of every device module;
+    returns the kernel names per kind. Metal gets one file per kernel (TVM marks each with a
+    '// Function: NAME' line); CUDA one file for the module."""
+    def walk(module):
+        yield module
+        for child in module.imports:
+            yield from walk(child)
+
+    kernels: dict[str, list[str]] = {}
+    folder = Path(out_dir)
+    for module in walk(executable.mod):
+        if module.kind not in _DEVICE_SOURCES:
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        source = module.inspect_source()
+        suffix = _DEVICE_SOURCES[module.kind]
+        chunks = re.split(r"^// Function: (\S+)\n", source, flags=re.M)
+        names = chunks[1::2]
+        if module.kind == "metal" and names:
+            for name, body in zip(names, chunks[2::2]):
+                (folder / f"{name}{suffix}").write_text(f"// Function: {name}\n{body}")
+        else:
+            (folder / f"{module.kind}{suffix}").write_text(source)
+            names = names or re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", source)
+        kernels.setdefault(module.kind, []).extend(names)
+    return kernels
 
 
 def compile_request(request: dict) -> dict:
@@ -85,9 +119,10 @@ def compile_request(request: dict) -> dict:
             start = time.perf_counter()
             _run(executable, request["run"]["inputs"], request["run"]["outputs"])
             timings["run"] = time.perf_counter() - start
+        kernels = _write_device_sources(executable, request["kernels_dir"]) if request.get("kernels_dir") else {}
         stage = "signature"
         outputs = build.output_signature(mod)
-        return {"ok": True, "tvm_version": tvm.__version__, "outputs": outputs, "timings": timings}
+        return {"ok": True, "tvm_version": tvm.__version__, "outputs": outputs, "timings": timings, "kernels": kernels}
     except Exception as e:
         traceback.print_exc()  # into the log file the parent points the user to
         return {"ok": False, "kind": "compile", "stage": stage, "message": summarize(e)}

@@ -27,7 +27,9 @@ import numpy as np
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 # DLDeviceType codes the VM is initialised with.
-_DEVICE_TYPES = {"cpu": 1}
+_DEVICE_TYPES = {"cpu": 1, "cuda": 2, "metal": 8}
+# A global function each device runtime registers: present when that runtime is loaded.
+_DEVICE_API = {"cpu": "device_api.cpu", "cuda": "device_api.cuda", "metal": "device_api.metal"}
 _POOLED_ALLOCATOR = 2
 # TVM kernels declare their buffers 64-byte aligned and use aligned vector loads: an unaligned
 # numpy buffer handed over zero-copy through DLPack segfaults inside the kernel.
@@ -45,6 +47,10 @@ class ArtifactError(Exception):
 
 class EmulatorMissing(ArtifactError):
     """The artifact is for another architecture and nothing here can emulate it."""
+
+
+class DeviceMissing(ArtifactError):
+    """The artifact runs on a GPU this machine does not have."""
 
 
 class FeedError(ValueError):
@@ -124,6 +130,17 @@ def emulator_command(arch: str) -> list[str] | None:
     return [qemu, "-L", sysroot]
 
 
+def device_present(device: str) -> bool:
+    """Whether a `device` ("cpu", "cuda", "metal") is usable here (for CUDA: a driver and a GPU)."""
+    if device == "cpu":
+        return True
+    if device == "cuda":
+        return Path("/dev/nvidiactl").exists() and any(
+            Path(d, "libcuda.so.1").exists() for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib",
+                                                       "/usr/local/nvidia/lib64", "/usr/lib/wsl/lib"))
+    return device == "metal" and platform.system() == "Darwin"
+
+
 def _check_machine(manifest: Mapping[str, Any]) -> None:
     target = manifest.get("target", {})
     arch = target.get("runtime_arch")
@@ -138,19 +155,26 @@ def _check_machine(manifest: Mapping[str, Any]) -> None:
         )
 
 
-def _load_tvm_runtime(library: Path) -> None:
+def _load_tvm_runtime(library: Path, device_libraries: list[Path], device: str) -> None:
     import tvm_ffi
 
     # A process that imported the full `tvm` package already has a runtime; loading a second
     # copy aborts the process on duplicate global registrations.
-    if tvm_ffi.get_global_func("device_api.cpu", allow_missing=True) is not None:
+    if tvm_ffi.get_global_func("device_api.cpu", allow_missing=True) is None:
+        # Where the same runtime is installed with the compiler, load that file instead of the
+        # copy, so a later `import tvm` in this process finds it loaded rather than loading twice.
+        installed = _installed_tvm_runtime()
+        if installed is not None and installed.stat().st_size == library.stat().st_size and sha256_file(installed) == sha256_file(library):
+            library = installed
+        ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+    if device == "cpu" or tvm_ffi.get_global_func(_DEVICE_API[device], allow_missing=True) is not None:
         return
-    # Where the same runtime is installed with the compiler, load that file instead of the copy,
-    # so a later `import tvm` in this process finds it already loaded rather than loading twice.
-    installed = _installed_tvm_runtime()
-    if installed is not None and installed.stat().st_size == library.stat().st_size and sha256_file(installed) == sha256_file(library):
-        library = installed
-    ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+    for extra in device_libraries:
+        try:
+            ctypes.CDLL(str(extra), mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            raise DeviceMissing(f"cannot load the {device} runtime ({e}); this artifact needs a {device.upper()} "
+                                "device and its driver") from None
 
 
 def _installed_tvm_runtime() -> Path | None:
@@ -218,6 +242,16 @@ def latency_stats(seconds: list[float], batch: int = 1) -> dict[str, float]:
     }
 
 
+def copy_tensor(tensor: Any, device: Any) -> Any:
+    """A copy of an ffi Tensor on `device` (TVM runtime functions; works between any devices)."""
+    import tvm_ffi
+
+    out = tvm_ffi.get_global_func("runtime.TVMTensorAllocWithScope")(
+        tvm_ffi.Shape(list(tensor.shape)), tensor.dtype, device, None)
+    tvm_ffi.get_global_func("runtime.TVMTensorCopyFromTo")(tensor, out)
+    return out
+
+
 def validate_feeds(specs: list[dict[str, Any]], feeds: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], list[str]]:
     """Check feeds against the manifest's input specs; returns the arrays in call order (C-order,
     64-byte aligned) and warnings."""
@@ -254,49 +288,70 @@ def validate_feeds(specs: list[dict[str, Any]], feeds: Mapping[str, np.ndarray])
 class Runner:
     """Loads an artifact's compiled model once and runs it on numpy inputs."""
 
-    def __init__(self, artifact_dir: str | os.PathLike, device: str = "cpu", verify: bool = True):
+    def __init__(self, artifact_dir: str | os.PathLike, verify: bool = True):
         self.root = Path(artifact_dir)
         self.manifest = read_manifest(self.root)
         if verify:
             verify_files(self.root, self.manifest)
         _check_machine(self.manifest)
-        device = device or self.manifest["target"].get("device", "cpu")
+        device = self.manifest["target"].get("device", "cpu")
         if device not in _DEVICE_TYPES:
-            raise ArtifactError(f"device '{device}' is not supported by this runtime (supported: cpu)")
+            raise ArtifactError(f"device '{device}' is not supported by this runtime (supported: {', '.join(_DEVICE_TYPES)})")
+        if not device_present(device):
+            raise DeviceMissing(f"this artifact runs on a {device.upper()} device and none is usable here "
+                                f"(target {self.manifest['target'].get('name')})")
         import tvm_ffi
 
         self._tvm_ffi = tvm_ffi
-        _load_tvm_runtime(safe_member(self.root, self.manifest["runtime"]["library"]))
+        runtime = self.manifest["runtime"]
+        _load_tvm_runtime(safe_member(self.root, runtime["library"]),
+                          [safe_member(self.root, rel) for rel in runtime.get("device_libraries", [])], device)
         library = tvm_ffi.load_module(str(safe_member(self.root, self.manifest["library"])))
         self._vm = library["vm_load_executable"]()
         code = _DEVICE_TYPES[device]
         # (device type, id, allocator) for the compute device, then the same for the host.
         self._vm["vm_initialization"](code, 0, _POOLED_ALLOCATOR, 1, 0, _POOLED_ALLOCATOR)
         self._main = self._vm["main"]
+        self.device = tvm_ffi.device(device, 0)
         self.inputs: list[dict[str, Any]] = self.manifest["inputs"]
         self.outputs: list[dict[str, Any]] = self.manifest["outputs"]
 
     def prepare(self, feeds: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], list[str]]:
         return validate_feeds(self.inputs, feeds)
 
+    def _to_device(self, array: np.ndarray) -> Any:
+        host = self._tvm_ffi.from_dlpack(array)
+        return host if self.device.dlpack_device_type() == 1 else copy_tensor(host, self.device)
+
+    def _to_host(self, tensor: Any) -> np.ndarray:
+        if self.device.dlpack_device_type() != 1:
+            tensor = copy_tensor(tensor, self._tvm_ffi.device("cpu", 0))
+        # Copy: the VM's pooled allocator may reuse these buffers on the next call.
+        return np.from_dlpack(tensor).copy()
+
+    def _sync(self) -> None:
+        if self.device.dlpack_device_type() != 1:
+            self._tvm_ffi.get_global_func("runtime.Device_StreamSync")(self.device, None)
+
     def _call(self, tensors: list[Any]) -> list[Any]:
         return _flatten(self._main(*tensors))
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         arrays, _ = self.prepare(feeds)
-        results = self._call([self._tvm_ffi.from_dlpack(a) for a in arrays])
-        # Copy: the VM's pooled allocator may reuse these buffers on the next call.
-        return {spec["name"]: np.from_dlpack(r).copy() for spec, r in zip(self.outputs, results)}
+        results = self._call([self._to_device(a) for a in arrays])
+        return {spec["name"]: self._to_host(r) for spec, r in zip(self.outputs, results)}
 
     def benchmark(self, feeds: Mapping[str, np.ndarray], warmup: int = 3, repeat: int = 50) -> dict[str, float]:
         arrays, _ = self.prepare(feeds)
-        tensors = [self._tvm_ffi.from_dlpack(a) for a in arrays]
+        tensors = [self._to_device(a) for a in arrays]  # transfers are not timed
         for _ in range(warmup):
             self._call(tensors)
+        self._sync()
         times = []
         for _ in range(repeat):
             start = time.perf_counter()
             self._call(tensors)
+            self._sync()
             times.append(time.perf_counter() - start)
         batch = int(arrays[0].shape[0]) if arrays and arrays[0].ndim else 1
         return latency_stats(times, batch)
@@ -313,6 +368,8 @@ class NativeRunner:
         if verify:
             verify_files(self.root, self.manifest)
         runtime = self.manifest["runtime"]
+        if self.manifest["target"].get("device", "cpu") != "cpu":
+            raise ArtifactError("the native runner runs CPU artifacts only; use run.py (Python) for GPU artifacts")
         if not runtime.get("native_runner"):
             raise ArtifactError("this artifact has no native runner; recompile it with a newer mlc")
         self.runner = safe_member(self.root, runtime["native_runner"])

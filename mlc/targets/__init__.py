@@ -7,6 +7,8 @@ import difflib
 import json
 import os
 import platform
+import shutil
+import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -118,6 +120,41 @@ def _arm(name: str, mcpu: str, mattr: list[str], what: str, features: tuple[str,
     return make
 
 
+# What TVM's nvidia/* tags carry (the L4 has no tag in 0.27); "arch" is added per GPU.
+_CUDA_LIMITS = {"max_num_threads": 1024, "thread_warp_size": 32, "max_shared_memory_per_block": 49152,
+                "max_threads_per_block": 1024, "registers_per_block": 65536}
+# Host code of GPU artifacts runs on the GPU server's CPU: generic x86-64, not this machine's.
+_GPU_SERVER_HOST = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64"}
+_DEFAULT_CUDA_ARCH = "sm_80"
+
+
+def local_cuda_arch() -> str | None:
+    """sm_XY of the first visible NVIDIA GPU, or None."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        proc = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    first = proc.stdout.strip().splitlines()[0] if proc.returncode == 0 and proc.stdout.strip() else ""
+    return "sm_" + first.replace(".", "") if first.replace(".", "").isdigit() else None
+
+
+def _cuda(name: str, arch: str | None, what: str) -> Callable[[], Target]:
+    def make() -> Target:
+        sm, how = arch, what
+        if sm is None:
+            local = local_cuda_arch()
+            sm = local or _DEFAULT_CUDA_ARCH
+            how = f"this machine's GPU ({sm})" if local else f"no GPU visible here: {sm} (A100 class) by default"
+        return Target(name=name, description=f"NVIDIA {how}; kernels scheduled with TVM's dlight GPU rules",
+                      tvm={"kind": "cuda", "arch": sm, **_CUDA_LIMITS, "host": _GPU_SERVER_HOST},
+                      runtime_arch="x86_64", device="cuda")
+
+    return make
+
+
 # name -> factory (detection is lazy: listing presets must not fail on another architecture)
 PRESETS: dict[str, Callable[[], Target]] = {
     "x86": _detect_x86,
@@ -129,6 +166,12 @@ PRESETS: dict[str, Callable[[], Target]] = {
     "rpi3": _arm("rpi3", "cortex-a53", ["+neon"], "Raspberry Pi 3, 64-bit OS (Cortex-A53)", ("asimd",)),
     "rpi4": _arm("rpi4", "cortex-a72", ["+neon"], "Raspberry Pi 4, 64-bit OS (Cortex-A72)", ("asimd",)),
     "rpi5": _arm("rpi5", "cortex-a76", ["+neon", "+dotprod"], "Raspberry Pi 5, 64-bit OS (Cortex-A76)", ("asimd", "asimddp")),
+    "cuda": _cuda("cuda", None, ""),
+    "cuda-t4": _cuda("cuda-t4", "sm_75", "T4 (Turing, sm_75)"),
+    "cuda-a10g": _cuda("cuda-a10g", "sm_86", "A10G (Ampere, sm_86)"),
+    "cuda-l4": _cuda("cuda-l4", "sm_89", "L4 (Ada, sm_89)"),
+    "cuda-a100": _cuda("cuda-a100", "sm_80", "A100 (Ampere, sm_80)"),
+    "cuda-h100": _cuda("cuda-h100", "sm_90a", "H100 (Hopper, sm_90a)"),
 }
 
 
