@@ -33,10 +33,10 @@ from mlc.errors import AccuracyError, InputError, IntegrityError, MissingDepende
 from mlc.runtime import runner as thin_runtime
 
 DEFAULT_OUTPUT_ROOT = Path("artifacts")
-LIBRARY = "model.so"
-RUNTIME_LIBRARY = "runtime/libtvm_runtime.so"
+LIBRARY = {"linux": "model.so", "macos": "model.dylib"}
+OBJECTS = "model"  # macOS: the objects that link.sh links into model.dylib on the Mac
+LINK_SCRIPT = "link.sh"
 RUNTIME_MODULE = "runtime/mlc_runtime.py"
-FFI_LIBRARY = "runtime/libtvm_ffi.so"
 NATIVE_RUNNER = "runtime/mlc_runner"
 KERNELS = "kernels"  # generated GPU source, for reading and for upstream bug reports
 RUN_ENTRY = "run.py"
@@ -158,8 +158,11 @@ def compile(  # noqa: A001 - the verb users know
     timed = _Timer(step)
     preset = targets.resolve(target)
     # Fail fast on a missing cross toolchain or runtime, before any heavy work.
-    runtime = runtimes.runtime_files(preset.runtime_arch, preset.device)
-    cross = runtimes.toolchain(preset.runtime_arch).compiler if preset.runtime_arch != runtimes.HOST_ARCH else None
+    runtime = runtimes.runtime_files(preset.runtime_arch, preset.device, preset.runtime_os)
+    macos = preset.runtime_os == "macos"
+    cross = None
+    if preset.runtime_arch != runtimes.HOST_ARCH and not macos:
+        cross = runtimes.toolchain(preset.runtime_arch).compiler
     with tempfile.TemporaryDirectory(prefix="mlc-compile-") as scratch:
         prepared = _prepare(source, input_shapes, Path(scratch), timed)
         with timed("reference", "Computing reference outputs with ONNX Runtime"):
@@ -167,9 +170,10 @@ def compile(  # noqa: A001 - the verb users know
         final = Path(output) if output else default_output(prepared.source.name, preset.name)
         with artifacts.staging_dir(final) as staged:
             with timed("tvm", f"Compiling with TVM for {preset.name} ({preset.tvm.get('mcpu', preset.tvm['kind'])})"):
-                result = compiler.compile_in_worker(prepared.cleaned_path, preset.tvm, library=staged / LIBRARY,
-                                                    isolate=isolate, cross_compiler=cross,
-                                                    kernels_dir=staged / KERNELS)
+                result = compiler.compile_in_worker(prepared.cleaned_path, preset.tvm,
+                                                    library=staged / LIBRARY[preset.runtime_os],
+                                                    isolate=isolate, cross_compiler=cross, kernels_dir=staged / KERNELS,
+                                                    object_dir=staged / OBJECTS if macos else None)
             timed.timings.update({f"tvm_{k}": round(v, 4) for k, v in result["timings"].items()})
             with timed("package", "Packaging the artifact"):
                 manifest = _package(staged, runtime, preset, prepared, reference, result, timed.timings,
@@ -196,13 +200,24 @@ def _package(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.Targe
              reference: onnx_frontend.Reference, result: dict, timings: dict, input_shapes: list[str],
              source: str, target: str) -> Manifest:
     (staged / "runtime").mkdir()
-    shutil.copyfile(runtime.tvm_runtime, staged / RUNTIME_LIBRARY)
-    shutil.copyfile(runtime.tvm_ffi, staged / FFI_LIBRARY)
-    shutil.copy(runtime.native_runner, staged / NATIVE_RUNNER)  # keeps the executable bit
+    runtime_library, ffi_library = f"runtime/{runtime.tvm_runtime.name}", f"runtime/{runtime.tvm_ffi.name}"
+    shutil.copyfile(runtime.tvm_runtime, staged / runtime_library)
+    shutil.copyfile(runtime.tvm_ffi, staged / ffi_library)
+    if runtime.native_runner:
+        shutil.copy(runtime.native_runner, staged / NATIVE_RUNNER)  # keeps the executable bit
+    library, link = LIBRARY[preset.runtime_os], None
+    if preset.runtime_os == "macos":
+        link = LINK_SCRIPT
+        objects = " ".join(sorted(f"{OBJECTS}/{p.name}" for p in (staged / OBJECTS).iterdir()))
+        (staged / link).write_text(
+            "#!/bin/sh\n# Run once on the Mac (Xcode command line tools): links the compiled objects into "
+            f"{library}.\nset -e\ncd \"$(dirname \"$0\")\"\n"
+            f"clang++ -dynamiclib -undefined dynamic_lookup -o {library} {objects}\n")
+        (staged / link).chmod(0o755)
     device_libraries = []
-    for library in runtime.device_libraries:
-        shutil.copyfile(library, staged / "runtime" / library.name)
-        device_libraries.append(f"runtime/{library.name}")
+    for device_library in runtime.device_libraries:
+        shutil.copyfile(device_library, staged / "runtime" / device_library.name)
+        device_libraries.append(f"runtime/{device_library.name}")
     shutil.copyfile(Path(thin_runtime.__file__), staged / RUNTIME_MODULE)
     shutil.copyfile(Path(thin_runtime.__file__).with_name("run_entry.py"), staged / RUN_ENTRY)
     (staged / "reference").mkdir()
@@ -224,11 +239,11 @@ def _package(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.Targe
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         source=prepared.source,
         target=TargetInfo(**preset.to_json()),
-        library=LIBRARY,
-        runtime=RuntimeInfo(library=RUNTIME_LIBRARY, module=RUNTIME_MODULE, entry=RUN_ENTRY,
+        library=library,
+        runtime=RuntimeInfo(library=runtime_library, module=RUNTIME_MODULE, entry=RUN_ENTRY,
                             requires=["numpy", "apache-tvm-ffi==0.1.14.post1"],
-                            ffi_library=FFI_LIBRARY, native_runner=NATIVE_RUNNER,
-                            device_libraries=device_libraries),
+                            ffi_library=ffi_library, native_runner=NATIVE_RUNNER if runtime.native_runner else None,
+                            device_libraries=device_libraries, link=link),
         reference=ReferenceInfo(producer=reference.producer, inputs=REFERENCE_INPUTS,
                                 outputs=REFERENCE_OUTPUTS, seed=reference.seed),
         inputs=inputs,
@@ -245,6 +260,10 @@ def open_runner(artifact: str | Path) -> thin_runtime.Runner | thin_runtime.Nati
     """Validate an artifact (schema + sha256) and load it for running: in this process when it
     was built for this machine, else through its native runner under emulation."""
     manifest = artifacts.load(artifact)
+    device = manifest.target.device
+    if not thin_runtime.device_present(device):
+        raise MissingDependencyError(f"this artifact runs on a {device.upper()} device and none is usable here "
+                                     f"(target {manifest.target.name}); run it on such a machine")
     try:
         if manifest.target.runtime_arch == runtimes.HOST_ARCH:
             return thin_runtime.Runner(artifact, verify=False)  # just verified

@@ -28,6 +28,7 @@ class TargetInfo(_Strict):
     name: str
     tvm: dict[str, Any]
     runtime_arch: str
+    runtime_os: str = "linux"
     device: str
     required_cpu_features: list[str] = Field(default_factory=list)
 
@@ -47,6 +48,7 @@ class RuntimeInfo(_Strict):
     requires: list[str]  # Python packages the thin runner needs
     ffi_library: Optional[str] = None  # libtvm_ffi.so for the target architecture
     native_runner: Optional[str] = None  # runtime/mlc_runner: runs the model without Python
+    link: Optional[str] = None  # macOS: the script that links the shipped objects into `library` on the Mac
     device_libraries: list[str] = Field(default_factory=list)  # e.g. the CUDA runtime, loaded in order
 
 

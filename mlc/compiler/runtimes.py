@@ -24,8 +24,12 @@ from mlc.errors import MissingDependencyError
 from mlc.runtime.runner import HOST_ARCH
 
 NATIVE_SOURCE = Path(__file__).resolve().parent.parent / "runtime" / "native" / "mlc_runner.cc"
-# pip platform tags of the manylinux wheels, per architecture
-_PLATFORMS = {"aarch64": ["manylinux_2_28_aarch64", "manylinux2014_aarch64"]}
+# pip platform tags of the wheels, per (architecture, OS)
+_PLATFORMS = {
+    ("aarch64", "linux"): ["manylinux_2_28_aarch64", "manylinux2014_aarch64"],
+    ("aarch64", "macos"): ["macosx_11_0_arm64"],
+}
+_SUFFIX = {"linux": ".so", "macos": ".dylib"}
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,7 @@ TOOLCHAINS = {
 class RuntimeFiles:
     tvm_runtime: Path
     tvm_ffi: Path
-    native_runner: Path
+    native_runner: Optional[Path]  # None where we cannot build it (macOS)
     device_libraries: tuple[Path, ...] = ()  # loaded after tvm_runtime, in this order
     notes: tuple[str, ...] = ()
 
@@ -80,14 +84,15 @@ def _host_libraries() -> tuple[Path, Path]:
     return runtime, ffi_dir / "lib" / "libtvm_ffi.so"
 
 
-def _fetch_libraries(arch: str, dest: Path) -> tuple[Path, Path]:
-    """Download this TVM's wheels for `arch` and keep their two runtime libraries."""
-    runtime, ffi = dest / "libtvm_runtime.so", dest / "libtvm_ffi.so"
-    if runtime.is_file() and ffi.is_file():
-        return runtime, ffi
+def _fetch_libraries(arch: str, os_name: str, dest: Path, names: dict[str, str]) -> dict[str, Path]:
+    """Download this TVM's wheels for (`arch`, `os_name`) and keep the libraries in `names`
+    (wheel member -> file name), cached in `dest`."""
+    wanted = {member: dest / name for member, name in names.items()}
+    if all(path.is_file() for path in wanted.values()):
+        return {Path(member).name: path for member, path in wanted.items()}
     tvm_version, ffi_version = _versions()
     with tempfile.TemporaryDirectory(prefix="mlc-wheels-") as tmp:
-        platforms = [arg for tag in _PLATFORMS[arch] for arg in ("--platform", tag)]
+        platforms = [arg for tag in _PLATFORMS[(arch, os_name)] for arg in ("--platform", tag)]
         command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
                    *platforms, "--python-version", "3.11", "-d", tmp,
                    f"apache-tvm=={tvm_version}", f"apache-tvm-ffi=={ffi_version}"]
@@ -95,22 +100,19 @@ def _fetch_libraries(arch: str, dest: Path) -> tuple[Path, Path]:
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["pip failed"])[-1]
             raise MissingDependencyError(
-                f"cannot download the {arch} TVM runtime (apache-tvm=={tvm_version}, apache-tvm-ffi=={ffi_version}): "
-                f"{last}; put libtvm_runtime.so and libtvm_ffi.so for {arch} in {dest}")
-        staged = Path(tmp) / "out"
-        staged.mkdir()
+                f"cannot download the {arch} {os_name} TVM runtime (apache-tvm=={tvm_version}, "
+                f"apache-tvm-ffi=={ffi_version}): {last}; put {', '.join(names.values())} in {dest}")
+        dest.mkdir(parents=True, exist_ok=True)
         for wheel in Path(tmp).glob("*.whl"):
             with zipfile.ZipFile(wheel) as zf:
-                for member, name in (("tvm/lib/libtvm_runtime.so", "libtvm_runtime.so"),
-                                     ("tvm_ffi/lib/libtvm_ffi.so", "libtvm_ffi.so")):
-                    if member in zf.namelist():
-                        (staged / name).write_bytes(zf.read(member))
-        dest.mkdir(parents=True, exist_ok=True)
-        for name in ("libtvm_runtime.so", "libtvm_ffi.so"):
-            if not (staged / name).is_file():
-                raise MissingDependencyError(f"the {arch} wheels hold no {name}")
-            shutil.move(staged / name, dest / name)
-    return runtime, ffi
+                for member in set(zf.namelist()) & set(names):
+                    staged = Path(tmp) / names[member]
+                    staged.write_bytes(zf.read(member))
+                    shutil.move(staged, wanted[member])
+    missing = [str(p.name) for p in wanted.values() if not p.is_file()]
+    if missing:
+        raise MissingDependencyError(f"the {arch} {os_name} wheels hold no {', '.join(missing)}")
+    return {Path(member).name: path for member, path in wanted.items()}
 
 
 def _native_runner(arch: str, tvm_ffi_lib: Path, dest: Path) -> Path:
@@ -157,21 +159,30 @@ def _cuda_libraries() -> tuple[tuple[Path, ...], tuple[str, ...]]:
     return (cudart.resolve(), plugin), ()
 
 
-def runtime_files(arch: str, device: str = "cpu") -> RuntimeFiles:
-    """Everything an artifact for `arch` needs to run, building or fetching what is missing."""
-    if arch == HOST_ARCH:
+def runtime_files(arch: str, device: str = "cpu", os_name: str = "linux") -> RuntimeFiles:
+    """Everything an artifact for `arch`/`os_name` needs to run, building or fetching what is missing."""
+    device_libraries: tuple[Path, ...] = ()
+    notes: tuple[str, ...] = ()
+    if (arch, os_name) == (HOST_ARCH, "linux"):
         runtime, ffi = _host_libraries()
-        native_dir = cache_dir() / "native" / arch
-    elif arch in _PLATFORMS:
+        native = _native_runner(arch, ffi, cache_dir() / "native" / arch)
+        if device == "cuda":
+            device_libraries, notes = _cuda_libraries()
+    elif (arch, os_name) in _PLATFORMS:
         tvm_version, ffi_version = _versions()
-        base = cache_dir() / "runtimes" / f"{arch}-tvm{tvm_version}-ffi{ffi_version}"
-        runtime, ffi = _fetch_libraries(arch, base)
-        native_dir = base
+        base = cache_dir() / "runtimes" / f"{arch}-{os_name}-tvm{tvm_version}-ffi{ffi_version}"
+        suffix = _SUFFIX[os_name]
+        names = {f"tvm/lib/libtvm_runtime{suffix}": f"libtvm_runtime{suffix}",
+                 f"tvm_ffi/lib/libtvm_ffi{suffix}": f"libtvm_ffi{suffix}"}
+        if device != "cpu":
+            names[f"tvm/lib/libtvm_runtime_{device}{suffix}"] = f"libtvm_runtime_{device}{suffix}"
+        libs = _fetch_libraries(arch, os_name, base, names)
+        runtime, ffi = libs[f"libtvm_runtime{suffix}"], libs[f"libtvm_ffi{suffix}"]
+        device_libraries = tuple(p for name, p in libs.items() if name.startswith(f"libtvm_runtime_{device}"))
+        # No Apple toolchain here: macOS artifacts run through Python (run.py), not the native runner.
+        native = _native_runner(arch, ffi, base) if os_name == "linux" else None
     else:
-        raise MissingDependencyError(f"no TVM runtime is available for {arch}")
-    device_libraries, notes = ((), ())
-    if device == "cuda":
-        if arch != HOST_ARCH:
-            raise MissingDependencyError(f"CUDA artifacts for {arch} hosts are not supported yet")
-        device_libraries, notes = _cuda_libraries()
-    return RuntimeFiles(runtime, ffi, _native_runner(arch, ffi, native_dir), device_libraries, notes)
+        raise MissingDependencyError(f"no TVM runtime is available for {arch} {os_name}")
+    if device == "cuda" and arch != HOST_ARCH:
+        raise MissingDependencyError(f"CUDA artifacts for {arch} hosts are not supported yet")
+    return RuntimeFiles(runtime, ffi, native, device_libraries, notes)

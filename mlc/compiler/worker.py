@@ -75,6 +75,20 @@ def _write_device_sources(executable, out_dir: str) -> dict[str, list[str]]:
     return kernels
 
 
+def _export_objects(executable, folder: Path) -> None:
+    """Object files instead of a shared library, for hosts we cannot link for here (macOS): TVM
+    writes them into a .tar (compiled by LLVM for the host triple), unpacked into `folder`."""
+    import tarfile
+    import tempfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = Path(tmp) / "objects.tar"
+        executable.export_library(str(archive))
+        with tarfile.open(archive) as tar:
+            tar.extractall(folder, filter="data")
+
+
 def compile_request(request: dict) -> dict:
     import onnx
 
@@ -112,7 +126,10 @@ def compile_request(request: dict) -> dict:
                 from tvm.support import cc
 
                 fcompile = cc.cross_compiler(request["cross_compiler"])
-            executable.export_library(request["library"], fcompile=fcompile)
+            if request.get("object_dir"):
+                _export_objects(executable, Path(request["object_dir"]))
+            else:
+                executable.export_library(request["library"], fcompile=fcompile)
             timings["export"] = time.perf_counter() - start
         if request.get("run"):
             stage = "run"

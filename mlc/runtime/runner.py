@@ -306,7 +306,10 @@ class Runner:
         runtime = self.manifest["runtime"]
         _load_tvm_runtime(safe_member(self.root, runtime["library"]),
                           [safe_member(self.root, rel) for rel in runtime.get("device_libraries", [])], device)
-        library = tvm_ffi.load_module(str(safe_member(self.root, self.manifest["library"])))
+        library_path = safe_member(self.root, self.manifest["library"])
+        if not library_path.is_file() and runtime.get("link"):
+            raise ArtifactError(f"{library_path.name} is not linked yet: run ./{runtime['link']} in the artifact once")
+        library = tvm_ffi.load_module(str(library_path))
         self._vm = library["vm_load_executable"]()
         code = _DEVICE_TYPES[device]
         # (device type, id, allocator) for the compute device, then the same for the host.

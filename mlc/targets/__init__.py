@@ -23,6 +23,7 @@ class Target:
     tvm: dict[str, Any]  # TVM target JSON
     runtime_arch: str  # machine the artifact runs on, as `platform.machine()` says it
     device: str = "cpu"  # runtime device kind
+    runtime_os: str = "linux"  # "linux" or "macos"
     # CPU features the generated code needs (as /proc/cpuinfo names them); checked before loading
     # so a machine that lacks them gets a clear error instead of SIGILL.
     required_cpu_features: tuple[str, ...] = field(default=())
@@ -32,6 +33,7 @@ class Target:
             "name": self.name,
             "tvm": self.tvm,
             "runtime_arch": self.runtime_arch,
+            "runtime_os": self.runtime_os,
             "device": self.device,
             "required_cpu_features": list(self.required_cpu_features),
         }
@@ -155,6 +157,18 @@ def _cuda(name: str, arch: str | None, what: str) -> Callable[[], Target]:
     return make
 
 
+def _metal() -> Target:
+    # The apple/m1-gpu tag's limits; the host part runs on the Mac's CPU.
+    return Target(
+        name="metal",
+        description="Apple M1/M2/M3 GPUs (Metal), host arm64 macOS; built here, linked in one step on the Mac",
+        tvm={"kind": "metal", "max_threads_per_block": 1024, "max_shared_memory_per_block": 32768,
+             "thread_warp_size": 32, "max_num_threads": 256, "max_function_args": 31,
+             "host": {"kind": "llvm", "mtriple": "arm64-apple-macos", "mcpu": "apple-m1"}},
+        runtime_arch="aarch64", runtime_os="macos", device="metal",
+    )
+
+
 # name -> factory (detection is lazy: listing presets must not fail on another architecture)
 PRESETS: dict[str, Callable[[], Target]] = {
     "x86": _detect_x86,
@@ -172,6 +186,7 @@ PRESETS: dict[str, Callable[[], Target]] = {
     "cuda-l4": _cuda("cuda-l4", "sm_89", "L4 (Ada, sm_89)"),
     "cuda-a100": _cuda("cuda-a100", "sm_80", "A100 (Ampere, sm_80)"),
     "cuda-h100": _cuda("cuda-h100", "sm_90a", "H100 (Hopper, sm_90a)"),
+    "metal": _metal,
 }
 
 
