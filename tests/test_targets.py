@@ -73,8 +73,12 @@ def test_raw_json_targets():
     target = targets.resolve('{"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a55"}')
     assert (target.name, target.runtime_arch, target.tvm["num-cores"]) == ("llvm-cortex-a55", "aarch64", 4)
     assert targets.resolve('{"kind": "llvm", "mcpu": "haswell"}').runtime_arch == targets.HOST_ARCH
+    cuda = targets.resolve('{"kind": "cuda", "arch": "sm_86"}')
+    assert (cuda.name, cuda.device, cuda.runtime_arch, cuda.tvm["host"]["kind"]) == ("cuda-sm_86", "cuda", "x86_64", "llvm")
+    metal = targets.resolve('{"kind": "metal"}')
+    assert (metal.device, metal.runtime_os, metal.tvm["host"]["mtriple"]) == ("metal", "macos", "arm64-apple-macos")
     for bad, message in [('{"kind"', "does not parse"), ("{}", 'object with a "kind"'),
-                         ('{"kind": "rocm"}', "not supported yet"), ('{"kind": "llvm", "mtriple": "riscv64-linux"}', "riscv64")]:
+                         ('{"kind": "rocm"}', "not supported yet"), ('{"kind": "cuda", "host": 3}', '"host"'), ('{"kind": "llvm", "mtriple": "riscv64-linux"}', "riscv64")]:
         with pytest.raises(TargetError, match=message):
             targets.resolve(bad)
 

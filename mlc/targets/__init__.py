@@ -128,6 +128,7 @@ _CUDA_LIMITS = {"max_num_threads": 1024, "thread_warp_size": 32, "max_shared_mem
 # Host code of GPU artifacts runs on the GPU server's CPU: generic x86-64, not this machine's.
 _GPU_SERVER_HOST = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64"}
 _DEFAULT_CUDA_ARCH = "sm_80"
+_MAC_HOST = {"kind": "llvm", "mtriple": "arm64-apple-macos", "mcpu": "apple-m1"}
 
 
 def local_cuda_arch() -> str | None:
@@ -164,7 +165,7 @@ def _metal() -> Target:
         description="Apple M1/M2/M3 GPUs (Metal), host arm64 macOS; built here, linked in one step on the Mac",
         tvm={"kind": "metal", "max_threads_per_block": 1024, "max_shared_memory_per_block": 32768,
              "thread_warp_size": 32, "max_num_threads": 256, "max_function_args": 31,
-             "host": {"kind": "llvm", "mtriple": "arm64-apple-macos", "mcpu": "apple-m1"}},
+             "host": _MAC_HOST},
         runtime_arch="aarch64", runtime_os="macos", device="metal",
     )
 
@@ -207,7 +208,7 @@ _TRIPLE_ARCH = {"x86_64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 
 
 def from_json(text: str) -> Target:
-    """A raw TVM target JSON object (llvm kind) as a Target; TVM validates the rest at compile."""
+    """A raw TVM target JSON object (kind llvm, cuda or metal) as a Target; TVM validates the rest."""
     try:
         spec = json.loads(text)
     except ValueError as e:
@@ -215,13 +216,24 @@ def from_json(text: str) -> Target:
     if not isinstance(spec, dict) or not isinstance(spec.get("kind"), str):
         raise TargetError('a JSON --target must be an object with a "kind", e.g. {"kind": "llvm", "mcpu": "cortex-a55", '
                           '"mtriple": "aarch64-linux-gnu"}')
-    if spec["kind"] != "llvm":
-        raise TargetError(f"JSON targets of kind {spec['kind']!r} are not supported yet; use kind \"llvm\" or a preset")
-    triple = str(spec.get("mtriple", ""))
+    kind = spec["kind"]
+    if kind not in ("llvm", "cuda", "metal"):
+        raise TargetError(f"JSON targets of kind {kind!r} are not supported yet; use llvm, cuda or metal, or a preset")
+    if kind == "metal":
+        spec.setdefault("host", dict(_MAC_HOST))
+        return Target(name="metal-custom", description=f"custom TVM target {json.dumps(spec)}", tvm=spec,
+                      runtime_arch="aarch64", runtime_os="macos", device="metal")
+    cpu = spec if kind == "llvm" else spec.setdefault("host", dict(_GPU_SERVER_HOST))
+    if not isinstance(cpu, dict):
+        raise TargetError('the "host" of a JSON cuda target must be an llvm target object')
+    triple = str(cpu.get("mtriple", ""))
     arch = _TRIPLE_ARCH.get(triple.split("-")[0]) if triple else HOST_ARCH
     if arch is None:
         raise TargetError(f"mtriple {triple!r} is for an architecture mlc cannot package a runtime for "
                           f"(supported: {', '.join(sorted(set(_TRIPLE_ARCH.values())))})")
+    if kind == "cuda":
+        return Target(name=f"cuda-{spec.get('arch', 'custom')}", description=f"custom TVM target {json.dumps(spec)}",
+                      tvm=spec, runtime_arch=arch, device="cuda")
     spec.setdefault("num-cores", usable_cores() if arch == HOST_ARCH else 4)
     mcpu = str(spec.get("mcpu", "generic"))
     return Target(name=f"llvm-{mcpu}", description=f"custom TVM target {json.dumps(spec)}", tvm=spec, runtime_arch=arch)
