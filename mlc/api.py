@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import hashlib
+import shlex
 import shutil
 import tempfile
 import time
@@ -29,7 +30,7 @@ from mlc.check import CheckResult, compare, compare_one, localize, tolerance_for
 from mlc.compiler import runtimes
 from mlc.compiler.frontends import onnx as onnx_frontend
 from mlc.compiler.passes import onnx as onnx_passes
-from mlc.errors import AccuracyError, InputError, IntegrityError, MissingDependencyError
+from mlc.errors import AccuracyError, CompilerError, InputError, IntegrityError, MissingDependencyError, TargetError
 from mlc.runtime import runner as thin_runtime
 
 DEFAULT_OUTPUT_ROOT = Path("artifacts")
@@ -64,6 +65,21 @@ def _sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def prepare_target(preset: targets.Target) -> tuple[runtimes.RuntimeFiles, Optional[str]]:
+    """The runtime files and cross compiler a target needs (fetched or built now, or an error)."""
+    runtime = runtimes.runtime_files(preset.runtime_arch, preset.device, preset.runtime_os)
+    cross = None
+    if preset.runtime_arch != runtimes.HOST_ARCH and preset.runtime_os != "macos":
+        cross = runtimes.toolchain(preset.runtime_arch).compiler
+    return runtime, cross
+
+
+def _check_tolerances(atol: Optional[float], rtol: Optional[float]) -> None:
+    for name, value in (("atol", atol), ("rtol", rtol)):
+        if value is not None and not (value >= 0 and np.isfinite(value)):
+            raise InputError(f"--{name} must be a finite number >= 0, got {value}")
+
+
 def default_output(model_name: str, target_name: str, root: Path = DEFAULT_OUTPUT_ROOT) -> Path:
     return root / f"{model_name}-{target_name}"
 
@@ -85,7 +101,7 @@ def _resolve_source(source: str, workdir: Path) -> tuple[Path, SourceInfo]:
         raise InputError(
             f"{path.name}: only ONNX models (.onnx) and zoo:NAME are supported for now; export the model to ONNX first"
         )
-    return path, SourceInfo(name=path.stem, path=str(path), format="onnx", sha256="")
+    return path, SourceInfo(name=path.stem, path=str(path.resolve()), format="onnx", sha256="")
 
 
 class _Timer:
@@ -156,18 +172,16 @@ def compile(  # noqa: A001 - the verb users know
     `isolate=False` runs TVM in this process (faster for many small models; a TVM crash then
     takes the process down)."""
     timed = _Timer(step)
+    _check_tolerances(atol, rtol)
     preset = targets.resolve(target)
-    # Fail fast on a missing cross toolchain or runtime, before any heavy work.
-    runtime = runtimes.runtime_files(preset.runtime_arch, preset.device, preset.runtime_os)
+    runtime, cross = prepare_target(preset)  # a missing toolchain or runtime fails before any heavy work
     macos = preset.runtime_os == "macos"
-    cross = None
-    if preset.runtime_arch != runtimes.HOST_ARCH and not macos:
-        cross = runtimes.toolchain(preset.runtime_arch).compiler
+    final = Path(output) if output else default_output(model_name(source), preset.name)
+    artifacts.check_replaceable(final)
     with tempfile.TemporaryDirectory(prefix="mlc-compile-") as scratch:
         prepared = _prepare(source, input_shapes, Path(scratch), timed)
         with timed("reference", "Computing reference outputs with ONNX Runtime"):
             reference = onnx_frontend.onnxruntime_reference(prepared.path, prepared.feeds)
-        final = Path(output) if output else default_output(prepared.source.name, preset.name)
         with artifacts.staging_dir(final) as staged:
             with timed("tvm", f"Compiling with TVM for {preset.name} ({preset.tvm.get('mcpu', preset.tvm['kind'])})"):
                 result = compiler.compile_in_worker(prepared.cleaned_path, preset.tvm,
@@ -221,18 +235,20 @@ def _package(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.Targe
     shutil.copyfile(Path(thin_runtime.__file__), staged / RUNTIME_MODULE)
     shutil.copyfile(Path(thin_runtime.__file__).with_name("run_entry.py"), staged / RUN_ENTRY)
     (staged / "reference").mkdir()
-    np.savez(staged / REFERENCE_INPUTS, **reference.inputs)
-    np.savez(staged / REFERENCE_OUTPUTS, **reference.outputs)
+    thin_runtime.save_npz(staged / REFERENCE_INPUTS, reference.inputs)
+    thin_runtime.save_npz(staged / REFERENCE_OUTPUTS, reference.outputs)
 
     inputs = [
         TensorSpec(name=s.name, dtype=s.dtype, shape=prepared.fixed.get(s.name, s.shape), value_range=s.value_range)
         for s in prepared.specs
     ]
     out_names = list(reference.outputs)
+    if len(out_names) != len(result["outputs"]):
+        raise CompilerError(f"TVM's module returns {len(result['outputs'])} outputs where the model has {len(out_names)}")
     outputs = [
         TensorSpec(name=n, dtype=sig["dtype"], shape=sig["shape"]) for n, sig in zip(out_names, result["outputs"])
     ]
-    recipe = " ".join(["mlc compile", source, "--target", target] + [f"--input-shape {s}" for s in input_shapes])
+    recipe = shlex.join(["mlc", "compile", source, "--target", target] + [a for s in input_shapes for a in ("--input-shape", s)])
     manifest = Manifest(
         mlc_version=__version__,
         tvm_version=result["tvm_version"],
@@ -315,11 +331,16 @@ def run(artifact: str | Path, inputs=None, warmup: int = 3, repeat: int = 50) ->
     return RunResult(outputs, latency, warnings)
 
 
+def save_outputs(path: str | Path, outputs: Mapping[str, np.ndarray]) -> None:
+    try:
+        thin_runtime.save_npz(path, outputs)
+    except thin_runtime.FeedError as e:
+        raise InputError(str(e)) from None
+
+
 def check(artifact: str | Path, atol: Optional[float] = None, rtol: Optional[float] = None) -> CheckResult:
     """Run the artifact on its reference inputs and compare with its reference outputs."""
-    for name, value in (("atol", atol), ("rtol", rtol)):
-        if value is not None and not (value >= 0 and np.isfinite(value)):
-            raise InputError(f"--{name} must be a finite number >= 0, got {value}")
+    _check_tolerances(atol, rtol)
     runner = open_runner(artifact)
     reference = _read_npz(runner.root / runner.manifest["reference"]["outputs"])
     try:
@@ -402,9 +423,13 @@ def _debug_source(source: str, target: Optional[str], input_shapes: Sequence[str
         return source, target or "x86", list(input_shapes), inputs
     manifest = artifacts.load(path)
     origin = manifest.source.path
-    if not models.is_zoo(origin) and not Path(origin).is_file():
-        raise InputError(f"artifact {path} was compiled from {origin}, which is not there any more; "
-                         f"run `mlc debug MODEL --target {manifest.compile.options.get('target', 'x86')}` on the model file")
+    if not models.is_zoo(origin):
+        if not Path(origin).is_file():
+            raise InputError(f"artifact {path} was compiled from {origin}, which is not there any more; "
+                             f"run `mlc debug MODEL --target {manifest.compile.options.get('target', 'x86')}` on the model file")
+        if thin_runtime.sha256_file(origin) != manifest.source.sha256:
+            raise InputError(f"{origin} has changed since artifact {path} was compiled from it; "
+                             "run `mlc debug` on the model file itself")
     shapes = list(input_shapes) or list(manifest.compile.options.get("input_shapes", []))
     if inputs is None:
         inputs = path / manifest.reference.inputs
@@ -431,8 +456,14 @@ def debug(
     "bisect"."""
     if method not in ("auto", "exposed", "bisect"):
         raise InputError(f"unknown method '{method}'; use auto, exposed or bisect")
+    _check_tolerances(atol, rtol)
     source, target, input_shapes, inputs = _debug_source(source, target, input_shapes, inputs)
     preset = targets.resolve(target)
+    if (preset.runtime_arch, preset.runtime_os, preset.device) != (runtimes.HOST_ARCH, "linux", "cpu"):
+        raise TargetError(f"mlc debug runs the compiled model on this machine's CPU, and target {preset.name} runs "
+                          "elsewhere; debug with --target x86 (the same graph import and Relax passes) instead")
+    if extract:
+        artifacts.check_replaceable(Path(extract), marker="report.json")
     timed = _Timer(step)
     feeds = None
     if inputs is not None:
@@ -444,7 +475,8 @@ def debug(
         values = localize.computed_values(cleaned)
         with timed("reference", f"Computing {len(values)} intermediate values with ONNX Runtime"):
             given = onnx_frontend.onnxruntime_reference(prepared.path, feeds).outputs
-            reference = _ort_values(localize.with_outputs(cleaned, [v.name for v in values]), feeds)
+            # Graph inputs count as known values, so a node reading one can be reported and extracted.
+            reference = {**feeds, **_ort_values(localize.with_outputs(cleaned, [v.name for v in values]), feeds)}
             cleanup = compare(given, {k: reference[k] for k in given if k in reference}, atol, rtol)
         out_names = [o.name for o in cleaned.graph.output]
         builds = 0
@@ -511,11 +543,12 @@ def _extract(dest: Path, cleaned, culprit: localize.Value, reference, divergence
     single = localize.single_node_model(cleaned, culprit.node_index, reference)
     feeds = {v.name: reference[v.name] for v in single.graph.input}
     actual = _tvm_values(single, feeds, preset, workdir, "extracted", isolate)
-    with artifacts.staging_dir(dest) as staged:
+    with artifacts.staging_dir(dest, marker="report.json") as staged:
         onnx.save(single, str(staged / "model.onnx"))
-        np.savez(staged / "inputs.npz", **{f"in_{i}": v for i, v in enumerate(feeds.values())})
-        np.savez(staged / "expected.npz", **{f"out_{i}": reference[o.name] for i, o in enumerate(single.graph.output) if o.name in reference})
-        np.savez(staged / "actual.npz", **{f"out_{i}": v for i, v in enumerate(actual.values())})
+        thin_runtime.save_npz(staged / "inputs.npz", {f"in_{i}": v for i, v in enumerate(feeds.values())})
+        thin_runtime.save_npz(staged / "expected.npz", {f"out_{i}": reference[o.name] for i, o in enumerate(single.graph.output)
+                                                        if o.name in reference})
+        thin_runtime.save_npz(staged / "actual.npz", {f"out_{i}": v for i, v in enumerate(actual.values())})
         report = {
             "node": divergence.first.to_json(),
             "target": preset.to_json(),
@@ -527,5 +560,5 @@ def _extract(dest: Path, cleaned, culprit: localize.Value, reference, divergence
                       "expected.npz": "out_i: ONNX Runtime's outputs", "actual.npz": "out_i: TVM's outputs"},
         }
         (staged / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-        artifacts.publish(staged, dest)
+        artifacts.publish(staged, dest, marker="report.json")
     return dest

@@ -111,7 +111,9 @@ def compile_cmd(
     """Compile a model into a verified artifact: compiled library, thin runtime, reference data."""
     from mlc import api, targets
 
-    presets = [targets.resolve(t) for t in dict.fromkeys(target)]  # every name checked before compiling
+    presets = [targets.resolve(t) for t in dict.fromkeys(target)]
+    for preset in presets:  # every target's toolchain and runtime are checked before anything compiles
+        api.prepare_target(preset)
     results = []
     for preset, spec in zip(presets, dict.fromkeys(target)):
         dest = output
@@ -160,17 +162,13 @@ def run_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print latency and output shapes as JSON."),
 ) -> None:
     """Run an artifact and report latency (mean, p50, p90, p99, throughput)."""
-    import numpy as np
-
     from mlc import api
 
     result = api.run(artifact, inputs, warmup=warmup, repeat=repeat)
     for warning in result.warnings:
         err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
     if outputs:
-        tmp = outputs.with_name(f".{outputs.name}.tmp.npz")
-        np.savez(tmp, **result.outputs)
-        os.replace(tmp, outputs)
+        api.save_outputs(outputs, result.outputs)
     if as_json:
         out.print_json(json.dumps({
             "artifact": str(artifact),

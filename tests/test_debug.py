@@ -114,3 +114,19 @@ def test_debug_errors(tmp_path):
     run_mlc("compile", model, "-o", art, check=True)
     model.unlink()
     assert_clean_error(run_mlc("debug", art), 1, "which is not there any more")
+
+
+def test_fault_in_a_node_reading_a_graph_input_is_extracted(patch_converter, tmp_path):
+    from tvm import relax
+
+    patch_converter("MatMul", "_impl_v13",
+                    lambda cls, bb, inputs, attr, params: relax.op.add(relax.op.matmul(inputs[0], inputs[1]),
+                                                                       relax.const(1.0, "float32")))
+    report = api.debug("zoo:mlp", isolate=False, extract=tmp_path / "repro")
+    first = report.divergence.first
+    assert first.op_type == "MatMul" and first.inputs[0]["name"] == "x" and first.inputs[0]["shape"] == [2, 64]
+    assert (tmp_path / "repro" / "model.onnx").is_file()
+
+
+def test_debug_refuses_targets_it_cannot_run():
+    assert_clean_error(run_mlc("debug", "zoo:mlp", "--target", "rpi4"), 1, "debug with --target x86")

@@ -221,3 +221,47 @@ def test_soak_compile_run_check_cycles(tmp_path, monkeypatch):
     assert rss[1] - rss[0] < 150, f"memory grew from {rss[0]:.0f} to {rss[1]:.0f} MiB over 180 cycles"
     assert list(scratch.iterdir()) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["art", "mlp.onnx", "tmp"]
+
+
+def test_output_never_replaces_a_folder_mlc_did_not_write(mlp_model, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("precious")
+    assert_clean_error(run_mlc("compile", mlp_model, "-o", mine), 1, "is not empty and holds no manifest.json")
+    assert (mine / "keep.txt").read_text() == "precious" and sorted(p.name for p in mine.iterdir()) == ["keep.txt"]
+    assert_clean_error(run_mlc("debug", "zoo:mlp", "--extract", mine), 1, "holds no report.json")
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert_clean_error(run_mlc("compile", mlp_model, "-o", a_file / "sub"), 1, "cannot write to")
+    assert_clean_error(run_mlc("compile", mlp_model, "-o", a_file), 1, "is not a directory mlc wrote")
+
+
+def test_bad_tolerance_is_refused_before_compiling(mlp_model, tmp_path):
+    assert_clean_error(run_mlc("compile", mlp_model, "--atol", "-1", "-o", tmp_path / "a"), 1, "--atol must be")
+    assert not (tmp_path / "a").exists()
+
+
+def test_run_output_into_missing_folder(mlp_artifact, tmp_path):
+    assert_clean_error(run_mlc("run", mlp_artifact, "-o", tmp_path / "no" / "out.npz", "--repeat", "0"), 1, "cannot write")
+
+
+def test_tensor_names_that_clash_with_numpy_keywords(tmp_path):
+    """np.savez(**arrays) breaks on a tensor called 'file'; mlc writes .npz files itself."""
+    graph = helper.make_graph([helper.make_node("Relu", ["file"], ["allow_pickle"])], "names",
+                              [_vi("file", ["n", 4])], [_vi("allow_pickle", ["n", 4])])
+    path = tmp_path / "names.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    run_mlc("compile", path, "-o", tmp_path / "art", check=True)
+    proc = run_mlc("run", tmp_path / "art", "-o", tmp_path / "out.npz", "--repeat", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert np.load(tmp_path / "out.npz")["allow_pickle"].shape == (2, 4)
+
+
+def test_non_tensor_output_is_unsupported(tmp_path):
+    graph = helper.make_graph([helper.make_node("Shape", ["x"], ["s"])], "shape", [_vi("x", [2, 3])],
+                              [helper.make_tensor_value_info("s", TensorProto.INT64, [2])])
+    path = tmp_path / "shape.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    proc = run_mlc("compile", path, "-o", tmp_path / "art")
+    assert proc.returncode in (0, 1), proc.stderr  # TVM may fold it to a constant tensor; never exit 70
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr

@@ -18,7 +18,8 @@ def test_presets_resolve_to_valid_tvm_targets():
         "import json, sys, tvm\n"
         "for name, spec in json.loads(sys.argv[1]).items():\n"
         "    t = tvm.target.Target(spec)\n"
-        "    print(name, t.kind.name, t.attrs['mcpu'])\n"
+        "    key = 'mcpu' if 'mcpu' in t.attrs else 'arch' if 'arch' in t.attrs else None\n"
+        "    print(name, t.kind.name, t.attrs[key] if key else '-')\n"
     )
     proc = subprocess.run([sys.executable, "-c", script, json.dumps(presets)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -26,6 +27,7 @@ def test_presets_resolve_to_valid_tvm_targets():
     assert lines["x86-avx2"] == "llvm haswell"
     assert lines["x86-avx512"] == "llvm skylake-avx512"
     assert lines["graviton3"] == "llvm neoverse-v1" and lines["rpi5"] == "llvm cortex-a76"
+    assert lines["cuda-h100"] == "cuda sm_90a" and lines["metal"] == "metal -"
     assert set(lines) == set(targets.PRESETS)
 
 

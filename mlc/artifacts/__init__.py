@@ -19,14 +19,28 @@ from mlc.errors import IntegrityError, InputError
 from mlc.runtime.runner import MANIFEST, ArtifactError, read_manifest, sha256_file, verify_files
 
 
+def check_replaceable(final: Path, marker: str = MANIFEST) -> None:
+    """`final` may be (re)written: it does not exist, is empty, or holds what we write there
+    (`marker`: manifest.json for artifacts). Anything else is the user's and is never replaced."""
+    if final.is_symlink() or (final.exists() and not final.is_dir()):
+        raise InputError(f"output path {final} exists and is not a directory mlc wrote; choose another -o")
+    if final.is_dir() and any(final.iterdir()) and not (final / marker).is_file():
+        raise InputError(f"output folder {final} is not empty and holds no {marker}; "
+                         "mlc replaces only what it wrote: choose another path or empty it")
+
+
 @contextlib.contextmanager
-def staging_dir(final: Path) -> Iterator[Path]:
+def staging_dir(final: Path, marker: str = MANIFEST) -> Iterator[Path]:
     """A temporary directory beside `final` (same filesystem, so the final rename is atomic).
     Removed on any failure, Ctrl-C included; the caller publishes it with `publish`. Its name
     carries our pid so that a later run can remove what a killed run (SIGKILL) left behind."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    sweep_stale(final)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent))
+    check_replaceable(final, marker)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        sweep_stale(final)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent))
+    except OSError as e:
+        raise InputError(f"cannot write to {final.parent}: {e.strerror or e}") from None
     try:
         yield tmp
     finally:
@@ -52,24 +66,31 @@ def sweep_stale(final: Path) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
 
 
-def publish(staged: Path, final: Path) -> None:
-    """Move a finished staging directory into place, replacing an older artifact. Readers see
-    the old artifact or the new one; an exclusive lock serialises concurrent publishers."""
-    lock_path = final.parent / f".{final.name}.lock"
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        old = final.parent / f".{final.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        if final.exists() or final.is_symlink():
-            if not final.is_dir() or final.is_symlink():
-                raise InputError(f"output path {final} exists and is not an artifact directory; choose another -o")
-            os.rename(final, old)
+def publish(staged: Path, final: Path, marker: str = MANIFEST) -> None:
+    """Move a finished staging directory into place, replacing an older one. Concurrent
+    publishers are serialised by a lock on the parent folder; if the second rename fails (or is
+    interrupted) the old artifact is put back, so `final` is always the old one or the new one."""
+    parent_fd = os.open(final.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(parent_fd, fcntl.LOCK_EX)
+        check_replaceable(final, marker)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(staged, 0o777 & ~umask)  # mkdtemp made it private
-        os.rename(staged, final)
-        shutil.rmtree(old, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        lock_path.unlink()
+        old = final.parent / f".{final.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        moved_aside = final.exists()
+        if moved_aside:
+            os.rename(final, old)
+        try:
+            os.rename(staged, final)
+        except BaseException:
+            if moved_aside and not final.exists():
+                os.rename(old, final)
+            raise
+        if moved_aside:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        os.close(parent_fd)  # releases the lock
 
 
 def seal(root: Path, manifest: Manifest) -> Manifest:

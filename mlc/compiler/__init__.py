@@ -68,11 +68,15 @@ def compile_in_worker(
     request_path = onnx_path.with_name(onnx_path.stem + ".request.json")
     request_path.write_text(json.dumps(request))
     with tempfile.NamedTemporaryFile("w", prefix="mlc-tvm-", suffix=".log", delete=False) as log:
-        proc = subprocess.run(
-            [sys.executable, "-m", "mlc.compiler.worker", str(request_path)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )
-    log_path = Path(log.name)
+        log_path = Path(log.name)
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "mlc.compiler.worker", str(request_path)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+        except BaseException:  # interrupted: nothing to show the user
+            log_path.unlink(missing_ok=True)
+            raise
     result_path = request_path.with_suffix(".result.json")
     if proc.returncode != 0 or not result_path.exists():
         if proc.returncode < 0:
@@ -85,12 +89,15 @@ def compile_in_worker(
 
 
 def _check_result(result: dict[str, Any], log_path: Optional[Path]) -> dict[str, Any]:
-    if log_path is not None and (result["ok"] or result["kind"] in ("unsupported", "target")):
+    if log_path is not None and (result["ok"] or result["kind"] in ("unsupported", "unsupported_output", "target")):
         log_path.unlink(missing_ok=True)
     if result["ok"]:
         return result
     if result["kind"] == "unsupported":
         raise UnsupportedModelError(_format_unsupported(result["ops"]))
+    if result["kind"] == "unsupported_output":
+        raise UnsupportedModelError(f"the model returns something other than tensors ({result['message']}); "
+                                    "only tensor outputs are supported")
     if result["kind"] == "target":
         raise TargetError(f"TVM rejects the target: {result['message']}")
     where = f" (full log: {log_path})" if log_path else ""

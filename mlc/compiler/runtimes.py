@@ -38,10 +38,8 @@ class Toolchain:
     package: str  # Debian package that provides it
 
 
-TOOLCHAINS = {
-    HOST_ARCH: Toolchain("g++", "g++"),
-    "aarch64": Toolchain("aarch64-linux-gnu-g++", "g++-aarch64-linux-gnu"),
-}
+TOOLCHAINS = {"aarch64": Toolchain("aarch64-linux-gnu-g++", "g++-aarch64-linux-gnu")}
+TOOLCHAINS[HOST_ARCH] = Toolchain("g++", "g++")  # on an aarch64 host, its own g++
 
 
 @dataclass(frozen=True)
@@ -106,9 +104,10 @@ def _fetch_libraries(arch: str, os_name: str, dest: Path, names: dict[str, str])
         for wheel in Path(tmp).glob("*.whl"):
             with zipfile.ZipFile(wheel) as zf:
                 for member in set(zf.namelist()) & set(names):
-                    staged = Path(tmp) / names[member]
-                    staged.write_bytes(zf.read(member))
-                    shutil.move(staged, wanted[member])
+                    # temp file beside the cache entry, then rename: never a truncated library there
+                    partial = dest / f".{names[member]}.{os.getpid()}.tmp"
+                    partial.write_bytes(zf.read(member))
+                    os.replace(partial, wanted[member])
     missing = [str(p.name) for p in wanted.values() if not p.is_file()]
     if missing:
         raise MissingDependencyError(f"the {arch} {os_name} wheels hold no {', '.join(missing)}")
@@ -163,6 +162,8 @@ def runtime_files(arch: str, device: str = "cpu", os_name: str = "linux") -> Run
     """Everything an artifact for `arch`/`os_name` needs to run, building or fetching what is missing."""
     device_libraries: tuple[Path, ...] = ()
     notes: tuple[str, ...] = ()
+    if device == "cuda" and (arch, os_name) != (HOST_ARCH, "linux"):
+        raise MissingDependencyError(f"CUDA artifacts for {arch} {os_name} hosts are not supported yet")
     if (arch, os_name) == (HOST_ARCH, "linux"):
         runtime, ffi = _host_libraries()
         native = _native_runner(arch, ffi, cache_dir() / "native" / arch)
@@ -183,6 +184,4 @@ def runtime_files(arch: str, device: str = "cpu", os_name: str = "linux") -> Run
         native = _native_runner(arch, ffi, base) if os_name == "linux" else None
     else:
         raise MissingDependencyError(f"no TVM runtime is available for {arch} {os_name}")
-    if device == "cuda" and arch != HOST_ARCH:
-        raise MissingDependencyError(f"CUDA artifacts for {arch} hosts are not supported yet")
     return RuntimeFiles(runtime, ffi, native, device_libraries, notes)

@@ -114,6 +114,10 @@ def compile_request(request: dict) -> dict:
         start = time.perf_counter()
         mod = importer.to_relax(model)
         timings["relax_import"] = time.perf_counter() - start
+        try:
+            outputs = build.output_signature(mod)
+        except TypeError as e:  # e.g. an output that is a shape, not a tensor
+            return {"ok": False, "kind": "unsupported_output", "message": str(e)}
         stage = "build"
         start = time.perf_counter()
         executable = build.build(mod, request["target"])
@@ -137,8 +141,6 @@ def compile_request(request: dict) -> dict:
             _run(executable, request["run"]["inputs"], request["run"]["outputs"])
             timings["run"] = time.perf_counter() - start
         kernels = _write_device_sources(executable, request["kernels_dir"]) if request.get("kernels_dir") else {}
-        stage = "signature"
-        outputs = build.output_signature(mod)
         return {"ok": True, "tvm_version": tvm.__version__, "outputs": outputs, "timings": timings, "kernels": kernels}
     except Exception as e:
         traceback.print_exc()  # into the log file the parent points the user to

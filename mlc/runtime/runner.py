@@ -419,6 +419,25 @@ class NativeRunner:
         return stats
 
 
+def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
+    """Write arrays as an .npz (what np.savez writes), atomically, with any tensor names: np.savez
+    takes them as keyword arguments, which breaks on names like 'file'."""
+    import zipfile
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+            for name, array in arrays.items():
+                with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise FeedError(f"cannot write {path}: {e.strerror or e}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Arrays from an .npz file; never unpickles (object arrays are refused)."""
     try:
@@ -448,11 +467,11 @@ def main(argv: list[str] | None = None, artifact_dir: str | os.PathLike | None =
         feeds = load_npz(args.inputs or root / runner.manifest["reference"]["inputs"])
         outputs = runner.run(feeds)
         stats = runner.benchmark(feeds, args.warmup, args.repeat) if args.repeat > 0 else None
+        if args.outputs:
+            save_npz(args.outputs, outputs)
     except (ArtifactError, FeedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if args.outputs:
-        np.savez(args.outputs, **outputs)
     if args.json:
         print(json.dumps({"outputs": {k: list(v.shape) for k, v in outputs.items()}, "latency": stats}))
     else:

@@ -4,7 +4,7 @@ outputs with ONNX Runtime on fixed seeded inputs."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -41,7 +41,6 @@ class Reference:
     inputs: dict[str, np.ndarray]
     outputs: dict[str, np.ndarray]
     seed: int = REFERENCE_SEED
-    output_specs: list[InputSpec] = field(default_factory=list)
 
 
 def load(path: str | Path) -> onnx.ModelProto:
