@@ -272,29 +272,32 @@ def _package(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.Targe
     return artifacts.seal(staged, manifest)
 
 
-def open_runner(artifact: str | Path) -> thin_runtime.Runner | thin_runtime.NativeRunner:
-    """Validate an artifact (schema + sha256) and load it for running: in this process when it
-    was built for this machine, else through its native runner under emulation."""
-    manifest = artifacts.load(artifact)
-    device = manifest.target.device
-    if not thin_runtime.device_present(device):
-        raise MissingDependencyError(f"this artifact runs on a {device.upper()} device and none is usable here "
-                                     f"(target {manifest.target.name}); run it on such a machine")
+@contextlib.contextmanager
+def _runtime_errors():
+    """The thin runtime's exceptions (it cannot import mlc) as MlcErrors with their exit codes."""
     try:
-        if manifest.target.runtime_arch == runtimes.HOST_ARCH:
-            return thin_runtime.Runner(artifact, verify=False)  # just verified
-        return thin_runtime.NativeRunner(artifact, verify=False)
+        yield
+    except thin_runtime.FeedError as e:
+        raise InputError(str(e)) from None
     except (thin_runtime.EmulatorMissing, thin_runtime.DeviceMissing) as e:
         raise MissingDependencyError(str(e)) from None
     except thin_runtime.ArtifactError as e:
         raise IntegrityError(str(e)) from None
 
 
+def open_runner(artifact: str | Path) -> thin_runtime.Runner | thin_runtime.NativeRunner:
+    """Validate an artifact (schema + sha256) and load it for running: in this process when it
+    was built for this machine, else through its native runner under emulation."""
+    manifest = artifacts.load(artifact)
+    with _runtime_errors():
+        if manifest.target.runtime_arch == runtimes.HOST_ARCH:
+            return thin_runtime.Runner(artifact, verify=False)  # just verified
+        return thin_runtime.NativeRunner(artifact, verify=False)
+
+
 def _read_npz(path: str | Path) -> dict[str, np.ndarray]:
-    try:
+    with _runtime_errors():
         return thin_runtime.load_npz(path)
-    except thin_runtime.FeedError as e:
-        raise InputError(str(e)) from None
 
 
 def load_inputs(runner: thin_runtime.Runner, inputs: Optional[str | Path | Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -318,24 +321,14 @@ def run(artifact: str | Path, inputs=None, warmup: int = 3, repeat: int = 50) ->
         raise InputError("--warmup and --repeat must be >= 0")
     runner = open_runner(artifact)
     feeds = load_inputs(runner, inputs)
-    try:
-        _, warnings = runner.prepare(feeds)
-        outputs = runner.run(feeds)
-        latency = runner.benchmark(feeds, warmup, repeat) if repeat > 0 else None
-    except thin_runtime.FeedError as e:
-        raise InputError(str(e)) from None
-    except thin_runtime.ArtifactError as e:
-        raise IntegrityError(str(e)) from None
-    if isinstance(runner, thin_runtime.NativeRunner) and runner.emulated:
-        warnings.append("ran under qemu emulation: the latency is not a measurement of the device")
+    with _runtime_errors():
+        outputs, latency, warnings = runner.measure(feeds, warmup, repeat)
     return RunResult(outputs, latency, warnings)
 
 
 def save_outputs(path: str | Path, outputs: Mapping[str, np.ndarray]) -> None:
-    try:
+    with _runtime_errors():
         thin_runtime.save_npz(path, outputs)
-    except thin_runtime.FeedError as e:
-        raise InputError(str(e)) from None
 
 
 def check(artifact: str | Path, atol: Optional[float] = None, rtol: Optional[float] = None) -> CheckResult:
@@ -343,12 +336,12 @@ def check(artifact: str | Path, atol: Optional[float] = None, rtol: Optional[flo
     _check_tolerances(atol, rtol)
     runner = open_runner(artifact)
     reference = _read_npz(runner.root / runner.manifest["reference"]["outputs"])
+    feeds = load_inputs(runner, None)
     try:
-        actual = runner.run(load_inputs(runner, None))
-    except thin_runtime.FeedError as e:
+        with _runtime_errors():
+            actual = runner.run(feeds)
+    except InputError as e:  # the inputs are the artifact's own: a broken artifact, not a user mistake
         raise IntegrityError(f"the artifact's reference inputs do not fit its model: {e}") from None
-    except thin_runtime.ArtifactError as e:
-        raise IntegrityError(str(e)) from None
     return compare(reference, actual, atol=atol, rtol=rtol)
 
 

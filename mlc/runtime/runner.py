@@ -285,21 +285,52 @@ def validate_feeds(specs: list[dict[str, Any]], feeds: Mapping[str, np.ndarray])
     return arrays, warnings
 
 
-class Runner:
-    """Loads an artifact's compiled model once and runs it on numpy inputs."""
+class _ArtifactRunner:
+    """What both runners share: the manifest (read and verified), the input/output specs, input
+    validation, and `measure`, which validates once and returns outputs and latency together."""
 
-    def __init__(self, artifact_dir: str | os.PathLike, verify: bool = True):
+    def __init__(self, artifact_dir: str | os.PathLike, verify: bool):
         self.root = Path(artifact_dir)
         self.manifest = read_manifest(self.root)
         if verify:
             verify_files(self.root, self.manifest)
+        self.device_kind = self.manifest["target"].get("device", "cpu")
+        if not device_present(self.device_kind):
+            raise DeviceMissing(f"this artifact runs on a {self.device_kind.upper()} device and none is usable here "
+                                f"(target {self.manifest['target'].get('name')})")
+        self.inputs: list[dict[str, Any]] = self.manifest["inputs"]
+        self.outputs: list[dict[str, Any]] = self.manifest["outputs"]
+
+    def prepare(self, feeds: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], list[str]]:
+        return validate_feeds(self.inputs, feeds)
+
+    def _measure(self, arrays: list[np.ndarray], warmup: int, repeat: int) -> tuple[dict[str, np.ndarray], list[float]]:
+        raise NotImplementedError
+
+    def measure(self, feeds: Mapping[str, np.ndarray], warmup: int = 3, repeat: int = 50
+                ) -> tuple[dict[str, np.ndarray], dict[str, Any] | None, list[str]]:
+        """Outputs, latency statistics (None when repeat is 0) and input warnings, in one pass."""
+        arrays, warnings = self.prepare(feeds)
+        outputs, times = self._measure(arrays, warmup, repeat)
+        batch = int(arrays[0].shape[0]) if arrays and arrays[0].ndim else 1
+        return outputs, latency_stats(times, batch) if times else None, warnings
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.measure(feeds, 0, 0)[0]
+
+    def benchmark(self, feeds: Mapping[str, np.ndarray], warmup: int = 3, repeat: int = 50) -> dict[str, Any] | None:
+        return self.measure(feeds, warmup, repeat)[1]
+
+
+class Runner(_ArtifactRunner):
+    """Loads an artifact's compiled model once, in this process, and runs it on numpy inputs."""
+
+    def __init__(self, artifact_dir: str | os.PathLike, verify: bool = True):
+        super().__init__(artifact_dir, verify)
         _check_machine(self.manifest)
-        device = self.manifest["target"].get("device", "cpu")
+        device = self.device_kind
         if device not in _DEVICE_TYPES:
             raise ArtifactError(f"device '{device}' is not supported by this runtime (supported: {', '.join(_DEVICE_TYPES)})")
-        if not device_present(device):
-            raise DeviceMissing(f"this artifact runs on a {device.upper()} device and none is usable here "
-                                f"(target {self.manifest['target'].get('name')})")
         import tvm_ffi
 
         self._tvm_ffi = tvm_ffi
@@ -316,11 +347,6 @@ class Runner:
         self._vm["vm_initialization"](code, 0, _POOLED_ALLOCATOR, 1, 0, _POOLED_ALLOCATOR)
         self._main = self._vm["main"]
         self.device = tvm_ffi.device(device, 0)
-        self.inputs: list[dict[str, Any]] = self.manifest["inputs"]
-        self.outputs: list[dict[str, Any]] = self.manifest["outputs"]
-
-    def prepare(self, feeds: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], list[str]]:
-        return validate_feeds(self.inputs, feeds)
 
     def _to_device(self, array: np.ndarray) -> Any:
         host = self._tvm_ffi.from_dlpack(array)
@@ -339,14 +365,9 @@ class Runner:
     def _call(self, tensors: list[Any]) -> list[Any]:
         return _flatten(self._main(*tensors))
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        arrays, _ = self.prepare(feeds)
-        results = self._call([self._to_device(a) for a in arrays])
-        return {spec["name"]: self._to_host(r) for spec, r in zip(self.outputs, results)}
-
-    def benchmark(self, feeds: Mapping[str, np.ndarray], warmup: int = 3, repeat: int = 50) -> dict[str, float]:
-        arrays, _ = self.prepare(feeds)
+    def _measure(self, arrays: list[np.ndarray], warmup: int, repeat: int) -> tuple[dict[str, np.ndarray], list[float]]:
         tensors = [self._to_device(a) for a in arrays]  # transfers are not timed
+        outputs = {spec["name"]: self._to_host(r) for spec, r in zip(self.outputs, self._call(tensors))}
         for _ in range(warmup):
             self._call(tensors)
         self._sync()
@@ -356,22 +377,18 @@ class Runner:
             self._call(tensors)
             self._sync()
             times.append(time.perf_counter() - start)
-        batch = int(arrays[0].shape[0]) if arrays and arrays[0].ndim else 1
-        return latency_stats(times, batch)
+        return outputs, times
 
 
-class NativeRunner:
+class NativeRunner(_ArtifactRunner):
     """Runs an artifact through its native runner (runtime/mlc_runner, no Python on the device
     side), under user-mode emulation when it was built for another architecture. Same interface
     as Runner; latency measured under emulation is not a measurement of the device."""
 
     def __init__(self, artifact_dir: str | os.PathLike, verify: bool = True):
-        self.root = Path(artifact_dir)
-        self.manifest = read_manifest(self.root)
-        if verify:
-            verify_files(self.root, self.manifest)
+        super().__init__(artifact_dir, verify)
         runtime = self.manifest["runtime"]
-        if self.manifest["target"].get("device", "cpu") != "cpu":
+        if self.device_kind != "cpu":
             raise ArtifactError("the native runner runs CPU artifacts only; use run.py (Python) for GPU artifacts")
         if not runtime.get("native_runner"):
             raise ArtifactError("this artifact has no native runner; recompile it with a newer mlc")
@@ -383,20 +400,17 @@ class NativeRunner:
             raise EmulatorMissing(f"artifact is for {arch}; to run it on this {HOST_ARCH} machine install {qemu} "
                                 "(apt-get install qemu-user) and the cross toolchain's sysroot, or run it on the device")
         self.emulated = bool(self.prefix)
-        self.inputs: list[dict[str, Any]] = self.manifest["inputs"]
-        self.outputs: list[dict[str, Any]] = self.manifest["outputs"]
 
-    def prepare(self, feeds: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], list[str]]:
-        return validate_feeds(self.inputs, feeds)
-
-    def _execute(self, arrays: list[np.ndarray], repeat: int) -> tuple[dict[str, np.ndarray], list[float]]:
+    def _measure(self, arrays: list[np.ndarray], warmup: int, repeat: int) -> tuple[dict[str, np.ndarray], list[float]]:
+        """One process: the first call's outputs, then warmup + repeat timed calls."""
         with tempfile.TemporaryDirectory(prefix="mlc-native-") as tmp:
             inputs, outputs = Path(tmp) / "in", Path(tmp) / "out"
             inputs.mkdir()
             outputs.mkdir()
             for i, array in enumerate(arrays):
                 np.save(inputs / f"in_{i}.npy", np.ascontiguousarray(array))
-            proc = subprocess.run([*self.prefix, str(self.runner), str(self.root), str(inputs), str(outputs), str(repeat)],
+            proc = subprocess.run([*self.prefix, str(self.runner), str(self.root), str(inputs), str(outputs),
+                                   str(warmup + repeat)],
                                   capture_output=True, text=True)
             if proc.returncode != 0:
                 reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
@@ -404,19 +418,15 @@ class NativeRunner:
             times = json.loads(proc.stdout.strip().splitlines()[-1])["times_ms"]
             results = {spec["name"]: np.load(outputs / f"out_{i}.npy", allow_pickle=False)
                        for i, spec in enumerate(self.outputs)}
-        return results, [t / 1e3 for t in times]
+        return results, [t / 1e3 for t in times[warmup:]]
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        arrays, _ = self.prepare(feeds)
-        return self._execute(arrays, 0)[0]
-
-    def benchmark(self, feeds: Mapping[str, np.ndarray], warmup: int = 3, repeat: int = 50) -> dict[str, float]:
-        arrays, _ = self.prepare(feeds)
-        _, times = self._execute(arrays, warmup + repeat)
-        batch = int(arrays[0].shape[0]) if arrays and arrays[0].ndim else 1
-        stats = latency_stats(times[warmup:] or times, batch)
-        stats["emulated"] = self.emulated
-        return stats
+    def measure(self, feeds, warmup=3, repeat=50):
+        outputs, stats, warnings = super().measure(feeds, warmup, repeat)
+        if self.emulated:
+            warnings.append("ran under qemu emulation: the latency is not a measurement of the device")
+            if stats:
+                stats["emulated"] = True
+        return outputs, stats, warnings
 
 
 def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
@@ -465,8 +475,7 @@ def main(argv: list[str] | None = None, artifact_dir: str | os.PathLike | None =
     try:
         runner = Runner(root)
         feeds = load_npz(args.inputs or root / runner.manifest["reference"]["inputs"])
-        outputs = runner.run(feeds)
-        stats = runner.benchmark(feeds, args.warmup, args.repeat) if args.repeat > 0 else None
+        outputs, stats, _ = runner.measure(feeds, args.warmup, args.repeat)
         if args.outputs:
             save_npz(args.outputs, outputs)
     except (ArtifactError, FeedError) as e:
