@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import hashlib
+import os
 import shlex
 import shutil
 import tempfile
@@ -27,10 +28,11 @@ from mlc.artifacts.manifest import (
     TensorSpec,
 )
 from mlc.check import CheckResult, compare, compare_one, localize, tolerance_for
-from mlc.compiler import runtimes
+from mlc.compiler import frontends, runtimes
 from mlc.compiler.frontends import onnx as onnx_frontend
 from mlc.compiler.passes import onnx as onnx_passes
-from mlc.errors import AccuracyError, CompilerError, InputError, IntegrityError, MissingDependencyError, TargetError
+from mlc.errors import (AccuracyError, CompilerError, InputError, IntegrityError, MissingDependencyError, TargetError,
+                        UnsupportedModelError)
 from mlc.runtime import runner as thin_runtime
 
 DEFAULT_OUTPUT_ROOT = Path("artifacts")
@@ -43,6 +45,7 @@ KERNELS = "kernels"  # generated GPU source, for reading and for upstream bug re
 RUN_ENTRY = "run.py"
 REFERENCE_INPUTS = "reference/inputs.npz"
 REFERENCE_OUTPUTS = "reference/outputs.npz"
+REFERENCE_ONNXRUNTIME = "reference/onnxruntime.npz"  # framework models: ONNX Runtime on the export
 
 # A step reporter: called with a description, returns a context manager around the step.
 StepReporter = Callable[[str], ContextManager[object]]
@@ -85,23 +88,73 @@ def default_output(model_name: str, target_name: str, root: Path = DEFAULT_OUTPU
 
 
 def model_name(source: str) -> str:
-    return models.get(source).name if models.is_zoo(source) else Path(source).stem
-
-
-def _resolve_source(source: str, workdir: Path) -> tuple[Path, SourceInfo]:
-    """A model spec ('path.onnx' or 'zoo:NAME') to an ONNX file on disk and its description."""
     if models.is_zoo(source):
-        zoo_model = models.get(source)
-        path = workdir / f"{zoo_model.name}.onnx"
-        data = zoo_model.build().SerializeToString()
-        path.write_bytes(data)
-        return path, SourceInfo(name=zoo_model.name, path=source, format="onnx", sha256=_sha256_bytes(data))
-    path = Path(source)
-    if path.suffix.lower() not in (".onnx", "") and path.is_file():
-        raise InputError(
-            f"{path.name}: only ONNX models (.onnx) and zoo:NAME are supported for now; export the model to ONNX first"
-        )
-    return path, SourceInfo(name=path.stem, path=str(path.resolve()), format="onnx", sha256="")
+        return models.get(source).name
+    factory = source.rpartition(":")
+    return Path(factory[0]).stem if factory[0].endswith(".py") else Path(source).stem
+
+
+def _source_files(source: str) -> list[Path]:
+    """The files a model spec reads (a file, a folder's files, a Paddle prefix's pair, a factory's .py)."""
+    path = Path(source.rpartition(":")[0] if frontends.detect(source) == "torch" and ".py:" in source else source)
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*") if p.is_file())
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.parent.glob(path.name + ".*") if p.is_file())  # a prefix
+
+
+def source_sha256(source: str) -> str:
+    """sha256 of a model file; of the per-file hashes for a folder or prefix."""
+    files = _source_files(source)
+    if len(files) == 1:
+        return thin_runtime.sha256_file(files[0])
+    return _sha256_bytes("".join(f"{p.name}:{thin_runtime.sha256_file(p)}\n" for p in files).encode())
+
+
+def resolve_framework(source: str, framework: Optional[str]) -> str:
+    """The framework a model spec is read with: --framework, the zoo model's first, or detected."""
+    if framework:
+        name = frontends.resolve_framework(framework)
+        if models.is_zoo(source):
+            models.get(source).builder(name)  # raises when the zoo model does not exist in that framework
+        return name
+    if models.is_zoo(source):
+        return models.get(source).default_framework
+    detected = frontends.detect(source)
+    if detected:
+        return detected
+    if not Path(source).exists():
+        raise InputError(f"model file not found: {source}")
+    if Path(source).is_file() and Path(source).suffix:
+        raise InputError(f"{Path(source).name}: unrecognised model format; mlc reads ONNX (.onnx), PyTorch (.pt2, "
+                         "TorchScript .pt, file.py:factory), TensorFlow (SavedModel folder, .keras, .h5) and Paddle "
+                         "(jit.save prefix) models, or pass --framework")
+    return frontends.ONNX  # no suffix: read as ONNX, which says clearly if it is not
+
+
+def _resolve_source(source: str, workdir: Path, framework: str, dynamic: Optional[dict], input_shapes: Sequence[str],
+                    exporter: str, timed: "_Timer") -> tuple[Path, SourceInfo, Optional[frontends.Converted]]:
+    """A model spec to an ONNX file on disk, its description, and (framework models) the conversion."""
+    zoo = models.is_zoo(source)
+    name = models.get(source).name if zoo else Path(source).stem
+    if framework == frontends.ONNX:
+        if zoo:
+            path = workdir / f"{name}.onnx"
+            data = models.get(source).build().SerializeToString()
+            path.write_bytes(data)
+            return path, SourceInfo(name=name, path=source, format="onnx", sha256=_sha256_bytes(data)), None
+        path = Path(source)
+        return path, SourceInfo(name=path.stem, path=str(path.resolve()), format="onnx", sha256=""), None
+    display = frontends.FRAMEWORKS[framework].display
+    with timed("export", f"Exporting the {display} model to ONNX and running it eagerly"):
+        converted = frontends.convert(source, framework, workdir, dynamic=None if dynamic is None else list(dynamic),
+                                      input_shapes=input_shapes, exporter=exporter)
+    sha = thin_runtime.sha256_file(converted.onnx_path) if zoo else source_sha256(source)
+    info = SourceInfo(name=name, path=source if zoo or ".py:" in source else str(Path(source).resolve()),
+                      format=framework, sha256=sha, framework_version=converted.framework_version,
+                      exporter=converted.exporter, dynamic=converted.dynamic)
+    return converted.onnx_path, info, converted
 
 
 class _Timer:
@@ -132,12 +185,18 @@ class _Prepared:
     cleaned: onnx.ModelProto
     cleaned_path: Path
     notes: list[str]
+    converted: Optional[frontends.Converted] = None  # framework models: the export and eager outputs
 
 
 def _prepare(source: str, input_shapes: Sequence[str], workdir: Path, timed: _Timer,
-             feeds: Optional[Mapping[str, np.ndarray]] = None) -> _Prepared:
+             feeds: Optional[Mapping[str, np.ndarray]] = None, framework: Optional[str] = None,
+             dynamic: Optional[dict] = None, exporter: str = "auto") -> _Prepared:
+    framework = resolve_framework(source, framework)
+    model_path, source_info, converted = _resolve_source(source, workdir, framework, dynamic, input_shapes,
+                                                         exporter, timed)
+    if converted is not None and feeds is None:
+        feeds = converted.feeds  # the inputs the framework ran on
     with timed("load", "Loading the model"):
-        model_path, source_info = _resolve_source(source, workdir)
         model = onnx_frontend.load(model_path)
         if not source_info.sha256:
             source_info.sha256 = thin_runtime.sha256_file(model_path)
@@ -147,11 +206,30 @@ def _prepare(source: str, input_shapes: Sequence[str], workdir: Path, timed: _Ti
         fixed = onnx_frontend.resolve_input_shapes(specs, list(input_shapes))
         if feeds is None:
             feeds = onnx_frontend.make_inputs(specs, onnx_frontend.concrete_shapes(specs, fixed))
+        if converted is not None:
+            # Exports keep batch and seq symbolic, and TVM's importer breaks on their shape arithmetic
+            # (Reshape of a computed shape): compile for the shapes the framework ran on.
+            fixed = {s.name: list(np.shape(feeds[s.name])) for s in specs}
     with timed("onnx_passes", "Folding constants and inferring shapes"):
         cleaned, notes = onnx_passes.clean(onnx_frontend.fix_input_shapes(model, fixed))
         cleaned_path = workdir / "cleaned.onnx"
         onnx.save(cleaned, str(cleaned_path))
-    return _Prepared(model_path, source_info, model, specs, fixed, dict(feeds), cleaned, cleaned_path, notes)
+    notes = (converted.notes if converted else []) + notes
+    return _Prepared(model_path, source_info, model, specs, fixed, dict(feeds), cleaned, cleaned_path, notes, converted)
+
+
+def _reference(prepared: _Prepared) -> tuple[onnx_frontend.Reference, Optional[dict[str, np.ndarray]], Optional[str]]:
+    """The reference the artifact is checked against: ONNX Runtime for ONNX models; for framework
+    models the framework's eager outputs, plus ONNX Runtime's outputs (or its error) on the export."""
+    converted = prepared.converted
+    if converted is None:
+        return onnx_frontend.onnxruntime_reference(prepared.path, prepared.feeds), None, None
+    eager = onnx_frontend.Reference(producer=f"{converted.framework} {converted.framework_version} eager",
+                                    inputs=prepared.feeds, outputs=converted.eager)
+    try:
+        return eager, onnx_frontend.onnxruntime_reference(prepared.path, prepared.feeds).outputs, None
+    except InputError as e:  # the export may be broken; TVM may still get it right, and the check decides
+        return eager, None, str(e)
 
 
 def compile(  # noqa: A001 - the verb users know
@@ -164,8 +242,12 @@ def compile(  # noqa: A001 - the verb users know
     rtol: Optional[float] = None,
     step: StepReporter = _quiet_step,
     isolate: bool = True,
+    framework: Optional[str] = None,
+    dynamic: Sequence[str] = (),
+    exporter: str = "auto",
 ) -> CompileResult:
-    """Compile an ONNX model (or zoo:NAME) for a target into a verified artifact directory.
+    """Compile a model (ONNX, PyTorch, TensorFlow, Paddle, or zoo:NAME) for a target into a
+    verified artifact directory. Framework models are checked against the framework's eager outputs.
 
     Raises MlcError subclasses for anything the user can fix; AccuracyError (exit 3) is not
     raised here: the artifact is written and `result.check` says whether it matches.
@@ -173,25 +255,37 @@ def compile(  # noqa: A001 - the verb users know
     takes the process down)."""
     timed = _Timer(step)
     _check_tolerances(atol, rtol)
+    dynamic_dims = frontends.parse_dynamic(dynamic)
+    framework = resolve_framework(source, framework)
+    frontends.check_exporter(framework, exporter)
     preset = targets.resolve(target)
     runtime, cross = prepare_target(preset)  # a missing toolchain or runtime fails before any heavy work
     macos = preset.runtime_os == "macos"
     final = Path(output) if output else default_output(model_name(source), preset.name)
     artifacts.check_replaceable(final)
     with tempfile.TemporaryDirectory(prefix="mlc-compile-") as scratch:
-        prepared = _prepare(source, input_shapes, Path(scratch), timed)
+        prepared = _prepare(source, input_shapes, Path(scratch), timed, framework=framework, dynamic=dynamic_dims,
+                            exporter=exporter)
         with timed("reference", "Computing reference outputs with ONNX Runtime"):
-            reference = onnx_frontend.onnxruntime_reference(prepared.path, prepared.feeds)
+            reference = _reference(prepared)
         with artifacts.staging_dir(final) as staged:
             with timed("tvm", f"Compiling with TVM for {preset.name} ({preset.tvm.get('mcpu', preset.tvm['kind'])})"):
-                result = compiler.compile_in_worker(prepared.cleaned_path, preset.tvm,
-                                                    library=staged / LIBRARY[preset.runtime_os],
-                                                    isolate=isolate, cross_compiler=cross, kernels_dir=staged / KERNELS,
-                                                    object_dir=staged / OBJECTS if macos else None)
+                try:
+                    result = compiler.compile_in_worker(prepared.cleaned_path, preset.tvm,
+                                                        library=staged / LIBRARY[preset.runtime_os], isolate=isolate,
+                                                        cross_compiler=cross, kernels_dir=staged / KERNELS,
+                                                        object_dir=staged / OBJECTS if macos else None)
+                except CompilerError as e:
+                    if reference[2] is None:
+                        raise
+                    # ONNX Runtime failed on the export too: the export is broken, not TVM.
+                    raise UnsupportedModelError(
+                        f"the ONNX export ({prepared.source.exporter}) is broken at the compiled shapes: "
+                        f"{reference[2]}; TVM: {e}. Try another --exporter or other --input-shape") from None
             timed.timings.update({f"tvm_{k}": round(v, 4) for k, v in result["timings"].items()})
             with timed("package", "Packaging the artifact"):
                 manifest = _package(staged, runtime, preset, prepared, reference, result, timed.timings,
-                                    list(input_shapes), source, target)
+                                    _recipe(source, target, framework, input_shapes, dynamic, exporter))
                 artifacts.publish(staged, final)
     check_result: Optional[CheckResult] = None
     arch = preset.runtime_arch
@@ -210,9 +304,22 @@ def compile(  # noqa: A001 - the verb users know
     return CompileResult(final, manifest, check_result, archive_path, prepared.notes)
 
 
+def _recipe(source: str, target: str, framework: str, input_shapes: Sequence[str], dynamic: Sequence[str],
+            exporter: str) -> dict:
+    """The options that rebuild the artifact, and the command line that passes them."""
+    options = {"target": target, "framework": framework, "input_shapes": list(input_shapes), "dynamic": list(dynamic),
+               "exporter": exporter}
+    argv = ["mlc", "compile", source, "--target", target]
+    if framework != frontends.ONNX:
+        argv += ["--framework", framework]
+    argv += [a for s in input_shapes for a in ("--input-shape", s)] + [a for d in dynamic for a in ("--dynamic", d)]
+    if exporter != "auto":
+        argv += ["--exporter", exporter]
+    return {"options": options, "command": shlex.join(argv)}
+
+
 def _package(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.Target, prepared: _Prepared,
-             reference: onnx_frontend.Reference, result: dict, timings: dict, input_shapes: list[str],
-             source: str, target: str) -> Manifest:
+             reference: tuple, result: dict, timings: dict, recipe: dict) -> Manifest:
     (staged / "runtime").mkdir()
     runtime_library, ffi_library = f"runtime/{runtime.tvm_runtime.name}", f"runtime/{runtime.tvm_ffi.name}"
     shutil.copyfile(runtime.tvm_runtime, staged / runtime_library)
@@ -234,9 +341,12 @@ def _package(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.Targe
         device_libraries.append(f"runtime/{device_library.name}")
     shutil.copyfile(Path(thin_runtime.__file__), staged / RUNTIME_MODULE)
     shutil.copyfile(Path(thin_runtime.__file__).with_name("run_entry.py"), staged / RUN_ENTRY)
+    reference, onnxruntime_outputs, onnxruntime_error = reference
     (staged / "reference").mkdir()
     thin_runtime.save_npz(staged / REFERENCE_INPUTS, reference.inputs)
     thin_runtime.save_npz(staged / REFERENCE_OUTPUTS, reference.outputs)
+    if onnxruntime_outputs is not None:
+        thin_runtime.save_npz(staged / REFERENCE_ONNXRUNTIME, onnxruntime_outputs)
 
     inputs = [
         TensorSpec(name=s.name, dtype=s.dtype, shape=prepared.fixed.get(s.name, s.shape), value_range=s.value_range)
@@ -248,7 +358,6 @@ def _package(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.Targe
     outputs = [
         TensorSpec(name=n, dtype=sig["dtype"], shape=sig["shape"]) for n, sig in zip(out_names, result["outputs"])
     ]
-    recipe = shlex.join(["mlc", "compile", source, "--target", target] + [a for s in input_shapes for a in ("--input-shape", s)])
     manifest = Manifest(
         mlc_version=__version__,
         tvm_version=result["tvm_version"],
@@ -261,15 +370,59 @@ def _package(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.Targe
                             ffi_library=ffi_library, native_runner=NATIVE_RUNNER if runtime.native_runner else None,
                             device_libraries=device_libraries, link=link),
         reference=ReferenceInfo(producer=reference.producer, inputs=REFERENCE_INPUTS,
-                                outputs=REFERENCE_OUTPUTS, seed=reference.seed),
+                                outputs=REFERENCE_OUTPUTS, seed=reference.seed,
+                                onnxruntime=REFERENCE_ONNXRUNTIME if onnxruntime_outputs is not None else None,
+                                onnxruntime_error=onnxruntime_error),
         inputs=inputs,
         outputs=outputs,
-        compile=CompileInfo(options={"target": target, "input_shapes": input_shapes}, timings_s=timings,
+        compile=CompileInfo(options=recipe["options"], timings_s=timings,
                             kernels=result.get("kernels", {}),
-                            recipe=recipe, onnx_nodes={"before": len(prepared.model.graph.node),
+                            recipe=recipe["command"], onnx_nodes={"before": len(prepared.model.graph.node),
                                                           "after": len(prepared.cleaned.graph.node)}),
     )
     return artifacts.seal(staged, manifest)
+
+
+@dataclass
+class ExportResult:
+    path: Path
+    source: SourceInfo
+    conversion: Optional[CheckResult]  # ONNX Runtime on the export vs the framework's eager outputs
+    conversion_error: str = ""
+
+
+def export(source: str, output: str | Path, framework: Optional[str] = None, dynamic: Sequence[str] = (),
+           input_shapes: Sequence[str] = (), exporter: str = "auto", atol: Optional[float] = None,
+           rtol: Optional[float] = None, step: StepReporter = _quiet_step) -> ExportResult:
+    """Convert a framework model (or zoo:NAME) to an ONNX file, and compare ONNX Runtime on it with
+    the framework's eager outputs. Stops before TVM."""
+    _check_tolerances(atol, rtol)
+    output = Path(output)
+    if output.suffix.lower() != ".onnx" or output.is_dir():
+        raise InputError(f"-o {output}: give a file name ending in .onnx")
+    dynamic_dims = frontends.parse_dynamic(dynamic)
+    framework = resolve_framework(source, framework)
+    timed = _Timer(step)
+    with tempfile.TemporaryDirectory(prefix="mlc-export-") as scratch:
+        path, info, converted = _resolve_source(source, Path(scratch), framework, dynamic_dims, input_shapes,
+                                                exporter, timed)
+        onnx_frontend.load(path)  # a broken export is reported here, not written out
+        conversion, error = None, ""
+        if converted is not None:
+            with timed("reference", "Running the export with ONNX Runtime"):
+                try:
+                    ort = onnx_frontend.onnxruntime_reference(path, converted.feeds).outputs
+                    conversion = compare(converted.eager, ort, atol=atol, rtol=rtol)
+                    conversion.reference = f"{converted.framework} {converted.framework_version} eager"
+                except InputError as e:
+                    error = str(e)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        staged = output.with_name(f".{output.name}.{os.getpid()}.tmp")
+        shutil.copyfile(path, staged)
+        staged.replace(output)
+    if not info.sha256:
+        info.sha256 = thin_runtime.sha256_file(output)
+    return ExportResult(output, info, conversion, error)
 
 
 @contextlib.contextmanager
@@ -342,13 +495,23 @@ def check(artifact: str | Path, atol: Optional[float] = None, rtol: Optional[flo
             actual = runner.run(feeds)
     except InputError as e:  # the inputs are the artifact's own: a broken artifact, not a user mistake
         raise IntegrityError(f"the artifact's reference inputs do not fit its model: {e}") from None
-    return compare(reference, actual, atol=atol, rtol=rtol)
+    info = runner.manifest["reference"]
+    result = compare(reference, actual, atol=atol, rtol=rtol)
+    result.reference = info["producer"]
+    if info.get("onnxruntime"):
+        result.conversion = compare(reference, _read_npz(runner.root / info["onnxruntime"]), atol=atol, rtol=rtol)
+    result.conversion_error = info.get("onnxruntime_error") or ""
+    return result
 
 
 def require_pass(result: CheckResult) -> None:
     if not result.passed:
         failed = [o.name for o in result.outputs if not o.passed]
-        raise AccuracyError(f"accuracy check failed for output(s): {', '.join(failed)}")
+        where = ""
+        if result.conversion is not None and not result.conversion.passed:
+            where = ("; ONNX Runtime on the exported ONNX differs from the framework too, so the export lost the "
+                     "accuracy, not TVM (try another --exporter)")
+        raise AccuracyError(f"accuracy check failed for output(s): {', '.join(failed)}{where}")
 
 
 @dataclass
@@ -409,24 +572,25 @@ def _tvm_values(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], preset:
         return {v.name: data[f"out_{i}"] for i, v in enumerate(model.graph.output)}
 
 
-def _debug_source(source: str, target: Optional[str], input_shapes: Sequence[str], inputs):
-    """For an artifact directory: its source model, target, input shapes and reference inputs."""
+def _debug_source(source: str, target: Optional[str], input_shapes: Sequence[str], inputs, framework: Optional[str]):
+    """For an artifact directory: its source model, target, input shapes, reference inputs and framework."""
     path = Path(source)
     if not (path.is_dir() and (path / thin_runtime.MANIFEST).is_file()):
-        return source, target or "x86", list(input_shapes), inputs
+        return source, target or "x86", list(input_shapes), inputs, framework
     manifest = artifacts.load(path)
     origin = manifest.source.path
     if not models.is_zoo(origin):
-        if not Path(origin).is_file():
+        if not _source_files(origin):
             raise InputError(f"artifact {path} was compiled from {origin}, which is not there any more; "
                              f"run `mlc debug MODEL --target {manifest.compile.options.get('target', 'x86')}` on the model file")
-        if thin_runtime.sha256_file(origin) != manifest.source.sha256:
+        if source_sha256(origin) != manifest.source.sha256:
             raise InputError(f"{origin} has changed since artifact {path} was compiled from it; "
                              "run `mlc debug` on the model file itself")
-    shapes = list(input_shapes) or list(manifest.compile.options.get("input_shapes", []))
+    options = manifest.compile.options
+    shapes = list(input_shapes) or list(options.get("input_shapes", []))
     if inputs is None:
         inputs = path / manifest.reference.inputs
-    return origin, target or manifest.compile.options.get("target", "x86"), shapes, inputs
+    return origin, target or options.get("target", "x86"), shapes, inputs, framework or manifest.source.format
 
 
 def debug(
@@ -440,6 +604,7 @@ def debug(
     method: str = "auto",
     isolate: bool = True,
     step: StepReporter = _quiet_step,
+    framework: Optional[str] = None,
 ) -> DebugReport:
     """Find the first node whose compiled output differs from ONNX Runtime.
 
@@ -450,7 +615,7 @@ def debug(
     if method not in ("auto", "exposed", "bisect"):
         raise InputError(f"unknown method '{method}'; use auto, exposed or bisect")
     _check_tolerances(atol, rtol)
-    source, target, input_shapes, inputs = _debug_source(source, target, input_shapes, inputs)
+    source, target, input_shapes, inputs, framework = _debug_source(source, target, input_shapes, inputs, framework)
     preset = targets.resolve(target)
     if (preset.runtime_arch, preset.runtime_os, preset.device) != (runtimes.HOST_ARCH, "linux", "cpu"):
         raise TargetError(f"mlc debug runs the compiled model on this machine's CPU, and target {preset.name} runs "
@@ -463,7 +628,7 @@ def debug(
         feeds = dict(inputs) if isinstance(inputs, Mapping) else _read_npz(inputs)
     with tempfile.TemporaryDirectory(prefix="mlc-debug-") as scratch:
         workdir = Path(scratch)
-        prepared = _prepare(source, input_shapes, workdir, timed, feeds)
+        prepared = _prepare(source, input_shapes, workdir, timed, feeds, framework=framework)
         cleaned, feeds = prepared.cleaned, prepared.feeds
         values = localize.computed_values(cleaned)
         with timed("reference", f"Computing {len(values)} intermediate values with ONNX Runtime"):

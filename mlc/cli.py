@@ -86,6 +86,17 @@ def _check_table(result, title: str) -> Table:
     return table
 
 
+def _print_check(result, prefix: str) -> None:
+    """The compiled model against the reference; for framework models, first the conversion step
+    (ONNX Runtime on the export against the same eager outputs), so a user sees where accuracy went."""
+    if result.conversion is not None:
+        out.print(_check_table(result.conversion, f"{prefix}conversion: ONNX Runtime on the export vs {result.reference}"))
+    elif result.conversion_error:
+        out.print(f"[yellow]conversion: ONNX Runtime could not run the export[/] ({escape(result.conversion_error)})")
+    what = "compilation: the artifact vs" if result.conversion is not None or result.conversion_error else "check against"
+    out.print(_check_table(result, f"{prefix}{what} {result.reference}"))
+
+
 def _latency_line(stats: dict) -> str:
     return (
         f"latency over {stats['runs']} runs: mean {stats['mean_ms']:.3f} ms, p50 {stats['p50_ms']:.3f} ms, "
@@ -94,21 +105,75 @@ def _latency_line(stats: dict) -> str:
     )
 
 
+_MODEL_HELP = ("A model: .onnx; PyTorch .pt2 (torch.export), TorchScript .pt or file.py:factory; TensorFlow SavedModel "
+               "folder, .keras or .h5; Paddle jit.save prefix; or zoo:NAME (see `mlc models`).")
+_FRAMEWORK_OPTION = typer.Option(None, "--framework", "-f",
+                                 help="onnx, torch, tensorflow or paddle [default: detected; for zoo:NAME its first]")
+_DYNAMIC_OPTION = typer.Option([], "--dynamic", help="Dims exported as dynamic: batch,seq or seq=1..512 "
+                                                     "(repeatable) [default: all the model's symbolic dims].")
+_EXPORTER_OPTION = typer.Option("auto", "--exporter", help="PyTorch ONNX exporter: auto (dynamo, falling back to "
+                                                           "TorchScript), dynamo or torchscript.")
+
+
+@app.command("export")
+def export_cmd(
+    model: str = typer.Argument(..., help=_MODEL_HELP),
+    output: Path = typer.Option(..., "--output", "-o", help="The ONNX file to write."),
+    input_shape: List[str] = typer.Option([], "--input-shape", help="Shape for the eager comparison, NAME:1x128."),
+    framework: Optional[str] = _FRAMEWORK_OPTION,
+    dynamic: List[str] = _DYNAMIC_OPTION,
+    exporter: str = _EXPORTER_OPTION,
+    atol: Optional[float] = typer.Option(None, help="Absolute tolerance for the comparison [default: by dtype]."),
+    rtol: Optional[float] = typer.Option(None, help="Relative tolerance for the comparison [default: by dtype]."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Convert a framework model to ONNX (stop before TVM) and compare ONNX Runtime with the framework."""
+    from mlc import api
+
+    result = api.export(model, output, framework=framework, dynamic=dynamic, input_shapes=input_shape,
+                        exporter=exporter, atol=atol, rtol=rtol, step=_step if not as_json else api._quiet_step)
+    conversion = result.conversion
+    if as_json:
+        out.print_json(json.dumps({"onnx": str(result.path), "source": result.source.model_dump(),
+                                   "conversion": conversion.to_json() if conversion else None,
+                                   "conversion_error": result.conversion_error or None}))
+    else:
+        if result.source.exporter:
+            out.print(f"exported with {escape(result.source.exporter)}")
+        if conversion is not None:
+            out.print(_check_table(conversion, f"ONNX Runtime on the export vs {conversion.reference}"))
+        elif result.conversion_error:
+            out.print(f"[yellow]ONNX Runtime could not run the export:[/] {escape(result.conversion_error)}")
+        out.print(f"wrote {result.path}")
+    if conversion is not None:
+        api.require_pass(conversion)
+    elif result.conversion_error:
+        from mlc.errors import AccuracyError
+
+        raise AccuracyError("the exported ONNX model does not run in ONNX Runtime")
+
+
 @app.command("compile")
 def compile_cmd(
-    model: str = typer.Argument(..., help="An .onnx file, or zoo:NAME for a built-in model (see `mlc models`)."),
+    model: str = typer.Argument(..., help=_MODEL_HELP),
     target: List[str] = typer.Option(["x86"], "--target", "-t",
                                      help="Target preset (see `mlc targets`) or TVM target JSON; repeat for several."),
     output: Optional[Path] = typer.Option(None, "--output", "-o",
                                           help="Artifact directory [default: artifacts/MODEL-TARGET]; with several targets, "
                                                "the folder that receives MODEL-TARGET for each."),
     input_shape: List[str] = typer.Option([], "--input-shape", help="Fix an input's shape, NAME:1x128 (repeatable)."),
+    framework: Optional[str] = _FRAMEWORK_OPTION,
+    dynamic: List[str] = _DYNAMIC_OPTION,
+    exporter: str = _EXPORTER_OPTION,
     archive: bool = typer.Option(False, "--archive", help="Also write the artifact as DIR.tar.gz."),
     atol: Optional[float] = typer.Option(None, help="Absolute tolerance for the check [default: by dtype]."),
     rtol: Optional[float] = typer.Option(None, help="Relative tolerance for the check [default: by dtype]."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Compile a model into a verified artifact: compiled library, thin runtime, reference data."""
+    """Compile a model into a verified artifact: compiled library, thin runtime, reference data.
+
+    Models from PyTorch, TensorFlow and Paddle are exported to ONNX and checked against the
+    framework's own eager outputs."""
     from mlc import api, targets
 
     presets = [targets.resolve(t) for t in dict.fromkeys(target)]
@@ -122,7 +187,8 @@ def compile_cmd(
         if len(presets) > 1 and not as_json:
             err.print(f"[bold]== {preset.name}[/]")
         results.append(api.compile(model, target=spec, output=dest, input_shapes=input_shape, archive=archive,
-                                   atol=atol, rtol=rtol, step=_step if not as_json else api._quiet_step))
+                                   atol=atol, rtol=rtol, step=_step if not as_json else api._quiet_step,
+                                   framework=framework, dynamic=dynamic, exporter=exporter))
         _report_compile(results[-1], as_json)
     for result in results:
         if result.check is not None:
@@ -136,12 +202,14 @@ def _report_compile(result, as_json: bool) -> None:
     if as_json:
         out.print_json(json.dumps({"artifact": str(result.path), "archive": str(result.archive) if result.archive else None,
                                    "target": result.manifest.target.name,
-                                   "check": check.to_json() if check else None,
+                                   "check": check.to_json() if check is not None else None,
                                    "timings_s": result.manifest.compile.timings_s}))
         return
     m = result.manifest
-    if check:
-        out.print(_check_table(check, "Check against " + m.reference.producer))
+    if m.source.exporter:
+        out.print(f"exported with {escape(m.source.exporter)}")
+    if check is not None:
+        _print_check(check, "")
     shapes = ", ".join(f"{i.name} {'x'.join(map(str, i.shape))} {i.dtype}" for i in m.inputs)
     size = sum(p.stat().st_size for p in result.path.rglob("*") if p.is_file())
     out.print(f"artifact: {result.path}  ({size / 2**20:.1f} MiB; inputs: {shapes})")
@@ -198,8 +266,7 @@ def check_cmd(
     if as_json:
         out.print_json(json.dumps(result.to_json()))
     else:
-        manifest = json.loads((artifact / "manifest.json").read_text())
-        out.print(_check_table(result, f"{artifact}: check against {manifest['reference']['producer']}"))
+        _print_check(result, f"{artifact}: ")
         out.print("[green]check passed[/]" if result.passed else "[red]check FAILED[/]")
     api.require_pass(result)
 
@@ -257,7 +324,7 @@ def _print_debug(report) -> None:
 
 @app.command("debug")
 def debug_cmd(
-    model: str = typer.Argument(..., help="An .onnx file, zoo:NAME, or an artifact directory (reuses its model, target, shapes, inputs)."),
+    model: str = typer.Argument(..., help="A model (as for compile) or an artifact directory (reuses its model, target, shapes, inputs)."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help="Target preset [default: the artifact's, else x86]."),
     input_shape: List[str] = typer.Option([], "--input-shape", help="Fix an input's shape, NAME:1x128 (repeatable)."),
     inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help=".npz of model inputs [default: seeded reference inputs]."),
@@ -265,13 +332,16 @@ def debug_cmd(
     rtol: Optional[float] = typer.Option(None, help="Relative tolerance [default: by dtype]."),
     extract: Optional[Path] = typer.Option(None, "--extract", help="Write the first diverging node as a small ONNX model with its data here."),
     method: str = typer.Option("auto", help="auto | exposed (one build, every value an output) | bisect (prefix builds)."),
+    framework: Optional[str] = _FRAMEWORK_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Localise the first node whose compiled output differs from ONNX Runtime (exit 3 if any)."""
+    """Localise the first node whose compiled output differs from ONNX Runtime (exit 3 if any).
+    Framework models are exported to ONNX first; the search runs on the export."""
     from mlc import api
 
     report = api.debug(model, target=target, input_shapes=input_shape, inputs=inputs, atol=atol, rtol=rtol,
-                       extract=extract, method=method, step=_step if not as_json else api._quiet_step)
+                       extract=extract, method=method, step=_step if not as_json else api._quiet_step,
+                       framework=framework)
     if as_json:
         out.print_json(json.dumps(report.to_json()))
     else:
@@ -309,11 +379,11 @@ def models_cmd() -> None:
     """List the built-in models (compile them as zoo:NAME)."""
     from mlc.models import ZOO
 
-    table = Table(title="Built-in models (seeded random weights, built in code)")
-    for column in ("name", "framework", "description"):
+    table = Table(title="Built-in models (seeded random weights, built in code); --framework picks one")
+    for column in ("name", "frameworks", "description"):
         table.add_column(column)
     for m in ZOO.values():
-        table.add_row(f"zoo:{m.name}", m.framework, m.description)
+        table.add_row(f"zoo:{m.name}", ", ".join(m.frameworks), m.description)
     out.print(table)
 
 

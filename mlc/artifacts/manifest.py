@@ -36,9 +36,12 @@ class TargetInfo(_Strict):
 class SourceInfo(_Strict):
     name: str
     path: str
-    format: str
+    format: str  # "onnx" or the framework the model came from: "torch", "tensorflow", "paddle"
     sha256: str
-    opset: Optional[int] = None
+    opset: Optional[int] = None  # of the ONNX graph (as exported, for framework models)
+    framework_version: Optional[str] = None
+    exporter: Optional[str] = None  # which ONNX exporter ran, e.g. torch's dynamo exporter or its fallback
+    dynamic: list[str] = Field(default_factory=list)  # dims exported as symbolic
 
 
 class RuntimeInfo(_Strict):
@@ -53,10 +56,14 @@ class RuntimeInfo(_Strict):
 
 
 class ReferenceInfo(_Strict):
-    producer: str  # what computed the reference outputs, with its version
+    producer: str  # what computed the reference outputs, with its version (the framework, eagerly)
     inputs: str
     outputs: str
     seed: int
+    # Framework models: ONNX Runtime's outputs on the exported ONNX, so `mlc check` can report the
+    # conversion error apart from the compilation error; or why ONNX Runtime could not run it.
+    onnxruntime: Optional[str] = None
+    onnxruntime_error: Optional[str] = None
 
 
 class CompileInfo(_Strict):

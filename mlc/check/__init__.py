@@ -48,6 +48,11 @@ class OutputStats:
 @dataclass
 class CheckResult:
     outputs: list[OutputStats] = field(default_factory=list)
+    reference: str = ""  # what computed the reference outputs, e.g. "torch 2.13.0 eager"
+    # For a model exported from a framework: ONNX Runtime on the exported ONNX against the same
+    # reference (the conversion step's error), or why ONNX Runtime could not run it.
+    conversion: Optional["CheckResult"] = None
+    conversion_error: str = ""
 
     @property
     def passed(self) -> bool:
@@ -57,7 +62,11 @@ class CheckResult:
         return self.passed
 
     def to_json(self) -> dict:
-        return {"passed": self.passed, "outputs": [asdict(o) for o in self.outputs]}
+        result = {"passed": self.passed, "reference": self.reference, "outputs": [asdict(o) for o in self.outputs]}
+        if self.conversion is not None or self.conversion_error:
+            result["conversion"] = {"error": self.conversion_error or None,
+                                    **(self.conversion.to_json() if self.conversion else {"passed": False})}
+        return result
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:

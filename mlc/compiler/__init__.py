@@ -66,14 +66,20 @@ def compile_in_worker(
     if not isolate:
         return _check_result(worker.compile_request(request), None)
     request_path = onnx_path.with_name(onnx_path.stem + ".request.json")
+    result, log_path = run_worker("mlc.compiler.worker", request, request_path, "the TVM compile process")
+    return _check_result(result, log_path)
+
+
+def run_worker(module: str, request: dict[str, Any], request_path: Path, what: str) -> tuple[dict[str, Any], Path]:
+    """Run `python -m module REQUEST.json` with its output in a log file; returns the result the
+    worker wrote and the log's path (the caller deletes the log when it is not worth keeping).
+    A crashed worker is a CompilerError naming the log."""
     request_path.write_text(json.dumps(request))
-    with tempfile.NamedTemporaryFile("w", prefix="mlc-tvm-", suffix=".log", delete=False) as log:
+    with tempfile.NamedTemporaryFile("w", prefix="mlc-worker-", suffix=".log", delete=False) as log:
         log_path = Path(log.name)
         try:
-            proc = subprocess.run(
-                [sys.executable, "-m", "mlc.compiler.worker", str(request_path)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )
+            proc = subprocess.run([sys.executable, "-m", module, str(request_path)],
+                                  stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         except BaseException:  # interrupted: nothing to show the user
             log_path.unlink(missing_ok=True)
             raise
@@ -84,8 +90,8 @@ def compile_in_worker(
         else:
             how = f"exited with status {proc.returncode}"
         tail = _log_tail(log_path)
-        raise CompilerError(f"the TVM compile process {how}{': ' + tail if tail else ''} (full log: {log_path})")
-    return _check_result(json.loads(result_path.read_text()), log_path)
+        raise CompilerError(f"{what} {how}{': ' + tail if tail else ''} (full log: {log_path})")
+    return json.loads(result_path.read_text()), log_path
 
 
 def _check_result(result: dict[str, Any], log_path: Optional[Path]) -> dict[str, Any]:

@@ -260,8 +260,10 @@ def onnxruntime_reference(path: Path, inputs: dict[str, np.ndarray]) -> Referenc
     import onnxruntime as ort
 
     ort.set_default_logger_severity(3)
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # failures are reported by the exception, not printed on the terminal
     try:
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]
         values = session.run(names, inputs)
     except Exception as e:  # onnxruntime raises its own untyped exceptions

@@ -1,0 +1,256 @@
+"""PyTorch frontend: torch.export programs (.pt2), TorchScript files, and `file.py:factory`.
+
+Exports with the dynamo ONNX exporter and falls back to the TorchScript exporter when it fails
+(the manifest records which one ran). Imported only inside the frontend worker process."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import re
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from mlc.compiler.frontends.base import FrameworkModel, InputDecl, dim_axes
+from mlc.errors import InputError, UnsupportedModelError
+
+EXPORTED_PROGRAM = (".pt2",)
+TORCHSCRIPT = (".pt", ".pth", ".ts", ".torchscript")
+OPSET = 18  # the dynamo exporter's native opset (17 goes through the version converter)
+TORCHSCRIPT_OPSET = 17
+EXPORTERS = ("auto", "dynamo", "torchscript")
+# The worker handles one request per process and sets this from --exporter (zoo builders take no options).
+default_exporter = "auto"
+
+
+def _factory_spec(source: str) -> Optional[tuple[Path, str]]:
+    path, sep, name = source.rpartition(":")
+    if sep and path.endswith(".py") and name.isidentifier():
+        return Path(path), name
+    return None
+
+
+def detect(source: str) -> bool:
+    return _factory_spec(source) is not None or Path(source).suffix.lower() in EXPORTED_PROGRAM + TORCHSCRIPT
+
+
+def _first_line(e: BaseException) -> str:
+    """The line that says what went wrong: the exporter wraps the cause in a page of advice whose
+    'Exception summary' holds "<class 'Name'>: message"."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()
+    for line in text:
+        cause = re.match(r"<class '(?:[\w]+\.)*(\w+)'>: (.*)", line)
+        if cause:
+            return f"{cause.group(1)}: {cause.group(2)}"[:300]
+    return (text[0] if text else type(e).__name__)[:300]
+
+
+def _flatten(value: Any) -> list[np.ndarray]:
+    """Model outputs (tensor, tuple, dict, transformers ModelOutput...) as numpy, in pytree order:
+    the order both ONNX exporters give the graph outputs."""
+    import torch
+    from torch.utils import _pytree
+
+    return [leaf.detach().cpu().numpy() for leaf in _pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)]
+
+
+def _dtype_name(tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def _default_dims(name: str, tensor) -> list[int | str]:
+    """Axis 0 is the batch; axis 1 of an integer matrix (token ids, masks) is the sequence."""
+    dims: list[int | str] = list(tensor.shape)
+    if dims:
+        dims[0] = "batch"
+    if len(dims) == 2 and not tensor.dtype.is_floating_point:
+        dims[1] = "seq"
+    return dims
+
+
+def from_module(module, example_inputs: Sequence, input_names: Sequence[str],
+                output_names: Optional[Sequence[str]] = None,
+                dims: Optional[dict[str, list[int | str]]] = None, exporter: Optional[str] = None) -> FrameworkModel:
+    """A FrameworkModel for an nn.Module (or ScriptModule) called as module(*example_inputs)."""
+    import torch
+
+    module = module.eval()
+    exporter = exporter or default_exporter
+    examples = tuple(example_inputs)
+    if len(examples) != len(input_names):
+        raise InputError(f"the model takes {len(input_names)} input(s) ({', '.join(input_names)}) "
+                         f"but {len(examples)} example input(s) were given")
+    decls = []
+    sizes: dict[str, int] = {}
+    for name, tensor in zip(input_names, examples):
+        if not isinstance(tensor, torch.Tensor):
+            raise InputError(f"example input {name!r} is a {type(tensor).__name__}; mlc needs tensors")
+        shape = (dims or {}).get(name) or _default_dims(name, tensor)
+        for dim, size in zip(shape, tensor.shape):
+            if isinstance(dim, str):
+                sizes.setdefault(dim, int(size))
+        decls.append(InputDecl(name, _dtype_name(tensor), shape))
+
+    if output_names is None:  # name them, or the exporters number them
+        with torch.no_grad():
+            count = len(_flatten(module(*examples)))
+        output_names = ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
+
+    def export(path: Path, dynamic: set[str]) -> str:
+        axes = {name: {a: d for a, d in per.items() if d in dynamic} for name, per in dim_axes(decls).items()}
+        return _export(module, examples, list(input_names), output_names, axes, path, exporter)
+
+    def eager(inputs: list[np.ndarray]) -> list[np.ndarray]:
+        with torch.no_grad():
+            return _flatten(module(*[torch.from_numpy(np.ascontiguousarray(x)) for x in inputs]))
+
+    return FrameworkModel("torch", decls, sizes, export, eager)
+
+
+def _export(module, examples: tuple, input_names: list[str], output_names, axes: dict[str, dict[int, str]],
+            path: Path, exporter: str) -> str:
+    import torch
+
+    failure = None
+    if exporter in ("auto", "dynamo") and not isinstance(module, torch.jit.ScriptModule):
+        try:
+            shared = {dim: torch.export.Dim(dim) for per in axes.values() for dim in per.values()}
+            # Positional: dict keys would have to be forward()'s parameter names.
+            dynamic_shapes = tuple({a: shared[d] for a, d in axes[name].items()} or None for name in input_names)
+            if not any(dynamic_shapes):
+                dynamic_shapes = None
+            program = torch.onnx.export(module, examples, dynamo=True, input_names=input_names,
+                                        output_names=output_names, dynamic_shapes=dynamic_shapes,
+                                        opset_version=OPSET, verbose=False)
+            program.save(str(path))
+            return f"torch.onnx dynamo exporter (torch {torch.__version__}, opset {OPSET})"
+        except Exception as e:  # the exporter raises many kinds; the TorchScript exporter may still work
+            failure = _first_line(e)
+            if exporter == "dynamo":
+                raise UnsupportedModelError(f"torch's dynamo ONNX exporter failed: {failure}; "
+                                            "try --exporter torchscript") from None
+    try:
+        torch.onnx.export(module, examples, str(path), dynamo=False, input_names=input_names,
+                          output_names=output_names, dynamic_axes={n: a for n, a in axes.items() if a},
+                          opset_version=TORCHSCRIPT_OPSET)
+    except Exception as e:
+        before = f"the dynamo exporter failed ({failure}), then " if failure else ""
+        raise UnsupportedModelError(f"{before}torch's TorchScript ONNX exporter failed: {_first_line(e)}") from None
+    why = f"; the dynamo exporter failed: {failure}" if failure else ""
+    return f"torch.onnx TorchScript exporter (torch {torch.__version__}, opset {TORCHSCRIPT_OPSET}{why})"
+
+
+def _load_factory(path: Path, name: str, exporter: Optional[str]) -> FrameworkModel:
+    if not path.is_file():
+        raise InputError(f"factory file not found: {path}")
+    spec = importlib.util.spec_from_file_location(f"mlc_user_factory_{path.stem}", path)
+    user = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(user)
+    except Exception as e:
+        raise InputError(f"{path} failed to import: {type(e).__name__}: {_first_line(e)}") from None
+    factory = getattr(user, name, None)
+    if not callable(factory):
+        raise InputError(f"{path} has no function {name!r}; write `def {name}(): return module, example_inputs`")
+    try:
+        made = factory()
+    except Exception as e:
+        raise InputError(f"{path}:{name}() raised {type(e).__name__}: {_first_line(e)}") from None
+    if not (isinstance(made, tuple) and len(made) in (2, 3)):
+        raise InputError(f"{path}:{name}() must return (module, example_inputs) or (module, example_inputs, dims)")
+    module, examples, dims = made if len(made) == 3 else (*made, None)
+    import torch
+
+    if not isinstance(module, torch.nn.Module):
+        raise InputError(f"{path}:{name}() returned a {type(module).__name__} where a torch.nn.Module was expected")
+    if isinstance(examples, torch.Tensor):
+        examples = (examples,)
+    if isinstance(examples, dict):
+        names, examples = list(examples), list(examples.values())
+    else:
+        params = [p for p in inspect.signature(module.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        names = [p.name for p in params[:len(examples)]]
+        names += [f"input_{i}" for i in range(len(names), len(examples))]
+    return from_module(module, examples, names, dims=dims, exporter=exporter)
+
+
+def _load_exported_program(path: Path) -> FrameworkModel:
+    import torch
+
+    try:
+        program = torch.export.load(str(path))
+    except Exception as e:
+        raise InputError(f"{path} is not a torch.export program (torch.export.load: {_first_line(e)}); "
+                         "save one with torch.export.save(torch.export.export(model, args), 'model.pt2')") from None
+    args, kwargs = program.example_inputs or ((), {})
+    if kwargs:
+        raise UnsupportedModelError(f"{path}: keyword inputs are not supported; export the program with positional inputs")
+    names = [spec.arg.name for spec in program.graph_signature.input_specs if spec.kind.name == "USER_INPUT"]
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    decls, sizes = [], {}
+    for name, example in zip(names, args):
+        shape = placeholders[name].meta["val"].shape
+        dims = []
+        for axis, (dim, size) in enumerate(zip(shape, example.shape)):
+            if isinstance(dim, torch.SymInt):
+                symbol = "batch" if axis == 0 else str(dim)
+                sizes.setdefault(symbol, int(size))
+                dims.append(symbol)
+            else:
+                dims.append(int(dim))
+        decls.append(InputDecl(name, _dtype_name(example), dims))
+    module = program.module()
+
+    def export(out: Path, dynamic: set[str]) -> str:
+        # The program carries its own dynamic shapes; the dynamo exporter keeps them.
+        try:
+            onnx_program = torch.onnx.export(program, dynamo=True, input_names=names, opset_version=OPSET)
+            onnx_program.save(str(out))
+        except Exception as e:
+            raise UnsupportedModelError(f"torch's dynamo ONNX exporter failed on {path.name}: {_first_line(e)}") from None
+        return f"torch.onnx dynamo exporter on an ExportedProgram (torch {torch.__version__}, opset {OPSET})"
+
+    def eager(inputs: list[np.ndarray]) -> list[np.ndarray]:
+        with torch.no_grad():
+            return _flatten(module(*[torch.from_numpy(np.ascontiguousarray(x)) for x in inputs]))
+
+    return FrameworkModel("torch", decls, sizes, export, eager)
+
+
+def _load_torchscript(path: Path, input_shapes: Sequence[str], exporter: Optional[str]) -> FrameworkModel:
+    import torch
+
+    from mlc.compiler.frontends.onnx import parse_input_shape
+
+    try:
+        module = torch.jit.load(str(path), map_location="cpu")
+    except Exception as e:
+        raise InputError(f"{path} is not a TorchScript file (torch.jit.load: {_first_line(e)}); "
+                         "save one with torch.jit.save(torch.jit.trace(model, args), 'model.pt'), "
+                         "or pass a torch.export program (.pt2) or file.py:factory") from None
+    names = [a.name for a in module.forward.schema.arguments[1:]]
+    shapes = dict(parse_input_shape(text) for text in input_shapes)
+    if None in shapes and len(names) == 1:
+        shapes[names[0]] = shapes.pop(None)
+    missing = [n for n in names if n not in shapes]
+    if missing:
+        raise InputError(f"a TorchScript file does not record input shapes: give --input-shape for "
+                         f"{', '.join(missing)} (e.g. --input-shape {missing[0]}:1x3x224x224); inputs are float32 "
+                         "(for integer inputs use a file.py:factory)")
+    examples = tuple(torch.randn(*shapes[n]) for n in names)
+    return from_module(module, examples, names, exporter=exporter)
+
+
+def open_model(source: str, input_shapes: Sequence[str] = (), exporter: Optional[str] = None) -> FrameworkModel:
+    factory = _factory_spec(source)
+    if factory:
+        return _load_factory(*factory, exporter=exporter)
+    path = Path(source)
+    if not path.is_file():
+        raise InputError(f"model file not found: {path}")
+    if path.suffix.lower() in EXPORTED_PROGRAM:
+        return _load_exported_program(path)
+    return _load_torchscript(path, input_shapes, exporter)

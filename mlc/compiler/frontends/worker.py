@@ -1,0 +1,102 @@
+"""The frontend worker: loads a model in its own framework, exports it to ONNX and records the
+framework's eager outputs on seeded inputs. Run as
+
+    python -m mlc.compiler.frontends.worker REQUEST.json
+
+One framework per process (tensorflow and paddle crash when imported together), and a framework
+crash cannot take mlc down. Writes RESULT (the request path with .result.json) for the parent."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import sys
+import traceback
+from pathlib import Path
+
+MODEL = "model.onnx"
+FEEDS = "feeds.npz"
+EAGER = "eager.npz"
+
+
+def _framework_model(request: dict):
+    from mlc import models
+    from mlc.compiler.frontends.base import FRAMEWORKS
+
+    source, framework = request["source"], request["framework"]
+    if framework == "torch":
+        from mlc.compiler.frontends import torch as torch_frontend
+
+        torch_frontend.default_exporter = request.get("options", {}).get("exporter", "auto")
+    if models.is_zoo(source):
+        return models.get(source).builder(framework)()
+    open_model = FRAMEWORKS[framework].frontend().open_model
+    accepted = inspect.signature(open_model).parameters
+    options = {k: v for k, v in request.get("options", {}).items() if k in accepted}
+    return open_model(source, **options)
+
+
+def _version(framework: str) -> str:
+    from mlc.compiler.frontends.base import FRAMEWORKS
+
+    package = importlib.import_module(FRAMEWORKS[framework].package)
+    return getattr(package, "__version__", "unknown")
+
+
+def convert(request: dict) -> dict:
+    import numpy as np
+    import onnx
+
+    from mlc.compiler.frontends import onnx as onnx_frontend
+    from mlc.errors import InputError
+    from mlc.runtime.runner import save_npz
+
+    out = Path(request["out_dir"])
+    fm = _framework_model(request)
+    symbolic = fm.symbolic_dims()
+    dynamic = request.get("dynamic")
+    dynamic = set(symbolic) if dynamic is None else set(dynamic)
+    unknown = sorted(dynamic - set(symbolic))
+    if unknown:
+        raise InputError(f"--dynamic names {', '.join(unknown)}, which the model does not have; its dims that can be "
+                         f"dynamic are: {', '.join(symbolic) or 'none'}")
+    exporter = fm.export(out / MODEL, dynamic)
+    model = onnx_frontend.load(out / MODEL)
+    specs = onnx_frontend.input_specs(model)
+    fixed = onnx_frontend.resolve_input_shapes(specs, request.get("input_shapes", []))
+    feeds = onnx_frontend.make_inputs(specs, onnx_frontend.concrete_shapes(specs, fixed))
+    outputs = fm.eager([feeds[s.name] for s in specs])
+    names = [o.name for o in model.graph.output]
+    if len(outputs) != len(names):
+        raise InputError(f"the {fm.framework} model returns {len(outputs)} tensors but its ONNX export has "
+                         f"{len(names)} outputs; return a flat tuple of tensors from the model")
+    save_npz(out / FEEDS, feeds)
+    save_npz(out / EAGER, {n: np.asarray(v) for n, v in zip(names, outputs)})
+    return {"ok": True, "framework": fm.framework, "framework_version": _version(fm.framework),
+            "exporter": exporter, "dynamic": sorted(dynamic), "notes": fm.notes,
+            "onnx_opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None),
+            "onnx_nodes": len(model.graph.node), "onnx_ir": onnx.IR_VERSION}
+
+
+def main(argv: list[str]) -> int:
+    from mlc.errors import MlcError
+
+    request_path = Path(argv[0])
+    try:
+        result = convert(json.loads(request_path.read_text()))
+    except MlcError as e:
+        result = {"ok": False, "error": type(e).__name__, "message": str(e)}
+    except Exception as e:  # a framework error we did not foresee: the log has the traceback
+        traceback.print_exc()
+        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+        result = {"ok": False, "error": "framework", "message": f"{type(e).__name__}: {lines[0][:300] if lines else ''}"}
+    result_path = request_path.with_suffix(".result.json")
+    tmp = result_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(result_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,193 @@
+"""PyTorch frontend: zoo models, file.py:factory, torch.export programs and TorchScript files,
+exported to ONNX and checked against torch's eager outputs (conversion and compilation apart)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mlc.api as api
+from mlc.errors import ExitCode, MissingDependencyError
+from conftest import assert_clean_error, run_mlc
+
+torch = pytest.importorskip("torch")
+
+POOL_FACTORY = '''
+import torch
+
+
+class MeanPool(torch.nn.Module):
+    """Averages over the sequence with a Python int: a trace turns the length into a constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.proj(x).sum(dim=1) / int(x.shape[1])
+
+
+def make():
+    torch.manual_seed(0)
+    return MeanPool(), (torch.randn(1, 8, 16),), {"x": ["batch", "seq", 16]}
+
+
+def two_inputs():
+    torch.manual_seed(0)
+
+    class Gate(torch.nn.Module):
+        def forward(self, features, scale):
+            return torch.sigmoid(features) * scale, features.sum(dim=-1)
+
+    return Gate(), (torch.randn(2, 4), torch.randn(2, 4))
+
+
+def broken():
+    raise RuntimeError("weights missing")
+
+
+def not_a_module():
+    return 42, (torch.randn(1),)
+'''
+
+
+@pytest.fixture(scope="module")
+def factory_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("factory") / "models.py"
+    path.write_text(POOL_FACTORY)
+    return path
+
+
+def _manifest(artifact: Path) -> dict:
+    return json.loads((artifact / "manifest.json").read_text())
+
+
+def test_zoo_bert_tiny_is_checked_against_torch_eager(tmp_path):
+    result = api.compile("zoo:bert-tiny", "x86", output=tmp_path / "bert")
+    assert result.check.passed, result.check.to_json()
+    assert result.check.reference.startswith("torch ") and result.check.reference.endswith(" eager")
+    assert result.check.conversion is not None and result.check.conversion.passed
+    source = result.manifest.source
+    assert (source.format, source.name) == ("torch", "bert-tiny")
+    assert "dynamo" in source.exporter and set(source.dynamic) == {"batch", "seq"}
+    # The eager reference is torch's, not ONNX Runtime's: re-run the model in torch and compare.
+    from mlc.models import torch_models
+
+    model = torch_models.bert_tiny()
+    feeds = api._read_npz(result.path / "reference/inputs.npz")
+    eager = model.eager([feeds["input_ids"], feeds["attention_mask"]])
+    stored = api._read_npz(result.path / "reference/outputs.npz")
+    np.testing.assert_array_equal(stored["last_hidden_state"], eager[0])
+    # `mlc check` reports the conversion step and the compilation step separately.
+    proc = run_mlc("check", result.path)
+    assert proc.returncode == 0, proc.stderr
+    assert "conversion: ONNX Runtime on the export vs torch" in proc.stdout
+    assert "compilation: the artifact vs torch" in proc.stdout
+    as_json = json.loads(run_mlc("check", result.path, "--json", check=True).stdout)
+    assert as_json["conversion"]["passed"] and as_json["reference"].endswith("eager")
+
+
+def test_factory_compiles_and_records_recipe(factory_file, tmp_path):
+    result = api.compile(f"{factory_file}:two_inputs", "x86", output=tmp_path / "gate")
+    assert result.check.passed
+    m = _manifest(result.path)
+    assert [i["name"] for i in m["inputs"]] == ["features", "scale"]  # forward()'s parameter names
+    assert [o["name"] for o in m["outputs"]] == ["output_0", "output_1"]
+    assert "--framework torch" in m["compile"]["recipe"]
+
+
+def test_torchscript_trace_is_caught_at_a_new_sequence_length(factory_file, tmp_path):
+    """Traced at seq 8, checked at seq 16: the TorchScript export divides by 8 for ever. ONNX
+    Runtime agrees with TVM, so only the eager reference shows it — and the check must fail."""
+    proc = run_mlc("compile", f"{factory_file}:make", "--exporter", "torchscript", "-o", tmp_path / "pool")
+    assert_clean_error(proc, ExitCode.ACCURACY, "the export lost the accuracy")
+    assert "conversion: ONNX Runtime on the export" in proc.stdout and "FAIL" in proc.stdout
+    # The dynamo exporter (the default) gets the same model right.
+    assert api.compile(f"{factory_file}:make", "x86", output=tmp_path / "pool-dynamo").check.passed
+
+
+def test_export_command_writes_onnx_and_compares(factory_file, tmp_path):
+    out = tmp_path / "gate.onnx"
+    proc = run_mlc("export", f"{factory_file}:two_inputs", "-o", out, "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["conversion"]["passed"] and report["source"]["format"] == "torch"
+    import onnx
+
+    assert [i.name for i in onnx.load(str(out)).graph.input] == ["features", "scale"]
+    # The exported file compiles as a plain ONNX model (checked against ONNX Runtime then).
+    assert api.compile(str(out), "x86", output=tmp_path / "from-onnx").check.passed
+
+
+def test_exported_program_and_torchscript_files(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten()).eval()
+    example = (torch.randn(2, 3, 8, 8),)
+    pt2 = tmp_path / "conv.pt2"
+    torch.export.save(torch.export.export(model, example, dynamic_shapes=({0: torch.export.Dim("b")},)), str(pt2))
+    result = api.compile(str(pt2), "x86", output=tmp_path / "pt2")
+    assert result.check.passed and result.manifest.source.format == "torch"
+    assert "ExportedProgram" in result.manifest.source.exporter
+
+    scripted = tmp_path / "conv.pt"
+    torch.jit.save(torch.jit.trace(model, example), str(scripted))
+    proc = run_mlc("compile", scripted, "-o", tmp_path / "ts")
+    assert_clean_error(proc, ExitCode.USER_ERROR, "does not record input shapes", "--input-shape")
+    result = api.compile(str(scripted), "x86", output=tmp_path / "ts", input_shapes=["1x3x8x8"])
+    assert result.check.passed and result.manifest.inputs[0].shape == [1, 3, 8, 8]
+
+
+@pytest.mark.parametrize("spec, fragments", [
+    ("{factory}:broken", ["broken() raised RuntimeError: weights missing"]),
+    ("{factory}:not_a_module", ["torch.nn.Module was expected"]),
+    ("{factory}:missing", ["has no function 'missing'"]),
+    ("{garbage}.pt2", ["is not a torch.export program"]),
+    ("{garbage}.pt", ["is not a TorchScript file"]),
+    ("{garbage}.bin", ["unrecognised model format"]),
+])
+def test_bad_torch_sources_are_clean_errors(spec, fragments, factory_file, tmp_path):
+    garbage = tmp_path / "model"
+    for suffix in (".pt2", ".pt", ".bin"):
+        garbage.with_suffix(suffix).write_bytes(b"PK\x03\x04 not really a zip" * 10)
+    proc = run_mlc("compile", spec.format(factory=factory_file, garbage=garbage), "-o", tmp_path / "out")
+    assert_clean_error(proc, ExitCode.USER_ERROR, *fragments)
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_framework_options(tmp_path):
+    cases = [
+        (["zoo:bert-base", "--framework", "paddle"], "zoo:bert-base is not built for paddle"),
+        (["zoo:cnn", "--framework", "caffe"], "unknown framework 'caffe'"),
+        (["zoo:mlp", "--framework", "torch", "--dynamic", "seq"], "its dims that can be dynamic are: batch"),
+        (["zoo:mlp", "--framework", "torch", "--dynamic", "batch=9..2"], "1 <= MIN <= MAX"),
+        (["zoo:mlp", "--framework", "torch", "--exporter", "magic"], "unknown exporter 'magic'"),
+    ]
+    for args, fragment in cases:
+        assert_clean_error(run_mlc("compile", *args, "-o", tmp_path / "out"), ExitCode.USER_ERROR, fragment)
+
+
+def test_missing_framework_is_exit_4(monkeypatch, tmp_path):
+    from mlc.compiler.frontends import base
+
+    real = base.importlib.util.find_spec
+    monkeypatch.setattr(base.importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    with pytest.raises(MissingDependencyError, match=r"PyTorch is not installed.*pip install 'mlc\[torch\]'"):
+        api.compile("zoo:mlp", "x86", framework="torch", output=tmp_path / "out")
+
+
+def test_lstm_without_lowering_is_a_clean_unsupported_error(tmp_path):
+    proc = run_mlc("compile", "zoo:lstm", "-o", tmp_path / "lstm")
+    if proc.returncode == 0:
+        pytest.skip("LSTM lowering is in place; covered by the passes tests")
+    assert_clean_error(proc, ExitCode.USER_ERROR, "LSTM")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mlp", "cnn", "resnet18", "resnet50", "bert-base", "lstm", "lstm-lm"])
+def test_every_torch_zoo_model_matches_eager(name, tmp_path):
+    result = api.compile(f"zoo:{name}", "x86", framework="torch", output=tmp_path / name)
+    assert result.check.passed, result.check.to_json()
