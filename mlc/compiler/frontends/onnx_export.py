@@ -1,0 +1,76 @@
+"""Tidying an ONNX file a framework exporter just wrote, so every frontend hands the worker the same
+thing: inputs named and shaped as declared, readable output names, an IR version ONNX Runtime reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence
+
+import onnx
+
+from mlc.compiler.frontends.base import InputDecl
+from mlc.errors import UnsupportedModelError
+
+OPSET = 17
+MAX_IR_VERSION = 8  # ONNX Runtime 1.31 and TVM read IR 8; exporters may write newer
+
+
+def example_sizes_for(inputs: Sequence[InputDecl], given: Optional[dict[str, int]], batch: int = 1,
+                      other: int = 8) -> dict[str, int]:
+    """`given`, plus a trace size for every other symbolic dim: `batch` on axis 0, `other` elsewhere."""
+    sizes = dict(given or {})
+    for decl in inputs:
+        for axis, dim in enumerate(decl.dims):
+            if isinstance(dim, str):
+                sizes.setdefault(dim, batch if axis == 0 else other)
+    return sizes
+
+
+def trace_shape(decl: InputDecl, dynamic: set[str], sizes: dict[str, int]) -> list[Optional[int]]:
+    """The shape an exporter traces: None for a dynamic dim, else its fixed or example size."""
+    return [None if isinstance(d, str) and d in dynamic else sizes[d] if isinstance(d, str) else d for d in decl.dims]
+
+
+def finalize(path: Path, inputs: Sequence[InputDecl], dynamic: set[str], example_sizes: dict[str, int],
+             output_names: Optional[Sequence[str]] = None) -> None:
+    """Rewrite `path` in place: declared dims in `dynamic` symbolic under their own names, the others
+    fixed (exporters name dynamic dims `unk__12`, `p2o.DynamicDimension.0`...)."""
+    model = onnx.load(str(path))
+    # Exporters keep ops they cannot convert under the framework's name (tf2onnx: 'Erfc') and go on.
+    unknown = sorted({n.op_type for n in model.graph.node if not onnx.defs.has(n.op_type, n.domain)})
+    if unknown:
+        raise UnsupportedModelError(f"the exporter could not convert op(s) {', '.join(unknown)} to ONNX; "
+                                    "rewrite them with supported ops (e.g. exact GELU as x*0.5*(1+erf(x/sqrt(2))))")
+    graph_inputs = {v.name: v for v in model.graph.input}
+    for decl in inputs:
+        value = graph_inputs.get(decl.name)
+        if value is None:
+            raise UnsupportedModelError(f"the exporter dropped input '{decl.name}' from the ONNX graph "
+                                        f"(it has: {', '.join(graph_inputs)}); is the input unused by the model?")
+        dims = value.type.tensor_type.shape.dim
+        for dim, want in zip(dims, decl.dims):
+            dim.Clear()
+            if isinstance(want, str) and want in dynamic:
+                dim.dim_param = want
+            else:
+                dim.dim_value = want if isinstance(want, int) else example_sizes[want]
+    if output_names:
+        rename_outputs(model, output_names)
+    model.ir_version = min(model.ir_version, MAX_IR_VERSION)
+    onnx.save(model, str(path))
+
+
+def rename_outputs(model: onnx.ModelProto, names: Sequence[str]) -> None:
+    """Give the graph outputs `names` (same order), e.g. 'logits' for tf2onnx's 'Identity:0'."""
+    if len(names) != len(model.graph.output) or len(set(names)) != len(names):
+        return  # the framework's own names do not fit; keep the exporter's
+    taken = {v for n in model.graph.node for v in n.output} | {v.name for v in model.graph.input}
+    mapping = {o.name: new for o, new in zip(model.graph.output, names) if o.name != new}
+    produced = {v for n in model.graph.node for v in n.output}
+    if any(new in taken for new in mapping.values()) or any(old not in produced for old in mapping):
+        return  # a clash, or an output that is a graph input / initializer itself
+    for node in model.graph.node:
+        node.input[:] = [mapping.get(v, v) for v in node.input]
+        node.output[:] = [mapping.get(v, v) for v in node.output]
+    for value in list(model.graph.output) + list(model.graph.value_info):
+        value.name = mapping.get(value.name, value.name)

@@ -1,0 +1,160 @@
+"""TensorFlow/Keras frontend: a SavedModel directory, a .keras or a .h5 file, converted with tf2onnx.
+
+tf2onnx's `from_keras` breaks on Keras 3, so every model goes through a tf.function whose
+input_signature carries None exactly for the dynamic dims. Runs only in the frontend worker process."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from mlc.compiler.frontends.base import FrameworkModel, InputDecl
+from mlc.compiler.frontends.onnx_export import OPSET, example_sizes_for, finalize, trace_shape
+from mlc.errors import InputError, MissingDependencyError, UnsupportedModelError
+
+KERAS_SUFFIXES = (".keras", ".h5", ".hdf5")
+SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
+INSTALL = "pip install 'mlc[tf]'"
+
+
+def detect(path: str) -> bool:
+    """A SavedModel directory or a Keras file, judged by name and layout (imports nothing)."""
+    p = Path(path)
+    if p.is_dir():
+        return any((p / name).is_file() for name in SAVED_MODEL_FILES)
+    return p.suffix.lower() in KERAS_SUFFIXES
+
+
+def _tf():
+    # Quiet before the import: TF logs from C++ at import time.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # also makes eager results reproducible
+    try:
+        import tensorflow as tf
+    except ImportError:
+        raise MissingDependencyError(f"TensorFlow is not installed; install it with: {INSTALL}") from None
+    tf.get_logger().setLevel(logging.ERROR)
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    return tf
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0][:300]
+
+
+def open_model(path: str) -> FrameworkModel:
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"model not found: {p}")
+    if p.is_dir():
+        if not detect(str(p)):
+            raise InputError(f"{p} is a directory without saved_model.pb; pass a TensorFlow SavedModel "
+                             "directory (model.export(dir) or tf.saved_model.save)")
+        return _open_saved_model(p)
+    if p.suffix.lower() not in KERAS_SUFFIXES:
+        raise InputError(f"{p} is not a TensorFlow model; pass a SavedModel directory, a .keras or a .h5 file")
+    return _open_keras_file(p)
+
+
+def _open_keras_file(path: Path) -> FrameworkModel:
+    _tf()
+    import keras
+
+    try:
+        model = keras.models.load_model(str(path), compile=False)
+    except Exception as e:  # keras raises ValueError, OSError, zipfile and h5py errors alike
+        raise InputError(f"cannot load {path} as a Keras model ({_first_line(e)}); save it again with "
+                         "model.save('model.keras')") from None
+    return from_keras(model)
+
+
+def from_keras(model, inputs: Optional[list[InputDecl]] = None,
+               example_sizes: Optional[dict[str, int]] = None) -> FrameworkModel:
+    """A Keras model, eager = the model called with training=False. Without `inputs`, they come from
+    the model's own Input layers (None dims symbolic)."""
+    if inputs is None:
+        if not getattr(model, "inputs", None):
+            raise UnsupportedModelError("the Keras model has no defined inputs (a subclassed model never called?); "
+                                        "save a functional or Sequential model, or a SavedModel")
+        inputs = [_decl(t.name, t.dtype, t.shape) for t in model.inputs]
+    names = list(getattr(model, "output_names", None) or [])
+    single = len(inputs) == 1
+
+    def call(*args):
+        return model(args[0] if single else list(args), training=False)
+
+    return _framework_model(call, inputs, example_sizes, names)
+
+
+def _open_saved_model(path: Path) -> FrameworkModel:
+    tf = _tf()
+    try:
+        loaded = tf.saved_model.load(str(path))
+    except Exception as e:  # corrupt protobufs and missing variables surface as many exception types
+        raise InputError(f"cannot load the SavedModel in {path} ({_first_line(e)}); export it again") from None
+    signatures = dict(loaded.signatures)
+    if not signatures:
+        raise UnsupportedModelError(f"the SavedModel in {path} has no serving signature; save it with "
+                                    "model.export(dir) or tf.saved_model.save(obj, dir, signatures=...)")
+    key = "serving_default" if "serving_default" in signatures else next(iter(signatures))
+    signature = signatures[key]
+    args, kwargs = signature.structured_input_signature
+    if args:
+        raise UnsupportedModelError("the SavedModel's signature takes positional inputs; mlc needs named ones")
+    names = list(kwargs)
+    inputs = [_decl(name, kwargs[name].dtype, kwargs[name].shape) for name in names]
+    output_names = sorted(signature.structured_outputs)  # the order tf.nest flattens a dict in
+
+    def call(*values):
+        outputs = loaded.signatures[key](**dict(zip(names, values)))  # keeps `loaded` alive
+        return [outputs[name] for name in output_names]
+
+    model = _framework_model(call, inputs, None, output_names)
+    model.notes.append(f"SavedModel signature '{key}'")
+    return model
+
+
+def _decl(name: str, dtype, shape) -> InputDecl:
+    tf = _tf()
+    dims: list[int | str] = []
+    for axis, size in enumerate(list(shape)):
+        if size is None or size < 0:
+            dims.append("batch" if axis == 0 else f"{name}_dim{axis}")
+        else:
+            dims.append(int(size))
+    return InputDecl(name, np.dtype(tf.as_dtype(dtype).as_numpy_dtype).name, dims)
+
+
+def _framework_model(call: Callable, inputs: list[InputDecl], example_sizes: Optional[dict[str, int]],
+                     output_names: Sequence[str]) -> FrameworkModel:
+    tf = _tf()
+    sizes = example_sizes_for(inputs, example_sizes)
+
+    def export(onnx_path: Path, dynamic: set[str]) -> str:
+        try:
+            import tf2onnx
+        except ImportError:
+            raise MissingDependencyError(f"tf2onnx is not installed; install it with: {INSTALL}") from None
+        logging.getLogger("tf2onnx").setLevel(logging.ERROR)
+        signature = [
+            tf.TensorSpec(trace_shape(decl, dynamic, sizes), tf.as_dtype(decl.dtype), name=decl.name) for decl in inputs
+        ]
+        function = tf.function(lambda *args: call(*args), input_signature=signature)
+        try:
+            tf2onnx.convert.from_function(function, input_signature=signature, opset=OPSET,
+                                          output_path=str(onnx_path))
+        except Exception as e:  # tf2onnx raises bare exceptions for unconvertible ops
+            raise UnsupportedModelError(f"tf2onnx cannot convert the model: {_first_line(e)}") from None
+        finalize(Path(onnx_path), inputs, dynamic, sizes, output_names)
+        return f"tf2onnx {tf2onnx.__version__} (tf.function, opset {OPSET})"
+
+    def eager(values: list[np.ndarray]) -> list[np.ndarray]:
+        tensors = [tf.constant(np.asarray(v, dtype=decl.dtype)) for v, decl in zip(values, inputs)]
+        return [np.asarray(t) for t in tf.nest.flatten(call(*tensors))]
+
+    return FrameworkModel("tensorflow", inputs, sizes, export, eager)
