@@ -5,8 +5,11 @@ imported together, and neither may enter the pytest process).
 
 JOBS_JSON is a list of jobs, each {"id", "kind", ...}:
   {"kind": "zoo", "framework": "tensorflow", "name": "cnn", "shapes": {...}}  build a zoo model
-  {"kind": "save", "framework": ..., "name": "cnn", "format": "keras", "path": ...}  save it as a file
+  {"kind": "save", "framework": ..., "name": "cnn", "path": ...}  save it as a file (see models' save())
   {"kind": "open", "framework": ..., "path": ...}  open_model() on a file
+  {"kind": "truncate", "src": PATH, "path": PATH}  write the first half of a file saved earlier
+  {"kind": "legacy_paddle", "path": PREFIX}  a static-graph MLP saved as PREFIX.pdmodel (needs
+      FLAGS_enable_pir_api=0 in the environment: Paddle 3 picks its IR at import)
 zoo and open jobs export OUT_DIR/ID.onnx (every symbolic dim dynamic) and write ID.inputs.npz (seeded
 feeds as mlc makes them) and ID.eager.npz (the framework's eager outputs). OUT_DIR/results.json maps
 each id to {"ok", "exporter", "inputs", "outputs"} or {"ok": false, "error", "message"}."""
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -46,18 +51,39 @@ def export_and_run(model, out: Path, job_id: str, shapes: dict) -> dict:
 
 
 def run(job: dict, out: Path) -> dict:
-    framework = job["framework"]
+    framework = job.get("framework")
     if job["kind"] == "zoo":
         model = getattr(importlib.import_module(ZOO_MODULES[framework]), job["name"])()
         return export_and_run(model, out, job["id"], job.get("shapes", {}))
     if job["kind"] == "save":
-        importlib.import_module(ZOO_MODULES[framework]).save(job["name"], job["format"], job["path"])
+        importlib.import_module(ZOO_MODULES[framework]).save(job["name"], job["path"])
         return {"ok": True}
     if job["kind"] == "open":
         frontend = importlib.import_module(FRONTENDS[framework])
         return {"detect": frontend.detect(job["path"]),
                 **export_and_run(frontend.open_model(job["path"]), out, job["id"], job.get("shapes", {}))}
+    if job["kind"] == "truncate":
+        data = Path(job["src"]).read_bytes()
+        Path(job["path"]).write_bytes(data[: len(data) // 2])
+        return {"ok": True}
+    if job["kind"] == "legacy_paddle":
+        save_legacy_paddle_mlp(job["path"])
+        return {"ok": True}
     raise ValueError(job["kind"])
+
+
+def save_legacy_paddle_mlp(prefix: str) -> None:
+    import paddle
+
+    paddle.enable_static()
+    paddle.seed(0)
+    main_program, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main_program, startup):
+        x = paddle.static.data("x", [None, 16], "float32")
+        y = paddle.static.nn.fc(paddle.static.nn.fc(x, 32, activation="relu"), 4)
+    executor = paddle.static.Executor(paddle.CPUPlace())
+    executor.run(startup)
+    paddle.static.save_inference_model(prefix, [x], [y], executor, program=main_program)
 
 
 def main() -> None:
@@ -71,7 +97,54 @@ def main() -> None:
         except Exception as e:  # a framework exception escaping the frontend is a bug the test reports
             results[job["id"]] = {"ok": False, "error": "uncaught " + type(e).__name__,
                                   "message": traceback.format_exc()[-2000:]}
+    results["_env"] = {"POLYGRAPHY_AUTOINSTALL_DEPS": os.environ.get("POLYGRAPHY_AUTOINSTALL_DEPS")}
     (out / "results.json").write_text(json.dumps(results, indent=1))
+
+
+# ---- used by the tests, in the pytest process (no framework imports) ----
+
+def run_jobs(out: Path, jobs: list[dict], env: dict | None = None) -> dict:
+    """Run `jobs` in a child process; returns results.json."""
+    repo = str(Path(__file__).resolve().parent.parent)
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]), **(env or {})}
+    proc = subprocess.run([sys.executable, __file__, str(out), json.dumps(jobs)], capture_output=True, text=True,
+                          env=environment, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "results.json").read_text())
+
+
+def load_case(out: Path, job_id: str) -> tuple[onnx.ModelProto, dict, dict]:
+    """(the exported ONNX, the seeded inputs, the eager outputs) of a zoo or open job."""
+    return (onnx.load(str(out / f"{job_id}.onnx")), dict(np.load(out / f"{job_id}.inputs.npz")),
+            dict(np.load(out / f"{job_id}.eager.npz")))
+
+
+def max_errors(actual: dict, expected: dict) -> dict[str, float]:
+    assert list(actual) == list(expected), (list(actual), list(expected))
+    for name in expected:
+        assert actual[name].shape == expected[name].shape, (name, actual[name].shape, expected[name].shape)
+    return {name: float(np.max(np.abs(actual[name].astype(np.float64) - expected[name]))) for name in expected}
+
+
+def ort_outputs(out: Path, job_id: str) -> dict:
+    import onnxruntime as ort
+
+    _, inputs, _ = load_case(out, job_id)
+    session = ort.InferenceSession(str(out / f"{job_id}.onnx"), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, inputs)))
+
+
+def compiled_outputs(out: Path, job_id: str, artifact: Path, static: bool) -> dict:
+    """Compile the exported ONNX for x86 and run the artifact on the seeded inputs. `static` fixes the
+    input shapes to the inputs' (TVM's importer fails on BERT's dynamic seq dim; see TVM_NOTES)."""
+    import mlc.api as api
+
+    _, inputs, _ = load_case(out, job_id)
+    shapes = [f"{name}:{'x'.join(map(str, value.shape))}" for name, value in inputs.items()] if static else []
+    result = api.compile(str(out / f"{job_id}.onnx"), "x86", output=artifact, input_shapes=shapes)
+    assert result.check is not None and result.check.passed, result.check
+    return api.run(result.path, inputs=inputs, warmup=0, repeat=0).outputs
 
 
 if __name__ == "__main__":

@@ -110,10 +110,10 @@ def bert_tiny() -> FrameworkModel:
     return tf_frontend.from_keras(bert_tiny_model(), inputs, {"batch": 1, "seq": 8})
 
 
-def save(name: str, fmt: str, path: str) -> None:
-    """Save zoo model `name` as a user would: fmt 'keras', 'h5' or 'savedmodel' (a directory)."""
+def save(name: str, path: str) -> None:
+    """Save zoo model `name` as a user would: a .keras or .h5 file, else a SavedModel directory."""
     model = globals()[f"{name}_model"]()
-    if fmt == "savedmodel":
-        model.export(path, verbose=False)
-    else:
+    if path.endswith((".keras", ".h5")):
         model.save(path)
+    else:
+        model.export(path, verbose=False)

@@ -104,17 +104,13 @@ def bert_tiny() -> FrameworkModel:
                                       ["last_hidden_state", "pooler_output"])
 
 
-def save(name: str, fmt: str, prefix: str) -> None:
-    """Save zoo model `name` with paddle.jit.save, as a user would (batch dynamic). fmt 'json' is
-    Paddle 3's default program format; 'pdmodel' the legacy one."""
+def save(name: str, prefix: str) -> None:
+    """Save zoo model `name` with paddle.jit.save, as a user would (batch dynamic): PREFIX.json and
+    PREFIX.pdiparams, or the legacy PREFIX.pdmodel when FLAGS_enable_pir_api=0 is set before paddle starts."""
     paddle = _paddle()
     model = globals()[name]()
     layer = globals()[f"{name}_layer"]()
     layer.eval()
     spec = [paddle.static.InputSpec(trace_shape(decl, {"batch"}, model.example_sizes), decl.dtype, decl.name)
             for decl in model.inputs]
-    if fmt == "pdmodel":
-        with paddle.pir_utils.OldIrGuard():
-            paddle.jit.save(layer, prefix, input_spec=spec)
-    else:
-        paddle.jit.save(layer, prefix, input_spec=spec)
+    paddle.jit.save(layer, prefix, input_spec=spec)

@@ -7,6 +7,7 @@ import contextlib
 import io
 import os
 import re
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -66,21 +67,52 @@ def open_model(path: str) -> FrameworkModel:
     paddle = _paddle()
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            layer = paddle.jit.load(str(prefix))
-            specs = layer._input_spec()
+            if model_file.suffix == ".pdmodel":
+                specs, run = _load_legacy(paddle, prefix)
+            else:
+                specs, run = _load_jit(paddle, prefix)
     except Exception as e:  # corrupt programs and parameters raise many exception types
         raise InputError(f"cannot load the Paddle model {prefix} ({_first_line(e)}); save it again with "
                          "paddle.jit.save") from None
-    inputs = []
-    for spec in specs:
-        dims: list[int | str] = ["batch" if axis == 0 else f"{spec.name}_dim{axis}" if d is None or d < 0 else int(d)
-                                 for axis, d in enumerate(spec.shape)]
-        inputs.append(InputDecl(spec.name, _dtype_name(spec.dtype), dims))
+    inputs = [InputDecl(name, _dtype_name(dtype), ["batch" if axis == 0 else f"{name}_dim{axis}"
+                                                   if d is None or d < 0 else int(d) for axis, d in enumerate(shape)])
+              for name, shape, dtype in specs]
 
     def convert(onnx_path: Path, dynamic: set[str]) -> None:
         _convert(model_file, params, onnx_path)
 
-    return _framework_model(layer, inputs, None, convert, None)
+    return _framework_model(run, inputs, None, convert, None)
+
+
+def _load_jit(paddle, prefix: Path):
+    """A PIR program (PREFIX.json): paddle.jit.load runs it in dygraph mode."""
+    layer = paddle.jit.load(str(prefix))
+    return [(s.name, list(s.shape), s.dtype) for s in layer._input_spec()], _layer_runner(paddle, layer)
+
+
+def _load_legacy(paddle, prefix: Path):
+    """A legacy program (PREFIX.pdmodel): Paddle 3 runs it only in static mode under the old IR."""
+    executor = paddle.static.Executor(paddle.CPUPlace())
+    with _static_old_ir(paddle):
+        program, feeds, fetches = paddle.static.load_inference_model(str(prefix), executor)
+        block = program.global_block()
+        specs = [(name, list(block.var(name).shape), block.var(name).dtype) for name in feeds]
+
+    def run(values: list[np.ndarray]) -> list:
+        with _static_old_ir(paddle):
+            return executor.run(program, feed=dict(zip(feeds, values)), fetch_list=fetches)
+
+    return specs, run
+
+
+@contextlib.contextmanager
+def _static_old_ir(paddle):
+    paddle.enable_static()
+    try:
+        with paddle.pir_utils.OldIrGuard():
+            yield
+    finally:
+        paddle.disable_static()
 
 
 def from_layer(layer, inputs: list[InputDecl], example_sizes: Optional[dict[str, int]] = None,
@@ -103,7 +135,15 @@ def from_layer(layer, inputs: list[InputDecl], example_sizes: Optional[dict[str,
             _, model_file, params = _files(str(prefix))
             _convert(model_file, params, onnx_path)
 
-    return _framework_model(layer, inputs, sizes, convert, output_names)
+    return _framework_model(_layer_runner(paddle, layer), inputs, sizes, convert, output_names)
+
+
+def _layer_runner(paddle, layer) -> Callable[[list[np.ndarray]], list]:
+    def run(values: list[np.ndarray]) -> list:
+        with paddle.no_grad():
+            return [t.numpy() for t in _flatten(layer(*[paddle.to_tensor(v) for v in values]))]
+
+    return run
 
 
 def _convert(model_file: Path, params: Path, onnx_path: Path) -> None:
@@ -116,7 +156,7 @@ def _convert(model_file: Path, params: Path, onnx_path: Path) -> None:
     try:
         # paddle2onnx prints its log and calls sys.exit() on a failed conversion. optimize_tool
         # "None": its default, polygraphy, may pip-install packages at run time.
-        with contextlib.redirect_stdout(log):
+        with contextlib.redirect_stdout(log), _native_stdout_to_stderr():
             paddle2onnx.export(str(model_file), str(params) if params.is_file() else "", str(onnx_path),
                                opset_version=OPSET, optimize_tool="None", verbose=False)
     except (Exception, SystemExit) as e:
@@ -125,6 +165,19 @@ def _convert(model_file: Path, params: Path, onnx_path: Path) -> None:
         raise UnsupportedModelError(f"paddle2onnx cannot convert {model_file.name}: {reason[:300]}") from None
     if not Path(onnx_path).is_file():
         raise UnsupportedModelError(f"paddle2onnx wrote no ONNX file for {model_file.name}")
+
+
+@contextlib.contextmanager
+def _native_stdout_to_stderr():
+    """paddle2onnx's C++ part prints progress to fd 1, which may carry the worker's results."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _dtype_name(dtype) -> str:
@@ -139,9 +192,10 @@ def _flatten(value) -> list:
     return [value]
 
 
-def _framework_model(layer, inputs: list[InputDecl], example_sizes: Optional[dict[str, int]],
-                     convert: Callable[[Path, set[str]], None], output_names: Optional[list[str]]) -> FrameworkModel:
-    paddle = _paddle()
+def _framework_model(run: Callable[[list[np.ndarray]], list], inputs: list[InputDecl],
+                     example_sizes: Optional[dict[str, int]], convert: Callable[[Path, set[str]], None],
+                     output_names: Optional[list[str]]) -> FrameworkModel:
+    """`run`: the framework on numpy inputs of the declared dtypes, outputs flattened."""
     sizes = example_sizes_for(inputs, example_sizes)
 
     def export(onnx_path: Path, dynamic: set[str]) -> str:
@@ -152,9 +206,6 @@ def _framework_model(layer, inputs: list[InputDecl], example_sizes: Optional[dic
         return f"paddle2onnx {paddle2onnx.__version__} (opset {OPSET})"
 
     def eager(values: list[np.ndarray]) -> list[np.ndarray]:
-        tensors = [paddle.to_tensor(np.asarray(v, dtype=decl.dtype)) for v, decl in zip(values, inputs)]
-        with paddle.no_grad():
-            outputs = layer(*tensors)
-        return [np.asarray(t.numpy()) for t in _flatten(outputs)]
+        return [np.asarray(out) for out in run([np.asarray(v, dtype=d.dtype) for v, d in zip(values, inputs)])]
 
     return FrameworkModel("paddle", inputs, sizes, export, eager)

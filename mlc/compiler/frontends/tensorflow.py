@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import zipfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -62,6 +63,9 @@ def open_model(path: str) -> FrameworkModel:
 
 
 def _open_keras_file(path: Path) -> FrameworkModel:
+    if path.suffix.lower() == ".keras" and not zipfile.is_zipfile(path):  # Keras would say "file not found"
+        raise InputError(f"{path} is not a Keras archive (a .keras file is a zip); save it again with "
+                         "model.save('model.keras')")
     _tf()
     import keras
 
