@@ -7,7 +7,7 @@ JOBS_JSON is a list of jobs, each {"id", "kind", ...}:
   {"kind": "zoo", "framework": "tensorflow", "name": "cnn", "shapes": {...}}  build a zoo model
   {"kind": "save", "framework": ..., "name": "cnn", "path": ...}  save it as a file (see models' save())
   {"kind": "open", "framework": ..., "path": ...}  open_model() on a file
-  {"kind": "truncate", "src": PATH, "path": PATH}  write the first half of a file saved earlier
+  {"kind": "truncate", "src": PATH, "path": PATH, "keep": 0.5}  copy the first part of a file saved earlier
   {"kind": "legacy_paddle", "path": PREFIX}  a static-graph MLP saved as PREFIX.pdmodel (needs
       FLAGS_enable_pir_api=0 in the environment: Paddle 3 picks its IR at import)
 zoo and open jobs export OUT_DIR/ID.onnx (every symbolic dim dynamic) and write ID.inputs.npz (seeded
@@ -64,7 +64,7 @@ def run(job: dict, out: Path) -> dict:
                 **export_and_run(frontend.open_model(job["path"]), out, job["id"], job.get("shapes", {}))}
     if job["kind"] == "truncate":
         data = Path(job["src"]).read_bytes()
-        Path(job["path"]).write_bytes(data[: len(data) // 2])
+        Path(job["path"]).write_bytes(data[: int(len(data) * job.get("keep", 0.5))])
         return {"ok": True}
     if job["kind"] == "legacy_paddle":
         save_legacy_paddle_mlp(job["path"])

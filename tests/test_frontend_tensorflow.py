@@ -41,8 +41,9 @@ def jobs(tmp_path_factory):
              for name, path in saves]
     plan += [{"id": f"open {path}", "kind": "open", "framework": FW, "path": str(files / path)}
              for _, path in saves]
-    plan += [{"id": f"truncate {path}", "kind": "truncate", "src": str(files / path), "path": str(files / f"truncated.{path.split('.')[-1]}")}
-             for path in ("cnn.keras", "cnn.h5")]
+    for suffix in ("keras", "h5"):  # after the saves, in the same process
+        plan.append({"id": f"truncate {suffix}", "kind": "truncate", "src": str(files / f"cnn.{suffix}"),
+                     "path": str(files / f"truncated.{suffix}")})
     bad = ["random.h5", "random.keras", "model.txt", "corrupt_sm", "truncated.keras", "truncated.h5", "missing.keras"]
     plan += [{"id": f"open {p}", "kind": "open", "framework": FW, "path": str(files / p)} for p in bad]
     return out, run_jobs(out, plan)
