@@ -4,7 +4,8 @@ imported together, and neither may enter the pytest process).
     python tests/framework_jobs.py OUT_DIR JOBS_JSON
 
 JOBS_JSON is a list of jobs, each {"id", "kind", ...}:
-  {"kind": "zoo", "framework": "tensorflow", "name": "cnn", "shapes": {...}}  build a zoo model
+  {"kind": "zoo", "framework": "tensorflow", "name": "cnn", "shapes": {...}, "dynamic": [...]}  build a
+      zoo model (the export keeps the dims in "dynamic" symbolic, by default all; fixed inputs with "shapes")
   {"kind": "save", "framework": ..., "name": "cnn", "path": ...}  save it as a file (see models' save())
   {"kind": "open", "framework": ..., "path": ...}  open_model() on a file
   {"kind": "truncate", "src": PATH, "path": PATH, "keep": 0.5}  copy the first part of a file saved earlier
@@ -34,9 +35,9 @@ ZOO_MODULES = {"tensorflow": "mlc.models.keras_models", "paddle": "mlc.models.pa
 FRONTENDS = {"tensorflow": "mlc.compiler.frontends.tensorflow", "paddle": "mlc.compiler.frontends.paddle"}
 
 
-def export_and_run(model, out: Path, job_id: str, shapes: dict) -> dict:
+def export_and_run(model, out: Path, job_id: str, shapes: dict, dynamic: list | None = None) -> dict:
     onnx_path = out / f"{job_id}.onnx"
-    exporter = model.export(onnx_path, set(model.symbolic_dims()))
+    exporter = model.export(onnx_path, set(model.symbolic_dims() if dynamic is None else dynamic))
     graph = onnx.load(str(onnx_path))
     specs = onnx_frontend.input_specs(graph)
     assert [s.name for s in specs] == [d.name for d in model.inputs], (specs, model.inputs)
@@ -54,7 +55,7 @@ def run(job: dict, out: Path) -> dict:
     framework = job.get("framework")
     if job["kind"] == "zoo":
         model = getattr(importlib.import_module(ZOO_MODULES[framework]), job["name"])()
-        return export_and_run(model, out, job["id"], job.get("shapes", {}))
+        return export_and_run(model, out, job["id"], job.get("shapes", {}), job.get("dynamic"))
     if job["kind"] == "save":
         importlib.import_module(ZOO_MODULES[framework]).save(job["name"], job["path"])
         return {"ok": True}

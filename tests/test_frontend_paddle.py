@@ -36,6 +36,8 @@ def jobs(tmp_path_factory):
     legacy = run_jobs(out, [{"id": "save legacy", "kind": "legacy_paddle", "path": str(files / "legacy")}],
                       env={"FLAGS_enable_pir_api": "0"})
     plan = [{"id": name, "kind": "zoo", "framework": FW, "name": name, "shapes": SHAPES.get(name, {})} for name in ZOO]
+    plan.append({"id": "bert_tiny seq fixed", "kind": "zoo", "framework": FW, "name": "bert_tiny",
+                 "dynamic": ["batch"]})
     plan += [{"id": f"save {name}", "kind": "save", "framework": FW, "name": name, "path": str(files / name)}
              for name in ("cnn", "bert_tiny")]
     # Whole program + half the weights, and half the program + whole weights.
@@ -75,6 +77,18 @@ def test_zoo_dims_are_named(jobs):
             for v in load_case(out, "bert_tiny")[0].graph.input}
     assert dims == {"input_ids": ["batch", "seq"], "attention_mask": ["batch", "seq"]}
     assert [o.name for o in load_case(out, "bert_tiny")[0].graph.output] == ["last_hidden_state", "pooler_output"]
+
+
+def test_dims_left_out_of_dynamic_are_fixed_at_the_example_sizes(jobs):
+    out, results = jobs
+    job = "bert_tiny seq fixed"
+    assert results[job]["ok"], results[job]
+    model, inputs, eager = load_case(out, job)
+    assert [[d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.input] \
+        == [["batch", 8], ["batch", 8]]
+    assert inputs["input_ids"].shape == (2, 8)
+    errors = max_errors(ort_outputs(out, job), eager)
+    assert max(errors.values()) < 1e-4, errors
 
 
 @pytest.mark.parametrize("name,static", [

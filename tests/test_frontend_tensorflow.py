@@ -35,8 +35,10 @@ def jobs(tmp_path_factory):
     (files / "model.txt").write_text("not a model")
     (files / "corrupt_sm").mkdir()
     (files / "corrupt_sm" / "saved_model.pb").write_bytes(np.random.default_rng(2).bytes(512))
-    saves = [("cnn", "cnn.keras"), ("cnn", "cnn.h5"), ("lstm", "lstm_savedmodel")]
+    saves = [("cnn", "cnn.keras"), ("cnn", "cnn.h5"), ("lstm", "lstm_savedmodel"), ("bert_tiny", "bert_custom.keras")]
     plan = [{"id": name, "kind": "zoo", "framework": FW, "name": name, "shapes": SHAPES.get(name, {})} for name in ZOO]
+    plan.append({"id": "bert_tiny seq fixed", "kind": "zoo", "framework": FW, "name": "bert_tiny",
+                 "dynamic": ["batch"]})
     plan += [{"id": f"save {path}", "kind": "save", "framework": FW, "name": name, "path": str(files / path)}
              for name, path in saves]
     plan += [{"id": f"open {path}", "kind": "open", "framework": FW, "path": str(files / path)}
@@ -72,6 +74,18 @@ def test_zoo_dims_are_named(jobs):
     assert [d.dim_param or d.dim_value for d in load_case(out, "cnn")[0].graph.input[0].type.tensor_type.shape.dim] \
         == ["batch", 3, 32, 32]
     assert [o.name for o in load_case(out, "bert_tiny")[0].graph.output] == ["last_hidden_state", "pooler_output"]
+
+
+def test_dims_left_out_of_dynamic_are_fixed_at_the_example_sizes(jobs):
+    out, results = jobs
+    job = "bert_tiny seq fixed"
+    assert results[job]["ok"], results[job]
+    model, inputs, eager = load_case(out, job)
+    assert [[d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.input] \
+        == [["batch", 8], ["batch", 8]]
+    assert inputs["input_ids"].shape == (2, 8)
+    errors = max_errors(ort_outputs(out, job), eager)
+    assert max(errors.values()) < 1e-4, errors
 
 
 @pytest.mark.parametrize("name,static", [
@@ -116,6 +130,13 @@ def test_bad_files_give_input_error(jobs, path, fragment):
     result = results[f"open {path}"]
     assert result["ok"] is False and result["error"] == "InputError", result
     assert fragment in result["message"] and "\n" not in result["message"], result
+
+
+def test_custom_layers_point_to_savedmodel(jobs):
+    _, results = jobs
+    result = results["open bert_custom.keras"]  # bert_tiny has a custom layer and a Python activation
+    assert result["ok"] is False and result["error"] == "UnsupportedModelError", result
+    assert "model.export" in result["message"], result
 
 
 def test_detect_imports_nothing(tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import zipfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -72,7 +73,13 @@ def _open_keras_file(path: Path) -> FrameworkModel:
     try:
         model = keras.models.load_model(str(path), compile=False)
     except Exception as e:  # keras raises ValueError, OSError, zipfile and h5py errors alike
-        raise InputError(f"cannot load {path} as a Keras model ({_first_line(e)}); save it again with "
+        reason = _first_line(e)
+        if re.search(r"custom|Could not locate|Lambda|deserializ", reason):
+            # Custom layers need their Python code, and Lambda layers unsafe deserialization: a
+            # SavedModel carries the traced graph instead.
+            raise UnsupportedModelError(f"{path} needs Python code mlc does not have ({reason}); export a "
+                                        "SavedModel with model.export('saved_dir') and pass that directory") from None
+        raise InputError(f"cannot load {path} as a Keras model ({reason}); save it again with "
                          "model.save('model.keras')") from None
     return from_keras(model)
 
