@@ -19,6 +19,8 @@ FW = "paddle"
 ZOO = ["cnn", "lstm", "lstm_lm", "bert_tiny"]
 # The inputs mlc feeds (batch 2, other symbolic dims 16); lstm_lm at seed 001's batch of 128.
 SHAPES = {"lstm_lm": {"tokens": [128, 50]}}
+# Tokens over the whole vocabulary (mlc's own feeds may stay in 0..3 when it cannot see the embedding).
+VOCAB = {"lstm": {"tokens": 1000}, "lstm_lm": {"tokens": 10001}, "bert_tiny": {"input_ids": 1000}}
 LSTM_OPS = {"lstm": 1, "lstm_lm": 3}  # one ONNX LSTM per layer of nn.LSTM: what the LSTM lowering expects
 NO_LSTM_LOWERING = "TVM's ONNX importer has no LSTM converter; the ONNX pass lowering LSTM is not in yet"
 
@@ -35,7 +37,8 @@ def jobs(tmp_path_factory):
     (files / "plain.json").write_text('{"not": "a paddle program"}')
     legacy = run_jobs(out, [{"id": "save legacy", "kind": "legacy_paddle", "path": str(files / "legacy")}],
                       env={"FLAGS_enable_pir_api": "0"})
-    plan = [{"id": name, "kind": "zoo", "framework": FW, "name": name, "shapes": SHAPES.get(name, {})} for name in ZOO]
+    plan = [{"id": name, "kind": "zoo", "framework": FW, "name": name, "shapes": SHAPES.get(name, {}),
+             "vocab": VOCAB.get(name, {})} for name in ZOO]
     plan.append({"id": "bert_tiny seq fixed", "kind": "zoo", "framework": FW, "name": "bert_tiny",
                  "dynamic": ["batch"]})
     plan += [{"id": f"save {name}", "kind": "save", "framework": FW, "name": name, "path": str(files / name)}

@@ -20,6 +20,8 @@ FW = "tensorflow"
 ZOO = ["cnn", "lstm", "lstm_lm", "bert_tiny"]
 # The inputs mlc feeds (batch 2, other symbolic dims 16); lstm_lm at seed 001's batch of 128.
 SHAPES = {"lstm_lm": {"tokens": [128, 50]}}
+# Tokens over the whole vocabulary (mlc's own feeds may stay in 0..3 when it cannot see the embedding).
+VOCAB = {"lstm": {"tokens": 1000}, "lstm_lm": {"tokens": 10001}, "bert_tiny": {"input_ids": 1000}}
 LSTM_OPS = {"lstm": 1, "lstm_lm": 3}  # one ONNX LSTM per Keras LSTM layer: what the LSTM lowering expects
 NO_LSTM_LOWERING = "TVM's ONNX importer has no LSTM converter; the ONNX pass lowering LSTM is not in yet"
 
@@ -36,13 +38,14 @@ def jobs(tmp_path_factory):
     (files / "corrupt_sm").mkdir()
     (files / "corrupt_sm" / "saved_model.pb").write_bytes(np.random.default_rng(2).bytes(512))
     saves = [("cnn", "cnn.keras"), ("cnn", "cnn.h5"), ("lstm", "lstm_savedmodel"), ("bert_tiny", "bert_custom.keras")]
-    plan = [{"id": name, "kind": "zoo", "framework": FW, "name": name, "shapes": SHAPES.get(name, {})} for name in ZOO]
+    plan = [{"id": name, "kind": "zoo", "framework": FW, "name": name, "shapes": SHAPES.get(name, {}),
+             "vocab": VOCAB.get(name, {})} for name in ZOO]
     plan.append({"id": "bert_tiny seq fixed", "kind": "zoo", "framework": FW, "name": "bert_tiny",
                  "dynamic": ["batch"]})
     plan += [{"id": f"save {path}", "kind": "save", "framework": FW, "name": name, "path": str(files / path)}
              for name, path in saves]
-    plan += [{"id": f"open {path}", "kind": "open", "framework": FW, "path": str(files / path)}
-             for _, path in saves]
+    plan += [{"id": f"open {path}", "kind": "open", "framework": FW, "path": str(files / path),
+              "vocab": VOCAB.get(name, {})} for name, path in saves]
     for suffix in ("keras", "h5"):  # after the saves, in the same process
         plan.append({"id": f"truncate {suffix}", "kind": "truncate", "src": str(files / f"cnn.{suffix}"),
                      "path": str(files / f"truncated.{suffix}")})
