@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from framework_jobs import compiled_outputs, load_case, max_errors, ort_outputs, run_jobs
+from framework_jobs import assert_matches, compiled_outputs, load_case, ort_outputs, run_jobs
 
 from mlc.compiler.frontends import paddle as frontend
 
@@ -70,8 +70,7 @@ def test_zoo_export_matches_eager(jobs, name):
     ops = [n.op_type for n in model.graph.node]
     assert ops.count("LSTM") == LSTM_OPS.get(name, 0), sorted(set(ops))
     assert not {"Loop", "Scan"} & set(ops)
-    errors = max_errors(ort_outputs(out, name), eager)
-    assert max(errors.values()) < 1e-4, errors
+    assert_matches(ort_outputs(out, name), eager)
 
 
 def test_zoo_dims_are_named(jobs):
@@ -90,8 +89,7 @@ def test_dims_left_out_of_dynamic_are_fixed_at_the_example_sizes(jobs):
     assert [[d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.input] \
         == [["batch", 8], ["batch", 8]]
     assert inputs["input_ids"].shape == (2, 8)
-    errors = max_errors(ort_outputs(out, job), eager)
-    assert max(errors.values()) < 1e-4, errors
+    assert_matches(ort_outputs(out, job), eager)
 
 
 @pytest.mark.parametrize("name,static", [
@@ -102,8 +100,7 @@ def test_dims_left_out_of_dynamic_are_fixed_at_the_example_sizes(jobs):
 def test_zoo_compiles_and_matches_eager(jobs, tmp_path, name, static):
     out, _ = jobs
     _, _, eager = load_case(out, name)
-    errors = max_errors(compiled_outputs(out, name, tmp_path / "artifact", static), eager)
-    assert max(errors.values()) < 1e-4, errors
+    assert_matches(compiled_outputs(out, name, tmp_path / "artifact", static), eager)
 
 
 @pytest.mark.parametrize("source", ["cnn", "bert_tiny.json", "legacy.pdmodel"])
@@ -113,8 +110,7 @@ def test_saved_prefixes(jobs, source):
     assert results[job]["ok"] and results[job]["detect"], results[job]
     assert results[job]["dims"][0][0] == "batch"  # None in the saved InputSpec -> symbolic "batch"
     _, inputs, eager = load_case(out, job)
-    errors = max_errors(ort_outputs(out, job), eager)
-    assert max(errors.values()) < 1e-4, errors
+    assert_matches(ort_outputs(out, job), eager)
     if source == "cnn":  # jit.load runs the zoo model's saved weights: same inputs, same outputs
         _, zoo_inputs, zoo_eager = load_case(out, "cnn")
         np.testing.assert_array_equal(inputs["image"], zoo_inputs["image"])

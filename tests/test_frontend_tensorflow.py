@@ -9,7 +9,7 @@ import zipfile
 
 import numpy as np
 import pytest
-from framework_jobs import compiled_outputs, load_case, max_errors, ort_outputs, run_jobs
+from framework_jobs import assert_matches, compiled_outputs, load_case, ort_outputs, run_jobs
 
 from mlc.compiler.frontends import tensorflow as frontend
 
@@ -65,8 +65,7 @@ def test_zoo_export_matches_eager(jobs, name):
     ops = [n.op_type for n in model.graph.node]
     assert ops.count("LSTM") == LSTM_OPS.get(name, 0), sorted(set(ops))
     assert not {"Loop", "Scan"} & set(ops)
-    errors = max_errors(ort_outputs(out, name), eager)
-    assert max(errors.values()) < 1e-4, errors
+    assert_matches(ort_outputs(out, name), eager)
 
 
 def test_zoo_dims_are_named(jobs):
@@ -87,8 +86,7 @@ def test_dims_left_out_of_dynamic_are_fixed_at_the_example_sizes(jobs):
     assert [[d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.input] \
         == [["batch", 8], ["batch", 8]]
     assert inputs["input_ids"].shape == (2, 8)
-    errors = max_errors(ort_outputs(out, job), eager)
-    assert max(errors.values()) < 1e-4, errors
+    assert_matches(ort_outputs(out, job), eager)
 
 
 @pytest.mark.parametrize("name,static", [
@@ -99,8 +97,7 @@ def test_dims_left_out_of_dynamic_are_fixed_at_the_example_sizes(jobs):
 def test_zoo_compiles_and_matches_eager(jobs, tmp_path, name, static):
     out, _ = jobs
     _, _, eager = load_case(out, name)
-    errors = max_errors(compiled_outputs(out, name, tmp_path / "artifact", static), eager)
-    assert max(errors.values()) < 1e-4, errors
+    assert_matches(compiled_outputs(out, name, tmp_path / "artifact", static), eager)
 
 
 @pytest.mark.parametrize("path,zoo", [("cnn.keras", "cnn"), ("cnn.h5", "cnn"), ("lstm_savedmodel", "lstm")])
@@ -110,8 +107,7 @@ def test_file_sources(jobs, path, zoo):
     assert results[f"save {path}"]["ok"], results[f"save {path}"]
     assert results[job]["ok"] and results[job]["detect"], results[job]
     _, inputs, eager = load_case(out, job)
-    errors = max_errors(ort_outputs(out, job), eager)
-    assert max(errors.values()) < 1e-4, errors
+    assert_matches(ort_outputs(out, job), eager)
     # The file holds the zoo model's weights: same inputs, same eager outputs.
     _, zoo_inputs, zoo_eager = load_case(out, zoo)
     assert all(np.array_equal(a, b) for a, b in zip(inputs.values(), zoo_inputs.values()))
