@@ -54,10 +54,29 @@ def finalize(path: Path, inputs: Sequence[InputDecl], dynamic: set[str], example
                 dim.dim_param = want
             else:
                 dim.dim_value = want if isinstance(want, int) else example_sizes[want]
+    _constants_to_initializers(model)
     if output_names:
         rename_outputs(model, output_names)
     model.ir_version = min(model.ir_version, MAX_IR_VERSION)
     onnx.save(model, str(path))
+
+
+def _constants_to_initializers(model: onnx.ModelProto) -> None:
+    """paddle2onnx writes weights as Constant nodes; as initializers mlc sees them as weights (e.g.
+    the embedding table whose size bounds the token ids it feeds)."""
+    graph_outputs = {o.name for o in model.graph.output}
+    keep = []
+    for node in model.graph.node:
+        value = next((a.t for a in node.attribute if a.name == "value"), None) if node.op_type == "Constant" else None
+        if value is None or len(node.attribute) != 1 or node.output[0] in graph_outputs:
+            keep.append(node)
+            continue
+        tensor = onnx.TensorProto()
+        tensor.CopyFrom(value)
+        tensor.name = node.output[0]
+        model.graph.initializer.append(tensor)
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
 
 
 def rename_outputs(model: onnx.ModelProto, names: Sequence[str]) -> None:
