@@ -62,3 +62,13 @@ def test_cosine_detects_sign_flip():
     ref = np.linspace(-1, 1, 100).astype(np.float32)
     stats = compare({"y": ref}, {"y": -ref}).outputs[0]
     assert stats.cosine_similarity < -0.99 and not stats.passed
+
+
+def test_default_atol_scales_down_for_small_outputs():
+    """Logits of a seeded model can all be below 1e-3: a fixed atol of 1e-4 would pass a 50% error."""
+    ref = (np.random.default_rng(0).standard_normal(1000) * 1e-3).astype(np.float32)
+    wrong = ref * 1.5
+    stats = compare({"y": ref}, {"y": wrong}).outputs[0]
+    assert not stats.passed and stats.atol < 1e-6
+    assert compare({"y": ref}, {"y": wrong}, atol=1e-2).passed  # an explicit --atol is taken as given
+    assert compare({"y": ref}, {"y": ref + 1e-9}).passed

@@ -139,13 +139,21 @@ def _sanitize_dim(name: str) -> str:
     return re.sub(r"\W", "_", name) or "dim"
 
 
+# Ops through which token ids keep their meaning on the way to a Gather: casts and reshapes, and the
+# negative-index wrap Keras exports (ids < 0 -> Where/Mul/Add ids + vocab).
+_INDEX_PRESERVING = {"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Where", "Add", "Mul", "Mod",
+                     "Clip", "Max", "Min"}
+
+
 def _attach_index_ranges(model: onnx.ModelProto, specs: list[InputSpec]) -> None:
     """Integer inputs that are Gather indices into a constant table get that table's range."""
     tables = {init.name: list(init.dims) for init in model.graph.initializer}
-    aliases = {s.name: s.name for s in specs}  # value name -> graph input it comes from (through Casts)
-    for node in model.graph.node:
-        if node.op_type == "Cast" and node.input[0] in aliases:
-            aliases[node.output[0]] = aliases[node.input[0]]
+    aliases = {s.name: s.name for s in specs}  # value name -> the graph input its values come from
+    for node in model.graph.node:  # topological order
+        if node.op_type in _INDEX_PRESERVING and node.output:
+            source = next((aliases[i] for i in node.input if i in aliases), None)
+            if source is not None:
+                aliases[node.output[0]] = source
     by_name = {s.name: s for s in specs}
     for node in model.graph.node:
         if node.op_type != "Gather" or len(node.input) < 2 or node.input[1] not in aliases:
