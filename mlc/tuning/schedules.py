@@ -1,0 +1,61 @@
+"""Relax -> executable with schedules: tuned ones from a MetaSchedule database, rule-based defaults
+for the rest. Imports tvm (used by the compile and tuning workers only).
+
+The pipeline is TVM's CPU pipeline split in two: legalize + fuse (the same preparation MetaSchedule's
+task extraction does, so database keys match), then the database, then default rules for kernels
+the database does not cover, then lowering."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+SCHEDULED = "tirx.is_scheduled"
+
+
+def extract_tasks(mod, target):
+    from tvm.s_tir import meta_schedule as ms
+
+    tasks = ms.relax_integration.extract_tasks(mod, target, module_equality="structural")
+    return [t for t in tasks if not t.dispatched[0]["main"].attrs or
+            not t.dispatched[0]["main"].attrs.get(SCHEDULED, False)]
+
+
+def _kernels(mod) -> dict[str, bool]:
+    import tvm
+
+    return {gv.name_hint: bool(f.attrs and f.attrs.get(SCHEDULED, False))
+            for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+
+
+def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool) -> tuple[Any, dict[str, list[str]]]:
+    """Compile `mod`; returns the executable and which kernels were {tuned, default, unscheduled}."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+    from tvm.s_tir import meta_schedule as ms
+
+    from mlc.tuning import rules
+
+    target = tvm.target.Target(target_json)
+    report: dict[str, list[str]] = {"tuned": [], "default": [], "unscheduled": []}
+
+    @tvm.transform.module_pass(opt_level=0)
+    def pipeline(mod, _ctx):
+        with target:
+            mod = tvm.transform.Sequential(cpu.library_dispatch_passes(target) + cpu.legalize_passes(target))(mod)
+            before = _kernels(mod)
+            if db_dir:
+                database = ms.database.JSONDatabase(work_dir=db_dir, module_equality="structural")
+                with database:
+                    mod = relax.transform.MetaScheduleApplyDatabase()(mod)
+            tuned = {k for k, v in _kernels(mod).items() if v and not before.get(k, False)}
+            if default:
+                mod = rules.apply_default_schedules(mod, target)
+            after = _kernels(mod)
+            for name, scheduled in sorted(after.items()):
+                kind = "tuned" if name in tuned else ("default" if scheduled else "unscheduled")
+                report[kind].append(name)
+            return tvm.transform.Sequential(cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target))(mod)
+
+    executable = tvm.compile(mod, target=target, relax_pipeline=pipeline)
+    return executable, report

@@ -1,0 +1,265 @@
+"""The tuning worker: runs MetaSchedule in a child process (`python -m mlc.tuning.worker REQUEST.json`).
+
+Why in-process builds and measurements: MetaSchedule's LocalBuilder starts fresh worker processes
+for every batch of candidates, and each imports tvm (~10 s) and `tvm.s_tir.tensor_intrin` (1-3 min
+here). This worker builds candidates with `tvm.compile` in its own process and times them with
+`time_evaluator` in the same process, so start-up is paid once. A crashing candidate kills only this
+child; every measured record is already in the JSON database, so a rerun loses nothing.
+
+Progress goes to an events file as JSON lines (the parent draws the progress bar); TVM's own log
+goes to the log file the parent gave as stdout/stderr."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+_stop = {"requested": False}
+
+
+def _request_stop(_signum, _frame) -> None:
+    # A flag, not an exception: raising inside a callback that C++ called would abort the tuner.
+    _stop["requested"] = True
+
+
+class Events:
+    def __init__(self, path: str):
+        self.file = open(path, "a", buffering=1)
+
+    def emit(self, kind: str, **data) -> None:
+        self.file.write(json.dumps({"event": kind, "t": time.time(), **data}) + "\n")
+        self.file.flush()
+
+
+def make_builder(keep_in_memory: bool):
+    """Builds candidates in this process. With `keep_in_memory` the runtime module stays in a dict
+    (keyed by a fake artifact path) for the in-process runner; else it is exported as a .tar for
+    an RPC runner to upload."""
+    import tvm
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    from mlc.compiler.worker import summarize
+
+    @derived_object
+    class InProcessBuilder(ms.builder.PyBuilder):
+        def __init__(self):
+            super().__init__()
+            self.modules = {}
+            self.count = 0
+
+        def build(self, build_inputs):
+            results = []
+            for item in build_inputs:
+                try:
+                    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(item.mod)
+                    rt_mod = tvm.compile(mod, target=item.target)
+                    if keep_in_memory:
+                        self.count += 1
+                        key = f"mlc-in-memory-{self.count}"
+                        self.modules[key] = rt_mod
+                    else:
+                        key = ms.builder.local_builder.default_export(rt_mod)
+                    results.append(ms.builder.BuilderResult(key, None))
+                except Exception as e:  # a candidate that does not build is a failed trial, not a crash
+                    results.append(ms.builder.BuilderResult(None, f"build failed: {summarize(e)}"))
+            return results
+
+    return InProcessBuilder()
+
+
+def make_runner(builder, repeat: int = 3):
+    """Times candidates in this process (what LocalRunner does in its worker)."""
+    import tvm
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.runner.utils import alloc_argument_common, run_evaluator_common
+
+    from mlc.compiler.worker import summarize
+
+    config = ms.runner.EvaluatorConfig(number=1, repeat=repeat, min_repeat_ms=20, enable_cpu_cache_flush=False)
+    random_fill = tvm.get_global_func("tvm.contrib.random.random_fill_for_measure", allow_missing=True)
+
+    def fill(tensor):  # random_fill needs TVM's random contrib; zeros still time the kernel
+        if random_fill is not None:
+            random_fill(tensor)
+
+    @derived_object
+    class Future(ms.runner.PyRunnerFuture):
+        def __init__(self, result):
+            super().__init__()
+            self.res = result
+
+        def done(self):
+            return True
+
+        def result(self):
+            return self.res
+
+    @derived_object
+    class InProcessRunner(ms.runner.PyRunner):
+        def run(self, runner_inputs):
+            futures = []
+            device = tvm.cpu()
+            for item in runner_inputs:
+                rt_mod = builder.modules.pop(str(item.artifact_path), None)
+                try:
+                    args = alloc_argument_common(fill, device, [a.as_json() for a in item.args_info], 1)
+                    costs = run_evaluator_common(rt_mod, device, config, args)
+                    result = ms.runner.RunnerResult(costs, None)
+                except Exception as e:
+                    result = ms.runner.RunnerResult(None, f"run failed: {summarize(e)}")
+                futures.append(Future(result))
+            return futures
+
+    return InProcessRunner()
+
+
+def make_rpc_runner(tracker: str, key: str, timeout: int):
+    from tvm.s_tir import meta_schedule as ms
+
+    host, port = tracker.rsplit(":", 1)
+    config = ms.runner.RPCConfig(tracker_host=host, tracker_port=int(port), tracker_key=key, session_timeout_sec=timeout)
+    evaluator = ms.runner.EvaluatorConfig(number=1, repeat=3, min_repeat_ms=20, enable_cpu_cache_flush=False)
+    return ms.runner.RPCRunner(rpc_config=config, evaluator_config=evaluator, max_workers=1, timeout_sec=timeout)
+
+
+def task_key(task) -> str:
+    """A stable id for a task's workload (the database keys records by the same hash)."""
+    import tvm
+
+    return f"{tvm.ir.structural_hash(task.dispatched[0]) & 0xFFFFFFFFFFFF:012x}"
+
+
+def _progress_callback(events: Events, names: list[str], start: float, budget_s: float | None, best: dict):
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir import meta_schedule as ms
+
+    @derived_object
+    class Progress(ms.measure_callback.PyMeasureCallback):
+        def __init__(self):
+            super().__init__()
+            self.trials = 0
+            self.errors = 0
+
+        def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
+            for b, r in zip(builder_results, runner_results):
+                self.trials += 1
+                if b.error_msg is not None or r.error_msg is not None:
+                    self.errors += 1
+                    continue
+                latency_us = 1e6 * sum(float(x) for x in r.run_secs) / len(r.run_secs)
+                if names[task_id] not in best or latency_us < best[names[task_id]]:
+                    best[names[task_id]] = latency_us
+            events.emit("measured", task=names[task_id], trials=len(builder_results), best_us=best.get(names[task_id]),
+                        errors=self.errors)
+            out_of_time = budget_s is not None and time.time() - start >= budget_s
+            if out_of_time or _stop["requested"]:
+                # Ends every task after this batch; the database already holds what was measured.
+                for i in range(len(names)):
+                    task_scheduler.terminate_task(i)
+
+    return Progress()
+
+
+def database_best(database, tasks) -> dict[int, float]:
+    """Best measured latency (us) per task index already in the database."""
+    best = {}
+    for i, task in enumerate(tasks):
+        mod = task.dispatched[0]
+        if not database.has_workload(mod):
+            continue
+        workload = database.commit_workload(mod)
+        records = database.get_top_k(workload, 1)
+        if records and records[0].run_secs:
+            secs = [float(x) for x in records[0].run_secs]
+            best[i] = 1e6 * sum(secs) / len(secs)
+    return best
+
+
+def count_records(database, tasks) -> dict[int, int]:
+    counts = {}
+    for i, task in enumerate(tasks):
+        mod = task.dispatched[0]
+        if database.has_workload(mod):
+            counts[i] = len(database.get_top_k(database.commit_workload(mod), 1 << 30))
+    return counts
+
+
+def tune_request(request: dict) -> dict:
+    import onnx
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from mlc.compiler import importer
+    from mlc.tuning import schedules
+
+    events = Events(request["events"])
+    start = time.time()
+    target = tvm.target.Target(request["target"])
+    mod = importer.to_relax(onnx.load(request["onnx"]))
+    tasks = schedules.extract_tasks(mod, target)
+    names = [t.task_name for t in tasks]
+    database = ms.database.JSONDatabase(work_dir=request["db"], module_equality="structural")
+    done = count_records(database, tasks)
+    prior_best = database_best(database, tasks)
+    events.emit("tasks", tasks=[{"name": t.task_name, "weight": int(t.weight), "key": task_key(t),
+                                 "trials_done": done.get(i, 0), "best_us": prior_best.get(i)}
+                                for i, t in enumerate(tasks)], setup_s=time.time() - start)
+    if not tasks:
+        return {"ok": True, "tasks": 0, "trials": 0}
+    # --trials is the total the database should hold for this model: a rerun continues from there.
+    per_task = request["trials_per_task"]
+    remaining = [max(0, per_task - done.get(i, 0)) for i in range(len(tasks))]
+    todo = [i for i, r in enumerate(remaining) if r > 0]
+    if not todo:
+        events.emit("finished", trials=0, reason="already tuned")
+        return {"ok": True, "tasks": len(tasks), "trials": 0}
+    contexts, _ = ms.relax_integration.extracted_tasks_to_tune_contexts(
+        [tasks[i] for i in todo], work_dir=request["logs"], strategy="evolutionary", num_threads=request["threads"],
+        seed=request.get("seed"))
+    builder = make_builder(keep_in_memory=not request.get("rpc"))
+    if request.get("rpc"):
+        runner = make_rpc_runner(request["rpc"]["tracker"], request["rpc"]["key"], request["rpc"].get("timeout", 60))
+    else:
+        runner = make_runner(builder)
+    best = {names[i]: v for i, v in prior_best.items()}
+    progress = _progress_callback(events, [names[i] for i in todo], start, request.get("budget_s"), best)
+    batch = max(1, min(request["trials_per_iter"], per_task))
+    ms.tune_tasks(
+        tasks=contexts, task_weights=[float(tasks[i].weight) for i in todo], work_dir=request["logs"],
+        max_trials_global=sum(remaining), max_trials_per_task=max(remaining), num_trials_per_iter=batch,
+        builder=builder, runner=runner, database=database, cost_model=request.get("cost_model", "xgb"),
+        measure_callbacks=[ms.measure_callback.AddToDatabase(), ms.measure_callback.UpdateCostModel(), progress],
+        task_scheduler="round-robin" if request.get("round_robin") else "gradient",
+    )
+    reason = "interrupted" if _stop["requested"] else (
+        "budget" if request.get("budget_s") and time.time() - start >= request["budget_s"] else "trials")
+    events.emit("finished", trials=progress.trials, errors=progress.errors, reason=reason)
+    return {"ok": True, "tasks": len(tasks), "trials": progress.trials, "reason": reason}
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, _request_stop)
+    signal.signal(signal.SIGTERM, _request_stop)
+    request_path = Path(argv[0])
+    from mlc.compiler.worker import summarize
+
+    try:
+        result = tune_request(json.loads(request_path.read_text()))
+    except Exception as e:
+        traceback.print_exc()
+        result = {"ok": False, "message": summarize(e)}
+    tmp = request_path.with_suffix(".result.tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(request_path.with_suffix(".result.json"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
