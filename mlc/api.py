@@ -17,7 +17,7 @@ from typing import Callable, ContextManager, Mapping, Optional, Sequence
 import numpy as np
 import onnx
 
-from mlc import __version__, artifacts, compiler, models, targets
+from mlc import __version__, artifacts, compiler, models, targets, tuning
 from mlc.artifacts.manifest import (
     CompileInfo,
     Manifest,
@@ -190,7 +190,7 @@ class _Prepared:
 
 def _prepare(source: str, input_shapes: Sequence[str], workdir: Path, timed: _Timer,
              feeds: Optional[Mapping[str, np.ndarray]] = None, framework: Optional[str] = None,
-             dynamic: Optional[dict] = None, exporter: str = "auto") -> _Prepared:
+             dynamic: Optional[dict] = None, exporter: str = "auto", static: bool = False) -> _Prepared:
     framework = resolve_framework(source, framework)
     model_path, source_info, converted = _resolve_source(source, workdir, framework, dynamic, input_shapes,
                                                          exporter, timed)
@@ -204,6 +204,8 @@ def _prepare(source: str, input_shapes: Sequence[str], workdir: Path, timed: _Ti
         compiler.check_supported(model)
         specs = onnx_frontend.input_specs(model)
         fixed = onnx_frontend.resolve_input_shapes(specs, list(input_shapes))
+        if static:  # tuning records match static kernels only: symbolic dims take the reference sizes
+            fixed = onnx_frontend.concrete_shapes(specs, fixed)
         if feeds is None:
             feeds = onnx_frontend.make_inputs(specs, onnx_frontend.concrete_shapes(specs, fixed))
         if converted is not None:
@@ -245,9 +247,15 @@ def compile(  # noqa: A001 - the verb users know
     framework: Optional[str] = None,
     dynamic: Sequence[str] = (),
     exporter: str = "auto",
+    db: Optional[str | Path] = None,
+    default_schedules: bool = True,
 ) -> CompileResult:
     """Compile a model (ONNX, PyTorch, TensorFlow, Paddle, or zoo:NAME) for a target into a
     verified artifact directory. Framework models are checked against the framework's eager outputs.
+
+    CPU targets get tuned schedules from the tuning database `db` (see `mlc tune`; symbolic
+    input dims then take the reference sizes, as when tuning) and mlc's default schedules for
+    the other kernels (`default_schedules=False`: TVM's unscheduled loops, for comparison).
 
     Raises MlcError subclasses for anything the user can fix; AccuracyError (exit 3) is not
     raised here: the artifact is written and `result.check` says whether it matches.
@@ -259,13 +267,14 @@ def compile(  # noqa: A001 - the verb users know
     framework = resolve_framework(source, framework)
     frontends.check_exporter(framework, exporter)
     preset = targets.resolve(target)
+    schedules = tuning.schedule_request(preset, db, default_schedules)
     runtime, cross = prepare_target(preset)  # a missing toolchain or runtime fails before any heavy work
     macos = preset.runtime_os == "macos"
     final = Path(output) if output else default_output(model_name(source), preset.name)
     artifacts.check_replaceable(final)
     with tempfile.TemporaryDirectory(prefix="mlc-compile-") as scratch:
         prepared = _prepare(source, input_shapes, Path(scratch), timed, framework=framework, dynamic=dynamic_dims,
-                            exporter=exporter)
+                            exporter=exporter, static=db is not None)
         with timed("reference", "Computing reference outputs with ONNX Runtime"):
             reference = _reference(prepared)
         with artifacts.staging_dir(final) as staged:
@@ -274,7 +283,8 @@ def compile(  # noqa: A001 - the verb users know
                     result = compiler.compile_in_worker(prepared.cleaned_path, preset.tvm,
                                                         library=staged / LIBRARY[preset.runtime_os], isolate=isolate,
                                                         cross_compiler=cross, kernels_dir=staged / KERNELS,
-                                                        object_dir=staged / OBJECTS if macos else None)
+                                                        object_dir=staged / OBJECTS if macos else None,
+                                                        schedules=schedules)
                 except CompilerError as e:
                     if reference[2] is None:
                         raise
@@ -285,11 +295,12 @@ def compile(  # noqa: A001 - the verb users know
             timed.timings.update({f"tvm_{k}": round(v, 4) for k, v in result["timings"].items()})
             with timed("package", "Packaging the artifact"):
                 manifest = _package(staged, runtime, preset, prepared, reference, result, timed.timings,
-                                    _recipe(source, target, framework, input_shapes, dynamic, exporter))
+                                    _recipe(source, target, framework, input_shapes, dynamic, exporter, db))
                 artifacts.publish(staged, final)
     check_result: Optional[CheckResult] = None
     arch = preset.runtime_arch
     prepared.notes.extend(runtime.notes)
+    prepared.notes.extend(tuning.schedule_notes(result.get("schedules"), source, target, db))
     if preset.device != "cpu" and not thin_runtime.device_present(preset.device):
         prepared.notes.append(f"not verified: no {preset.device.upper()} device here; run `mlc check {final}` "
                               "(or `python run.py`) on a machine with one")
@@ -305,7 +316,7 @@ def compile(  # noqa: A001 - the verb users know
 
 
 def _recipe(source: str, target: str, framework: str, input_shapes: Sequence[str], dynamic: Sequence[str],
-            exporter: str) -> dict:
+            exporter: str, db: Optional[str | Path] = None) -> dict:
     """The options that rebuild the artifact, and the command line that passes them."""
     options = {"target": target, "framework": framework, "input_shapes": list(input_shapes), "dynamic": list(dynamic),
                "exporter": exporter}
@@ -315,6 +326,9 @@ def _recipe(source: str, target: str, framework: str, input_shapes: Sequence[str
     argv += [a for s in input_shapes for a in ("--input-shape", s)] + [a for d in dynamic for a in ("--dynamic", d)]
     if exporter != "auto":
         argv += ["--exporter", exporter]
+    if db is not None:
+        options["db"] = str(Path(db).resolve())
+        argv += ["--db", str(db)]
     return {"options": options, "command": shlex.join(argv)}
 
 
@@ -376,7 +390,7 @@ def _package(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.Targe
         inputs=inputs,
         outputs=outputs,
         compile=CompileInfo(options=recipe["options"], timings_s=timings,
-                            kernels=result.get("kernels", {}),
+                            kernels=result.get("kernels", {}), schedules=result.get("schedules"),
                             recipe=recipe["command"], onnx_nodes={"before": len(prepared.model.graph.node),
                                                           "after": len(prepared.cleaned.graph.node)}),
     )

@@ -169,6 +169,7 @@ def compile_cmd(
     atol: Optional[float] = typer.Option(None, help="Absolute tolerance for the check [default: by dtype]."),
     rtol: Optional[float] = typer.Option(None, help="Relative tolerance for the check [default: by dtype]."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    db: Optional[Path] = typer.Option(None, "--db", help="Tuning database written by `mlc tune` (CPU targets)."),
 ) -> None:
     """Compile a model into a verified artifact: compiled library, thin runtime, reference data.
 
@@ -188,7 +189,7 @@ def compile_cmd(
             err.print(f"[bold]== {preset.name}[/]")
         results.append(api.compile(model, target=spec, output=dest, input_shapes=input_shape, archive=archive,
                                    atol=atol, rtol=rtol, step=_step if not as_json else api._quiet_step,
-                                   framework=framework, dynamic=dynamic, exporter=exporter))
+                                   framework=framework, dynamic=dynamic, exporter=exporter, db=db))
         _report_compile(results[-1], as_json)
     for result in results:
         if result.check is not None:
@@ -215,9 +216,44 @@ def _report_compile(result, as_json: bool) -> None:
     out.print(f"artifact: {result.path}  ({size / 2**20:.1f} MiB; inputs: {shapes})")
     if result.archive:
         out.print(f"archive:  {result.archive}")
-    if m.target.device == "cpu":
-        out.print("[dim]untuned build: CPU kernels use TVM default schedules (slow); "
-                  "autotuning is what makes them fast, and is not in this release yet[/]")
+    if m.compile.schedules:
+        out.print("kernels: " + ", ".join(f"{len(v)} {k}" for k, v in m.compile.schedules.items() if v))
+
+
+@app.command("tune")
+def tune_cmd(
+    model: str = typer.Argument(..., help="An .onnx file, or zoo:NAME for a built-in model."),
+    target: str = typer.Option("x86", "--target", "-t", help="CPU target preset (see `mlc targets`) or TVM target JSON."),
+    db: Path = typer.Option(..., "--db", help="Tuning database folder (created; a rerun continues it)."),
+    trials: Optional[int] = typer.Option(None, "--trials", help="Trials per kernel the database should hold [default: 64]."),
+    budget: Optional[str] = typer.Option(None, "--budget", help="Wall-time limit for this run, e.g. 90s, 20m, 1h30m."),
+    input_shape: List[str] = typer.Option([], "--input-shape", help="Fix an input's shape, NAME:1x128 (repeatable)."),
+    rpc_tracker: Optional[str] = typer.Option(None, "--rpc-tracker", help="HOST:PORT of a TVM RPC tracker: measure on its devices."),
+    rpc_key: Optional[str] = typer.Option(None, "--rpc-key", help="Device key registered with the tracker."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Autotune the model's kernels with MetaSchedule into a resumable database (Ctrl-C keeps every record)."""
+    from mlc import tuning
+    from mlc.tuning.progress import TuneProgress
+
+    per_task = trials if trials is not None else (None if budget else tuning.DEFAULT_TRIALS_PER_TASK)
+    budget_s = tuning.parse_budget(budget) if budget is not None else None
+    display = contextlib.nullcontext() if as_json else TuneProgress(err, per_task, budget_s)
+    with display as progress:
+        result = tuning.tune(model, target=target, db=db, trials=trials, budget=budget, input_shapes=input_shape,
+                             rpc_tracker=rpc_tracker, rpc_key=rpc_key,
+                             on_event=progress.update if progress else (lambda e, t: None))
+    for note in result.notes:
+        err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
+    summary = {"db": str(result.db), "tasks": len(result.tasks), "trials": result.trials, "failed_trials": result.errors,
+               "records": result.records, "seconds": round(result.seconds, 1), "stopped_by": result.reason,
+               "kernels": [{"name": t.name, "weight": t.weight, "trials": t.trials, "best_us": t.best_us} for t in result.tasks]}
+    if as_json:
+        out.print_json(json.dumps(summary))
+        return
+    out.print(f"tuned {len(result.tasks)} kernels: {result.trials} trials this run ({result.errors} failed) in "
+              f"{result.seconds:.0f} s, stopped by {result.reason}; {result.records} records in {result.db}")
+    out.print(f"use them: mlc compile {model} --target {target} --db {db}")
 
 
 @app.command("run")

@@ -72,6 +72,9 @@ class CompileInfo(_Strict):
     timings_s: dict[str, float]
     recipe: str  # the command that rebuilds this artifact
     onnx_nodes: dict[str, int]  # node count before and after graph cleanup
+    # CPU kernels by where their schedule came from: tuned (a --db record), default (mlc's rules),
+    # unscheduled (TVM's plain loop nest). None: a build without mlc.tuning (GPU).
+    schedules: Optional[dict[str, list[str]]] = None
 
 
 class Manifest(_Strict):

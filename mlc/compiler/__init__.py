@@ -51,6 +51,7 @@ def compile_in_worker(
     cross_compiler: Optional[str] = None,
     kernels_dir: Optional[Path] = None,
     object_dir: Optional[Path] = None,
+    schedules: Optional[dict[str, Any]] = None,
 ) -> dict[str, Any]:
     """Import + build (+ export to `library`) (+ run on `run`=(inputs.npz, outputs.npz)) with TVM.
 
@@ -62,7 +63,7 @@ def compile_in_worker(
     request = {"onnx": str(onnx_path), "target": target_json, "library": str(library) if library else None,
                "run": {"inputs": str(run[0]), "outputs": str(run[1])} if run else None,
                "cross_compiler": cross_compiler, "kernels_dir": str(kernels_dir) if kernels_dir else None,
-               "object_dir": str(object_dir) if object_dir else None}
+               "object_dir": str(object_dir) if object_dir else None, "schedules": schedules}
     if not isolate:
         return _check_result(worker.compile_request(request), None)
     request_path = onnx_path.with_name(onnx_path.stem + ".request.json")

@@ -120,7 +120,14 @@ def compile_request(request: dict) -> dict:
             return {"ok": False, "kind": "unsupported_output", "message": str(e)}
         stage = "build"
         start = time.perf_counter()
-        executable = build.build(mod, request["target"])
+        schedule_report = None
+        if request.get("schedules"):  # CPU: tuning records and/or default schedules (mlc.tuning)
+            from mlc.tuning import schedules
+
+            executable, schedule_report = schedules.build(mod, request["target"], request["schedules"].get("db"),
+                                                          request["schedules"].get("default", True))
+        else:
+            executable = build.build(mod, request["target"])
         timings["build"] = time.perf_counter() - start
         if request.get("library"):
             stage = "export"
@@ -141,7 +148,8 @@ def compile_request(request: dict) -> dict:
             _run(executable, request["run"]["inputs"], request["run"]["outputs"])
             timings["run"] = time.perf_counter() - start
         kernels = _write_device_sources(executable, request["kernels_dir"]) if request.get("kernels_dir") else {}
-        return {"ok": True, "tvm_version": tvm.__version__, "outputs": outputs, "timings": timings, "kernels": kernels}
+        return {"ok": True, "tvm_version": tvm.__version__, "outputs": outputs, "timings": timings, "kernels": kernels,
+                "schedules": schedule_report}
     except Exception as e:
         traceback.print_exc()  # into the log file the parent points the user to
         return {"ok": False, "kind": "compile", "stage": stage, "message": summarize(e)}

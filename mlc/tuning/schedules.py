@@ -12,10 +12,19 @@ from typing import Any, Optional
 SCHEDULED = "tirx.is_scheduled"
 
 
+def _legalize_and_fuse(mod, target):
+    import tvm
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    with target:
+        return tvm.transform.Sequential(cpu.library_dispatch_passes(target) + cpu.legalize_passes(target))(mod)
+
+
 def extract_tasks(mod, target):
+    """The kernels to tune, as `build` will see them (so database keys match)."""
     from tvm.s_tir import meta_schedule as ms
 
-    tasks = ms.relax_integration.extract_tasks(mod, target, module_equality="structural")
+    tasks = ms.relax_integration.extract_tasks(_legalize_and_fuse(mod, target), target, module_equality="structural")
     return [t for t in tasks if not t.dispatched[0]["main"].attrs or
             not t.dispatched[0]["main"].attrs.get(SCHEDULED, False)]
 
@@ -42,7 +51,7 @@ def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool
     @tvm.transform.module_pass(opt_level=0)
     def pipeline(mod, _ctx):
         with target:
-            mod = tvm.transform.Sequential(cpu.library_dispatch_passes(target) + cpu.legalize_passes(target))(mod)
+            mod = _legalize_and_fuse(mod, target)
             before = _kernels(mod)
             if db_dir:
                 database = ms.database.JSONDatabase(work_dir=db_dir, module_equality="structural")

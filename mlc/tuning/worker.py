@@ -58,7 +58,7 @@ def make_builder(keep_in_memory: bool):
             for item in build_inputs:
                 try:
                     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(item.mod)
-                    rt_mod = tvm.compile(mod, target=item.target)
+                    rt_mod = tvm.driver.build(mod, target=item.target)
                     if keep_in_memory:
                         self.count += 1
                         key = f"mlc-in-memory-{self.count}"
@@ -129,11 +129,29 @@ def make_rpc_runner(tracker: str, key: str, timeout: int):
     return ms.runner.RPCRunner(rpc_config=config, evaluator_config=evaluator, max_workers=1, timeout_sec=timeout)
 
 
+def register_intrinsics(target) -> None:
+    """Register the tensor intrinsics of `target`'s architecture only. MetaSchedule imports
+    `tvm.s_tir.tensor_intrin`, which parses every architecture's intrinsics (CUDA's above all)
+    with the TVMScript parser: 1-4 minutes on these machines, against ~3 s for x86's alone."""
+    import importlib
+    import types
+
+    import tvm.s_tir
+
+    name = "tvm.s_tir.tensor_intrin"
+    if name not in sys.modules:
+        package = types.ModuleType(name)
+        package.__path__ = [str(Path(tvm.s_tir.__path__[0]) / "tensor_intrin")]
+        sys.modules[name] = package
+    arch = "arm_cpu" if str(target.attrs.get("mtriple", "")).startswith("aarch64") else "x86"
+    importlib.import_module(f"{name}.{arch}")
+
+
 def task_key(task) -> str:
     """A stable id for a task's workload (the database keys records by the same hash)."""
-    import tvm
+    from tvm_ffi import structural_hash
 
-    return f"{tvm.ir.structural_hash(task.dispatched[0]) & 0xFFFFFFFFFFFF:012x}"
+    return f"{structural_hash(task.dispatched[0]) & 0xFFFFFFFFFFFF:012x}"
 
 
 def _progress_callback(events: Events, names: list[str], start: float, budget_s: float | None, best: dict):
@@ -146,18 +164,20 @@ def _progress_callback(events: Events, names: list[str], start: float, budget_s:
             super().__init__()
             self.trials = 0
             self.errors = 0
+            self.last_error = None
 
         def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
             for b, r in zip(builder_results, runner_results):
                 self.trials += 1
                 if b.error_msg is not None or r.error_msg is not None:
                     self.errors += 1
+                    self.last_error = str(b.error_msg or r.error_msg)[-500:]
                     continue
                 latency_us = 1e6 * sum(float(x) for x in r.run_secs) / len(r.run_secs)
                 if names[task_id] not in best or latency_us < best[names[task_id]]:
                     best[names[task_id]] = latency_us
             events.emit("measured", task=names[task_id], trials=len(builder_results), best_us=best.get(names[task_id]),
-                        errors=self.errors)
+                        errors=self.errors, last_error=self.last_error)
             out_of_time = budget_s is not None and time.time() - start >= budget_s
             if out_of_time or _stop["requested"]:
                 # Ends every task after this batch; the database already holds what was measured.
@@ -191,6 +211,16 @@ def count_records(database, tasks) -> dict[int, int]:
     return counts
 
 
+def _cost_model(trials_per_task: int, threads: int):
+    """XGBoost pays off over many trials; training it (seconds per batch here, even on a few
+    samples) costs more than it saves in a short run, where random ranking does as well."""
+    from tvm.s_tir import meta_schedule as ms
+
+    if trials_per_task < 32:
+        return ms.cost_model.RandomModel()
+    return ms.cost_model.XGBModel(num_tuning_cores=threads, early_stopping_rounds=10)
+
+
 def tune_request(request: dict) -> dict:
     import onnx
     import tvm
@@ -202,6 +232,7 @@ def tune_request(request: dict) -> dict:
     events = Events(request["events"])
     start = time.time()
     target = tvm.target.Target(request["target"])
+    register_intrinsics(target)
     mod = importer.to_relax(onnx.load(request["onnx"]))
     tasks = schedules.extract_tasks(mod, target)
     names = [t.task_name for t in tasks]
@@ -219,9 +250,14 @@ def tune_request(request: dict) -> dict:
     todo = [i for i, r in enumerate(remaining) if r > 0]
     if not todo:
         events.emit("finished", trials=0, reason="already tuned")
-        return {"ok": True, "tasks": len(tasks), "trials": 0}
+        return {"ok": True, "tasks": len(tasks), "trials": 0, "reason": "already tuned"}
+    # Smaller than MetaSchedule's defaults (population 512, 4 generations): on 2 cores the
+    # defaults spend minutes per batch searching before anything is measured.
+    population = request.get("population", 128)
+    strategy = ms.search_strategy.EvolutionarySearch(
+        population_size=population, init_min_unmeasured=min(50, population // 2), genetic_num_iters=request.get("generations", 2))
     contexts, _ = ms.relax_integration.extracted_tasks_to_tune_contexts(
-        [tasks[i] for i in todo], work_dir=request["logs"], strategy="evolutionary", num_threads=request["threads"],
+        [tasks[i] for i in todo], work_dir=request["logs"], strategy=strategy, num_threads=request["threads"],
         seed=request.get("seed"))
     builder = make_builder(keep_in_memory=not request.get("rpc"))
     if request.get("rpc"):
@@ -234,7 +270,7 @@ def tune_request(request: dict) -> dict:
     ms.tune_tasks(
         tasks=contexts, task_weights=[float(tasks[i].weight) for i in todo], work_dir=request["logs"],
         max_trials_global=sum(remaining), max_trials_per_task=max(remaining), num_trials_per_iter=batch,
-        builder=builder, runner=runner, database=database, cost_model=request.get("cost_model", "xgb"),
+        builder=builder, runner=runner, database=database, cost_model=_cost_model(per_task, request["threads"]),
         measure_callbacks=[ms.measure_callback.AddToDatabase(), ms.measure_callback.UpdateCostModel(), progress],
         task_scheduler="round-robin" if request.get("round_robin") else "gradient",
     )
