@@ -1,0 +1,111 @@
+"""mlc tune / compile --db / default CPU schedules. The unmarked tests run in CI (~2 min here):
+a tiny MLP tuned with a few trials per kernel."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import assert_clean_error, mlp_onnx, run_mlc
+from mlc import tuning
+from mlc.errors import InputError
+
+
+def _records(db: Path) -> list[dict]:
+    return [json.loads(ln) for ln in (db / tuning.DB_FILES[1]).read_text().splitlines() if ln.strip()]
+
+
+def test_budget_parsing():
+    assert tuning.parse_budget("20m") == 1200
+    assert tuning.parse_budget("1h30m") == 5400
+    assert tuning.parse_budget("45") == 45
+    assert tuning.parse_budget("90s") == 90
+    for bad in ("", "soon", "10x", "0m", "-5", "m20"):
+        with pytest.raises(InputError):
+            tuning.parse_budget(bad)
+
+
+def test_repair_drops_a_cut_last_line_and_refuses_corruption(tmp_path):
+    db = tmp_path / "db"
+    db.mkdir()
+    records = db / tuning.DB_FILES[1]
+    records.write_text('[0, {"a": 1}]\n[1, {"b"')  # a writer killed mid-line
+    tuning.check_db_dir(db, create=True)
+    assert records.read_text() == '[0, {"a": 1}]\n'
+    records.write_text('[0, {"a": 1}]\nnot json\n[1, 2]\n')
+    with pytest.raises(InputError, match="corrupt"):
+        tuning.check_db_dir(db, create=True)
+
+
+def test_bad_options_give_clean_errors(tmp_path):
+    model = mlp_onnx(tmp_path / "mlp.onnx")
+    assert_clean_error(run_mlc("tune", model, "--db", tmp_path / "db", "--budget", "soon"), 1, "--budget 'soon'")
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert_clean_error(run_mlc("tune", model, "--db", a_file, "--trials", "2"), 1, "is a file")
+    assert_clean_error(run_mlc("tune", model, "--db", tmp_path / "db", "--trials", "0"), 1, "--trials must be at least 1")
+    assert_clean_error(run_mlc("tune", model, "--db", tmp_path / "db", "--rpc-tracker", "localhost:9190"), 1,
+                       "--rpc-tracker and --rpc-key go together")
+    assert_clean_error(run_mlc("compile", model, "--db", tmp_path / "missing", "-o", tmp_path / "out"), 1,
+                       "does not exist")
+    assert not (tmp_path / "out").exists()
+
+
+def test_tune_resume_and_compile_with_db(tmp_path):
+    model = mlp_onnx(tmp_path / "mlp.onnx")
+    db = tmp_path / "db"
+    first = run_mlc("tune", model, "--db", db, "--trials", "2", "--json", check=True)
+    summary = json.loads(first.stdout)
+    assert summary["tasks"] >= 2 and summary["trials"] == 2 * summary["tasks"], summary
+    assert all(k["best_us"] and k["best_us"] > 0 for k in summary["kernels"]), summary
+    assert len(_records(db)) == summary["records"] == summary["trials"]
+
+    # Same target count: nothing to do. A higher one: continues from the records already there.
+    again = json.loads(run_mlc("tune", model, "--db", db, "--trials", "2", "--json", check=True).stdout)
+    assert again["trials"] == 0 and again["stopped_by"] == "already tuned"
+    more = json.loads(run_mlc("tune", model, "--db", db, "--trials", "3", "--json", check=True).stdout)
+    assert more["trials"] == summary["tasks"]  # one more per kernel
+    assert len(_records(db)) == summary["trials"] + more["trials"]
+
+    out = tmp_path / "tuned"
+    compiled = run_mlc("compile", model, "--db", db, "-o", out)
+    assert compiled.returncode == 0, compiled.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    schedules = manifest["compile"]["schedules"]
+    assert len(schedules["tuned"]) == summary["tasks"] and not schedules["unscheduled"], schedules
+    assert manifest["compile"]["options"]["db"] == str(db.resolve())
+    assert "--db" in manifest["compile"]["recipe"]
+    assert run_mlc("check", out).returncode == 0
+
+
+def test_untuned_cpu_build_uses_default_schedules_and_says_so(tmp_path):
+    out = tmp_path / "a"
+    proc = run_mlc("compile", "zoo:transformer", "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    schedules = json.loads((out / "manifest.json").read_text())["compile"]["schedules"]
+    assert schedules["default"] and not schedules["tuned"] and not schedules["unscheduled"], schedules
+    assert "untuned build" in proc.stderr and "mlc tune" in proc.stderr
+
+
+@pytest.mark.tune
+def test_interrupt_keeps_the_database_and_a_rerun_continues(tmp_path):
+    model = mlp_onnx(tmp_path / "mlp.onnx")
+    db = tmp_path / "db"
+    proc = subprocess.Popen([sys.executable, "-m", "mlc", "tune", model, "--db", db, "--trials", "200", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and (not (db / tuning.DB_FILES[1]).exists() or len(_records(db)) < 4):
+        time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    kept = len(_records(db))  # every line parses: the database is consistent
+    assert kept >= 4
+    rerun = json.loads(run_mlc("tune", model, "--db", db, "--trials", "200", "--budget", "20s", "--json", check=True).stdout)
+    assert rerun["records"] == kept + rerun["trials"] and rerun["trials"] > 0
