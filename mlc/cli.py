@@ -256,6 +256,23 @@ def tune_cmd(
     out.print(f"use them: mlc compile {model} --target {target} --db {db}")
 
 
+@app.command("rpc-server")
+def rpc_server_cmd(
+    tracker: Optional[str] = typer.Option(None, "--tracker", help="HOST:PORT of the TVM RPC tracker to register with."),
+    key: str = typer.Option("", "--key", help="Device key to register under (what `mlc tune --rpc-key` asks for)."),
+    host: str = typer.Option("0.0.0.0", "--host", help="Address to listen on."),
+    port: int = typer.Option(9090, "--port", help="First port to try (up to +100)."),
+) -> None:
+    """Serve this device to `mlc tune --rpc-tracker` (TVM RPC; needs apache-tvm on the device). Ctrl-C stops it."""
+    from mlc.tuning import rpc
+
+    def ready(server) -> None:
+        where = f", registered with {tracker} as '{key}'" if tracker else ""
+        err.print(f"RPC server listening on {host}:{server.port}{where}; Ctrl-C stops it")
+
+    rpc.serve(host, port, tracker, key, on_ready=ready)
+
+
 @app.command("run")
 def run_cmd(
     artifact: Path = typer.Argument(..., help="Artifact directory written by `mlc compile`."),

@@ -1,5 +1,5 @@
-"""mlc tune / compile --db / default CPU schedules. The unmarked tests run in CI (~2 min here):
-a tiny MLP tuned with a few trials per kernel."""
+"""mlc tune / compile --db / default CPU schedules / RPC. The unmarked tests run in CI (~2 min here):
+a tiny MLP tuned with a few trials per kernel. `-m tune` adds interruption and loopback RPC."""
 
 from __future__ import annotations
 
@@ -109,3 +109,55 @@ def test_interrupt_keeps_the_database_and_a_rerun_continues(tmp_path):
     assert kept >= 4
     rerun = json.loads(run_mlc("tune", model, "--db", db, "--trials", "200", "--budget", "20s", "--json", check=True).stdout)
     assert rerun["records"] == kept + rerun["trials"] and rerun["trials"] > 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def loopback_rpc():
+    """A TVM RPC tracker and an `mlc rpc-server` registered with it as 'loop', on 127.0.0.1."""
+    import psutil
+
+    port = _free_port()
+    tracker = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
+                                "--port-end", str(port + 1), "--silent"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen([sys.executable, "-m", "mlc", "rpc-server", "--tracker", f"127.0.0.1:{port}", "--key", "loop",
+                               "--host", "127.0.0.1", "--port", str(_free_port())],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stderr.readline()  # blocks until the server listens (or dies)
+        assert "RPC server listening" in line, line
+        children = psutil.Process(server.pid).children(recursive=True)
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
+        tracker.kill()
+        tracker.wait()
+    assert server.returncode == 128 + signal.SIGTERM
+    time.sleep(1)
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE], "server left processes"
+
+
+@pytest.mark.tune  # ~60 s, most of it two `import tvm`s: kept out of CI's time
+def test_loopback_rpc_measures_a_kernel(loopback_rpc):
+    code = f"from mlc.tuning import rpc; print(rpc.measure_once({loopback_rpc!r}, 'loop'))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert 0 < float(proc.stdout.strip().splitlines()[-1]) < 10
+
+
+@pytest.mark.tune
+def test_tune_through_loopback_rpc(loopback_rpc, tmp_path):
+    model = mlp_onnx(tmp_path / "mlp.onnx")
+    proc = run_mlc("tune", model, "--db", tmp_path / "db", "--trials", "1", "--rpc-tracker", loopback_rpc,
+                   "--rpc-key", "loop", "--json", check=True)
+    summary = json.loads(proc.stdout)
+    assert summary["trials"] == summary["tasks"] and summary["failed_trials"] == 0, summary
+    assert all(k["best_us"] > 0 for k in summary["kernels"])

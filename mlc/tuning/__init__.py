@@ -136,8 +136,10 @@ def tune(
     budget_s = parse_budget(budget) if budget is not None else None
     if (rpc_tracker is None) != (rpc_key is None):
         raise InputError("--rpc-tracker and --rpc-key go together")
-    if rpc_tracker is not None and not re.fullmatch(r"[^:\s]+:\d{1,5}", rpc_tracker):
-        raise InputError(f"--rpc-tracker {rpc_tracker!r} must be HOST:PORT")
+    if rpc_tracker is not None:
+        from mlc.tuning.rpc import parse_address
+
+        parse_address(rpc_tracker, "--rpc-tracker")
     preset = targets.resolve(target)
     if preset.tvm.get("kind") != "llvm":
         raise TargetError(f"mlc tune measures CPU (llvm) targets; {preset.name} is {preset.tvm.get('kind')} "

@@ -75,19 +75,30 @@ def make_builder(keep_in_memory: bool):
 
 def make_runner(builder, repeat: int = 3):
     """Times candidates in this process (what LocalRunner does in its worker)."""
+    import numpy as np
     import tvm
     from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
-    from tvm.s_tir.meta_schedule.runner.utils import alloc_argument_common, run_evaluator_common
+    from tvm.s_tir.meta_schedule.runner.utils import run_evaluator_common
 
     from mlc.compiler.worker import summarize
 
+    device = tvm.cpu()
     config = ms.runner.EvaluatorConfig(number=1, repeat=repeat, min_repeat_ms=20, enable_cpu_cache_flush=False)
     random_fill = tvm.get_global_func("tvm.contrib.random.random_fill_for_measure", allow_missing=True)
 
-    def fill(tensor):  # random_fill needs TVM's random contrib; zeros still time the kernel
-        if random_fill is not None:
-            random_fill(tensor)
+    def alloc(args_info):
+        args = []
+        for _, dtype, shape in args_info:
+            if dtype.startswith(("int", "uint", "bool")) or random_fill is None:
+                # Zeros, not random: integer arguments are often indices (take, gather), and TVM's
+                # gather reads out of bounds (segfaults) on random ones.
+                args.append(tvm.runtime.tensor(np.zeros([int(d) for d in shape], dtype=dtype), device))
+            else:
+                tensor = tvm.runtime.empty([int(d) for d in shape], dtype=dtype, device=device)
+                random_fill(tensor)
+                args.append(tensor)
+        return [args]
 
     @derived_object
     class Future(ms.runner.PyRunnerFuture):
@@ -105,11 +116,10 @@ def make_runner(builder, repeat: int = 3):
     class InProcessRunner(ms.runner.PyRunner):
         def run(self, runner_inputs):
             futures = []
-            device = tvm.cpu()
             for item in runner_inputs:
                 rt_mod = builder.modules.pop(str(item.artifact_path), None)
                 try:
-                    args = alloc_argument_common(fill, device, [a.as_json() for a in item.args_info], 1)
+                    args = alloc([a.as_json() for a in item.args_info])
                     costs = run_evaluator_common(rt_mod, device, config, args)
                     result = ms.runner.RunnerResult(costs, None)
                 except Exception as e:
@@ -126,7 +136,10 @@ def make_rpc_runner(tracker: str, key: str, timeout: int):
     host, port = tracker.rsplit(":", 1)
     config = ms.runner.RPCConfig(tracker_host=host, tracker_port=int(port), tracker_key=key, session_timeout_sec=timeout)
     evaluator = ms.runner.EvaluatorConfig(number=1, repeat=3, min_repeat_ms=20, enable_cpu_cache_flush=False)
-    return ms.runner.RPCRunner(rpc_config=config, evaluator_config=evaluator, max_workers=1, timeout_sec=timeout)
+    from mlc.tuning import rpc
+
+    return ms.runner.RPCRunner(rpc_config=config, evaluator_config=evaluator, max_workers=1,
+                               f_alloc_argument=rpc.alloc_argument)
 
 
 def register_intrinsics(target) -> None:

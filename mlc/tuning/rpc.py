@@ -1,0 +1,87 @@
+"""TVM RPC for measuring on other devices: `mlc rpc-server` (device side) and what the tuner's
+RPCRunner runs in its worker. The server is TVM's own (`tvm.rpc.Server`), so the device needs the
+apache-tvm wheel (TVM ships no standalone Python-free RPC server in its wheels)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from mlc.errors import InputError
+
+
+def parse_address(text: str, option: str) -> tuple[str, int]:
+    match = re.fullmatch(r"([^:\s]+):(\d{1,5})", text or "")
+    if not match or not 0 < int(match.group(2)) < 65536:
+        raise InputError(f"{option} {text!r} must be HOST:PORT, e.g. 127.0.0.1:9190")
+    return match.group(1), int(match.group(2))
+
+
+def alloc_argument(session, device, args_info, alloc_repeat):
+    """Random floats, zero integers: integer arguments are often indices, which TVM's gather does
+    not bounds-check (random ones crash the device's server). Runs in the RPCRunner's worker."""
+    import numpy as np
+    import tvm
+
+    random_fill = session.get_function("tvm.contrib.random.random_fill_for_measure")
+    repeated = []
+    for _ in range(alloc_repeat):
+        args = []
+        for _, dtype, shape in args_info:
+            shape = [int(d) for d in shape]
+            if dtype.startswith(("int", "uint", "bool")):
+                args.append(tvm.runtime.tensor(np.zeros(shape, dtype=dtype), device=device))
+            else:
+                tensor = tvm.runtime.empty(shape, dtype=dtype, device=device)
+                random_fill(tensor)
+                args.append(tensor)
+        repeated.append(args)
+    return repeated
+
+
+def serve(host: str, port: int, tracker: str | None, key: str, on_ready=lambda server: None) -> None:
+    """Run a TVM RPC server until interrupted; registers with `tracker` under `key` when given."""
+    from tvm import rpc
+
+    tracker_addr = parse_address(tracker, "--tracker") if tracker else None
+    if tracker_addr and not key:
+        raise InputError("--key is required with --tracker: it is the name tuners ask the tracker for")
+    server = rpc.Server(host=host, port=port, port_end=port + 100, tracker_addr=tracker_addr, key=key, silent=True)
+    try:
+        on_ready(server)
+        while True:  # the server runs in TVM's worker process until mlc is interrupted
+            time.sleep(1)
+    finally:
+        server.terminate()
+
+
+def measure_once(tracker: str, key: str, timeout: int = 60) -> float:
+    """Build a small kernel here, run it on a device from the tracker; returns its mean seconds.
+    (`mlc rpc-server` users check their setup with it; the tests use it on loopback.)"""
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+    import tvm
+    from tvm import rpc, te
+
+    host, port = parse_address(tracker, "--rpc-tracker")
+    n = 256
+    a = te.placeholder((n, n), name="a")
+    b = te.placeholder((n, n), name="b")
+    k = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="c")
+    lib = tvm.compile(te.create_prim_func([a, b, c]), target="llvm")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.so"
+        lib.export_library(str(path))
+        session = rpc.connect_tracker(host, port).request(key, session_timeout=timeout)
+        session.upload(str(path))
+        remote = session.load_module("kernel.so")
+        dev = session.cpu()
+        args = [tvm.runtime.tensor(np.ones((n, n), "float32"), dev) for _ in range(3)]
+        timer = remote.time_evaluator(remote.entry_name, dev, number=3, repeat=1)
+        mean = timer(*args).mean
+        if not np.allclose(args[2].numpy(), n):
+            raise RuntimeError("the remote kernel computed a wrong result")
+        return mean
