@@ -194,8 +194,9 @@ def _progress_callback(events: Events, names: list[str], start: float, budget_s:
             out_of_time = budget_s is not None and time.time() - start >= budget_s
             if out_of_time or _stop["requested"]:
                 # Ends every task after this batch; the database already holds what was measured.
-                for i in range(len(names)):
-                    task_scheduler.terminate_task(i)
+                for i, record in enumerate(task_scheduler.tasks_):
+                    if not record.is_terminated:  # TVM aborts on terminating a task twice
+                        task_scheduler.terminate_task(i)
 
     return Progress()
 
