@@ -67,6 +67,7 @@ def bench_model(spec: str, work: Path, budget: str, trials: int | None, warmup: 
     tuned = tuning.tune(spec, db=db, trials=trials, budget=budget)
     row["tuning"] = {"budget": budget, "trials_per_kernel": trials, "seconds": round(tuned.seconds, 1),
                      "trials_this_run": tuned.trials, "failed_trials": tuned.errors, "records_in_db": tuned.records,
+                     "records_from_earlier_runs": tuned.records - tuned.trials,
                      "stopped_by": tuned.reason, "kernels": len(tuned.tasks)}
     start = time.perf_counter()
     result = api.compile(spec, output=work / f"{name}-tuned", db=db)

@@ -102,9 +102,14 @@ def _rule():
             if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
                 return None
             sch = s_tir.Schedule(func)
-            infos = try_inline_contiguous_spatial(sch, normalize_prim_func(sch))
+            infos = normalize_prim_func(sch)
             if not infos:
                 return None
+            # Padding stays its own loop: inlined into a convolution it puts a branch in the
+            # vectorized inner loop.
+            pads = [i for i in infos if i.is_injective() and i.is_data_pad(sch)]
+            infos = try_inline_contiguous_spatial(sch, [i for i in infos if i not in pads])
+            infos = pads + (infos or [])
             lanes = _lanes(target)
             for info in infos:
                 kinds = info.dom_kind()
