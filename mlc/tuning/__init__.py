@@ -152,7 +152,8 @@ def tune(
     start = time.time()
     with tempfile.TemporaryDirectory(prefix="mlc-tune-") as scratch:
         work = Path(scratch)
-        prepared = api._prepare(source, input_shapes, work, api._Timer(api._quiet_step), static=True)
+        prepared = api._prepare(source, input_shapes, work, api._Timer(api._quiet_step),
+                                framework=api.resolve_framework(source, None), static=True)
         request = {
             "onnx": str(prepared.cleaned_path), "target": preset.tvm, "db": str(db.resolve()),
             "logs": str(work / "logs"), "events": str(work / "events.jsonl"),
