@@ -123,12 +123,17 @@ def _rule():
     return CPUDefault()
 
 
+def default_rule():
+    """The rule as a dlight ScheduleRule: `.apply(func, target, False)` -> Schedule or None."""
+    return _SafeRule(_rule())
+
+
 def apply_default_schedules(mod, target):
     """Schedule every PrimFunc of `mod` not yet scheduled (e.g. by a tuning database)."""
     from tvm.s_tir import dlight as dl
 
     with target:
-        mod = dl.ApplyDefaultSchedule(_SafeRule(_rule()))(mod)
+        mod = dl.ApplyDefaultSchedule(default_rule())(mod)
     return mod
 
 

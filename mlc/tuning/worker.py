@@ -216,6 +216,36 @@ def database_best(database, tasks) -> dict[int, float]:
     return best
 
 
+def seed_default_schedules(database, tasks, target, builder, runner, events: Events) -> None:
+    """Measure mlc's default schedule of each kernel the database has never seen and store it as
+    a record: the search then has to beat it, and compiling with the database never picks a
+    tuned schedule slower than the default it replaces."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from mlc.tuning import rules
+
+    rule = rules.default_rule()
+    for task in tasks:
+        mod = task.dispatched[0]
+        if database.has_workload(mod):
+            continue
+        try:
+            sch = rule.apply(mod["main"], target, False)
+        except Exception:  # the rule does not know this kernel: the search starts from nothing
+            continue
+        if sch is None or sch.trace is None:
+            continue
+        args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+        built = builder.build([ms.builder.BuilderInput(sch.mod, target)])[0]
+        if built.error_msg is not None:
+            continue
+        result = runner.run([ms.runner.RunnerInput(built.artifact_path, "cpu", args_info)])[0].result()
+        if result.error_msg is None and result.run_secs:
+            database.commit_tuning_record(ms.database.TuningRecord(
+                sch.trace, database.commit_workload(mod), result.run_secs, target, args_info))
+    events.emit("seeded")
+
+
 def count_records(database, tasks) -> dict[int, int]:
     counts = {}
     for i, task in enumerate(tasks):
@@ -251,6 +281,12 @@ def tune_request(request: dict) -> dict:
     tasks = schedules.extract_tasks(mod, target)
     names = [t.task_name for t in tasks]
     database = ms.database.JSONDatabase(work_dir=request["db"], module_equality="structural")
+    builder = make_builder(keep_in_memory=not request.get("rpc"))
+    if request.get("rpc"):
+        runner = make_rpc_runner(request["rpc"]["tracker"], request["rpc"]["key"], request["rpc"].get("timeout", 60))
+    else:
+        runner = make_runner(builder)
+    seed_default_schedules(database, tasks, target, builder, runner, events)
     done = count_records(database, tasks)
     prior_best = database_best(database, tasks)
     events.emit("tasks", tasks=[{"name": t.task_name, "weight": int(t.weight), "key": task_key(t),
@@ -273,11 +309,6 @@ def tune_request(request: dict) -> dict:
     contexts, _ = ms.relax_integration.extracted_tasks_to_tune_contexts(
         [tasks[i] for i in todo], work_dir=request["logs"], strategy=strategy, num_threads=request["threads"],
         seed=request.get("seed"))
-    builder = make_builder(keep_in_memory=not request.get("rpc"))
-    if request.get("rpc"):
-        runner = make_rpc_runner(request["rpc"]["tracker"], request["rpc"]["key"], request["rpc"].get("timeout", 60))
-    else:
-        runner = make_runner(builder)
     best = {names[i]: v for i, v in prior_best.items()}
     progress = _progress_callback(events, [names[i] for i in todo], start, request.get("budget_s"), best)
     batch = max(1, min(request["trials_per_iter"], per_task))
