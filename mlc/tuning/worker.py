@@ -317,7 +317,9 @@ def tune_request(request: dict) -> dict:
         max_trials_global=sum(remaining), max_trials_per_task=max(remaining), num_trials_per_iter=batch,
         builder=builder, runner=runner, database=database, cost_model=_cost_model(per_task, request["threads"]),
         measure_callbacks=[ms.measure_callback.AddToDatabase(), ms.measure_callback.UpdateCostModel(), progress],
-        task_scheduler="round-robin" if request.get("round_robin") else "gradient",
+        # Round-robin: the gradient scheduler hands out a task that was stopped during its first round
+        # (TVM then aborts), which a budget or Ctrl-C early in a run does.
+        task_scheduler="round-robin",
     )
     reason = "interrupted" if _stop["requested"] else (
         "budget" if request.get("budget_s") and time.time() - start >= request["budget_s"] else "trials")
