@@ -23,7 +23,7 @@ class TuneProgress:
         self.console = console
         self.trials_per_task = trials_per_task
         self.budget_s = budget_s
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} trials"),
                             TimeElapsedColumn(), console=console)
         self.bar_id = self.bar.add_task("Preparing the model and extracting kernels", total=None)
         self.tasks: list = []
@@ -36,7 +36,9 @@ class TuneProgress:
 
     def __exit__(self, *exc):
         self.live.update(self._render())
-        return self.live.__exit__(*exc)
+        result = self.live.__exit__(*exc)
+        self.console.print()  # outside a terminal the last table row has no line end
+        return result
 
     def _render(self):
         table = Table(title_justify="left", box=None, pad_edge=False)
