@@ -139,6 +139,8 @@ def loopback_rpc():
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
+        for process in psutil.Process(tracker.pid).children(recursive=True):  # TVM's tracker runs in a worker
+            process.kill()
         tracker.kill()
         tracker.wait()
     assert server.returncode == 128 + signal.SIGTERM
