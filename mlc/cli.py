@@ -81,7 +81,7 @@ def _check_table(result, title: str) -> Table:
         table.add_row(
             escape(o.name), "x".join(map(str, o.shape)) or "scalar", o.dtype,
             _fmt(o.max_abs_error), _fmt(o.max_rel_error), _fmt(o.cosine_similarity, ".6f"),
-            f"{o.mismatch_fraction:.2%}", f"{o.atol:g}/{o.rtol:g}", verdict.strip(),
+            f"{o.mismatch_fraction:.2%}", f"{o.atol:.2g}/{o.rtol:.2g}", verdict.strip(),
         )
     return table
 
