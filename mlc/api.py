@@ -29,6 +29,7 @@ from mlc.artifacts.manifest import (
 )
 from mlc.check import CheckResult, compare, compare_one, localize, tolerance_for
 from mlc.compiler import frontends, runtimes
+from mlc.compiler import passes as graph_passes
 from mlc.compiler.frontends import onnx as onnx_frontend
 from mlc.compiler.passes import onnx as onnx_passes
 from mlc.errors import (AccuracyError, CompilerError, InputError, IntegrityError, MissingDependencyError, TargetError,
@@ -186,11 +187,13 @@ class _Prepared:
     cleaned_path: Path
     notes: list[str]
     converted: Optional[frontends.Converted] = None  # framework models: the export and eager outputs
+    pass_records: list[dict] = field(default_factory=list)  # what each graph pass did
 
 
 def _prepare(source: str, input_shapes: Sequence[str], workdir: Path, timed: _Timer,
              feeds: Optional[Mapping[str, np.ndarray]] = None, framework: Optional[str] = None,
-             dynamic: Optional[dict] = None, exporter: str = "auto", static: bool = False) -> _Prepared:
+             dynamic: Optional[dict] = None, exporter: str = "auto", static: bool = False,
+             steps: Optional[list] = None, dump_ir: Optional[str] = None) -> _Prepared:
     framework = resolve_framework(source, framework)
     model_path, source_info, converted = _resolve_source(source, workdir, framework, dynamic, input_shapes,
                                                          exporter, timed)
@@ -201,7 +204,9 @@ def _prepare(source: str, input_shapes: Sequence[str], workdir: Path, timed: _Ti
         if not source_info.sha256:
             source_info.sha256 = thin_runtime.sha256_file(model_path)
         source_info.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-        compiler.check_supported(model)
+        if steps is None:
+            steps = graph_passes.plan(device="cpu")
+        onnx_passes.check_importable(model, pending=steps)  # ops no pass rewrites fail here, before any work
         specs = onnx_frontend.input_specs(model)
         fixed = onnx_frontend.resolve_input_shapes(specs, list(input_shapes))
         if static:  # tuning records match static kernels only: symbolic dims take the reference sizes
@@ -212,12 +217,15 @@ def _prepare(source: str, input_shapes: Sequence[str], workdir: Path, timed: _Ti
             # Exports keep batch and seq symbolic, and TVM's importer breaks on their shape arithmetic
             # (Reshape of a computed shape): compile for the shapes the framework ran on.
             fixed = {s.name: list(np.shape(feeds[s.name])) for s in specs}
-    with timed("onnx_passes", "Folding constants and inferring shapes"):
-        cleaned, notes = onnx_passes.clean(onnx_frontend.fix_input_shapes(model, fixed))
+    with timed("onnx_passes", "Running ONNX graph passes"):
+        cleaned, records, notes = onnx_passes.run(onnx_frontend.fix_input_shapes(model, fixed), steps,
+                                                  Path(dump_ir) if dump_ir else None)
+        onnx_passes.check_importable(cleaned, notes)  # after the passes: lower_rnn makes LSTMs importable
         cleaned_path = workdir / "cleaned.onnx"
         onnx.save(cleaned, str(cleaned_path))
     notes = (converted.notes if converted else []) + notes
-    return _Prepared(model_path, source_info, model, specs, fixed, dict(feeds), cleaned, cleaned_path, notes, converted)
+    return _Prepared(model_path, source_info, model, specs, fixed, dict(feeds), cleaned, cleaned_path, notes, converted,
+                     records)
 
 
 def _reference(prepared: _Prepared) -> tuple[onnx_frontend.Reference, Optional[dict[str, np.ndarray]], Optional[str]]:
@@ -249,6 +257,7 @@ def compile(  # noqa: A001 - the verb users know
     exporter: str = "auto",
     db: Optional[str | Path] = None,
     default_schedules: bool = True,
+    pass_options: graph_passes.Options = graph_passes.Options(),
 ) -> CompileResult:
     """Compile a model (ONNX, PyTorch, TensorFlow, Paddle, or zoo:NAME) for a target into a
     verified artifact directory. Framework models are checked against the framework's eager outputs.
@@ -260,7 +269,7 @@ def compile(  # noqa: A001 - the verb users know
     Raises MlcError subclasses for anything the user can fix; AccuracyError (exit 3) is not
     raised here: the artifact is written and `result.check` says whether it matches.
     `isolate=False` runs TVM in this process (faster for many small models; a TVM crash then
-    takes the process down)."""
+    takes the process down). `pass_options`: -O level and pass choices (see `mlc passes`)."""
     timed = _Timer(step)
     _check_tolerances(atol, rtol)
     dynamic_dims = frontends.parse_dynamic(dynamic)
@@ -268,13 +277,14 @@ def compile(  # noqa: A001 - the verb users know
     frontends.check_exporter(framework, exporter)
     preset = targets.resolve(target)
     schedules = tuning.schedule_request(preset, db, default_schedules)
+    steps = pass_options.plan(preset.device)
     runtime, cross = prepare_target(preset)  # a missing toolchain or runtime fails before any heavy work
     macos = preset.runtime_os == "macos"
     final = Path(output) if output else default_output(model_name(source), preset.name)
     artifacts.check_replaceable(final)
     with tempfile.TemporaryDirectory(prefix="mlc-compile-") as scratch:
         prepared = _prepare(source, input_shapes, Path(scratch), timed, framework=framework, dynamic=dynamic_dims,
-                            exporter=exporter, static=db is not None)
+                            exporter=exporter, static=db is not None, steps=steps, dump_ir=pass_options.dump_ir)
         with timed("reference", "Computing reference outputs with ONNX Runtime"):
             reference = _reference(prepared)
         with artifacts.staging_dir(final) as staged:
@@ -284,7 +294,9 @@ def compile(  # noqa: A001 - the verb users know
                                                         library=staged / LIBRARY[preset.runtime_os], isolate=isolate,
                                                         cross_compiler=cross, kernels_dir=staged / KERNELS,
                                                         object_dir=staged / OBJECTS if macos else None,
-                                                        schedules=schedules)
+                                                        schedules=schedules,
+                                                        relax_passes=[s.to_json() for s in steps],
+                                                        dump_ir=pass_options.dump_ir)
                 except CompilerError as e:
                     if reference[2] is None:
                         raise
@@ -292,10 +304,13 @@ def compile(  # noqa: A001 - the verb users know
                     raise UnsupportedModelError(
                         f"the ONNX export ({prepared.source.exporter}) is broken at the compiled shapes: "
                         f"{reference[2]}; TVM: {e}. Try another --exporter or other --input-shape") from None
+            prepared.pass_records.extend(result["passes"]["records"])
+            prepared.notes.extend(result["passes"]["notes"])
             timed.timings.update({f"tvm_{k}": round(v, 4) for k, v in result["timings"].items()})
             with timed("package", "Packaging the artifact"):
                 manifest = _package(staged, runtime, preset, prepared, reference, result, timed.timings,
-                                    _recipe(source, target, framework, input_shapes, dynamic, exporter, db))
+                                    _recipe(source, target, framework, input_shapes, dynamic, exporter, db,
+                                            pass_options))
                 artifacts.publish(staged, final)
     check_result: Optional[CheckResult] = None
     arch = preset.runtime_arch
@@ -316,10 +331,11 @@ def compile(  # noqa: A001 - the verb users know
 
 
 def _recipe(source: str, target: str, framework: str, input_shapes: Sequence[str], dynamic: Sequence[str],
-            exporter: str, db: Optional[str | Path] = None) -> dict:
+            exporter: str, db: Optional[str | Path] = None,
+            pass_options: graph_passes.Options = graph_passes.Options()) -> dict:
     """The options that rebuild the artifact, and the command line that passes them."""
     options = {"target": target, "framework": framework, "input_shapes": list(input_shapes), "dynamic": list(dynamic),
-               "exporter": exporter}
+               "exporter": exporter, "passes": pass_options.to_json()}
     argv = ["mlc", "compile", source, "--target", target]
     if framework != frontends.ONNX:
         argv += ["--framework", framework]
@@ -329,7 +345,7 @@ def _recipe(source: str, target: str, framework: str, input_shapes: Sequence[str
     if db is not None:
         options["db"] = str(Path(db).resolve())
         argv += ["--db", str(db)]
-    return {"options": options, "command": shlex.join(argv)}
+    return {"options": options, "command": shlex.join(argv + pass_options.cli_args())}
 
 
 def _package(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.Target, prepared: _Prepared,
@@ -389,7 +405,7 @@ def _package(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.Targe
                                 onnxruntime_error=onnxruntime_error),
         inputs=inputs,
         outputs=outputs,
-        compile=CompileInfo(options=recipe["options"], timings_s=timings,
+        compile=CompileInfo(options=recipe["options"], timings_s=timings, passes=prepared.pass_records,
                             kernels=result.get("kernels", {}), schedules=result.get("schedules"),
                             recipe=recipe["command"], onnx_nodes={"before": len(prepared.model.graph.node),
                                                           "after": len(prepared.cleaned.graph.node)}),

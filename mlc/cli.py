@@ -170,16 +170,28 @@ def compile_cmd(
     rtol: Optional[float] = typer.Option(None, help="Relative tolerance for the check [default: by dtype]."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     db: Optional[Path] = typer.Option(None, "--db", help="Tuning database written by `mlc tune` (CPU targets)."),
+    opt_level: int = typer.Option(2, "-O", help="Optimisation level 0-3: which graph passes run by default (see `mlc passes`)."),
+    passes: Optional[str] = typer.Option(None, "--passes", help="Run exactly these passes, comma-separated (replaces -O's list)."),
+    disable_pass: List[str] = typer.Option([], "--disable-pass", help="Do not run this pass (repeatable)."),
+    enable_pass: List[str] = typer.Option([], "--enable-pass", help="Also run this pass, e.g. an opt-in one (repeatable)."),
+    pass_config: List[str] = typer.Option([], "--pass-config", help="Set a pass option, PASS.KEY=VALUE (repeatable)."),
+    dump_ir: Optional[Path] = typer.Option(None, "--dump-ir", help="Write the ONNX graph / Relax IR after each pass here."),
 ) -> None:
     """Compile a model into a verified artifact: compiled library, thin runtime, reference data.
 
     Models from PyTorch, TensorFlow and Paddle are exported to ONNX and checked against the
     framework's own eager outputs."""
     from mlc import api, targets
+    from mlc.compiler import passes as graph_passes
+
+    pass_options = graph_passes.Options(opt_level, tuple(passes.split(",")) if passes is not None else None,
+                                        tuple(disable_pass), tuple(enable_pass), tuple(pass_config),
+                                        str(dump_ir) if dump_ir else None)
 
     presets = [targets.resolve(t) for t in dict.fromkeys(target)]
-    for preset in presets:  # every target's toolchain and runtime are checked before anything compiles
+    for preset in presets:  # every target's toolchain and runtime (and the pass choices) are checked before anything compiles
         api.prepare_target(preset)
+        pass_options.plan(preset.device)
     results = []
     for preset, spec in zip(presets, dict.fromkeys(target)):
         dest = output
@@ -189,7 +201,8 @@ def compile_cmd(
             err.print(f"[bold]== {preset.name}[/]")
         results.append(api.compile(model, target=spec, output=dest, input_shapes=input_shape, archive=archive,
                                    atol=atol, rtol=rtol, step=_step if not as_json else api._quiet_step,
-                                   framework=framework, dynamic=dynamic, exporter=exporter, db=db))
+                                   framework=framework, dynamic=dynamic, exporter=exporter, db=db,
+                                   pass_options=pass_options))
         _report_compile(results[-1], as_json)
     for result in results:
         if result.check is not None:
@@ -204,11 +217,14 @@ def _report_compile(result, as_json: bool) -> None:
         out.print_json(json.dumps({"artifact": str(result.path), "archive": str(result.archive) if result.archive else None,
                                    "target": result.manifest.target.name,
                                    "check": check.to_json() if check is not None else None,
-                                   "timings_s": result.manifest.compile.timings_s}))
+                                   "timings_s": result.manifest.compile.timings_s,
+                                   "passes": [p.model_dump() for p in result.manifest.compile.passes]}))
         return
     m = result.manifest
     if m.source.exporter:
         out.print(f"exported with {escape(m.source.exporter)}")
+    if m.compile.passes:
+        out.print(_passes_table(m.compile.passes))
     if check is not None:
         _print_check(check, "")
     shapes = ", ".join(f"{i.name} {'x'.join(map(str, i.shape))} {i.dtype}" for i in m.inputs)
@@ -271,6 +287,36 @@ def rpc_server_cmd(
         err.print(f"RPC server listening on {host}:{server.port}{where}; Ctrl-C stops it")
 
     rpc.serve(host, port, tracker, key, on_ready=ready)
+
+
+def _passes_table(records) -> Table:
+    table = Table(title="Graph passes (ops: ONNX nodes / Relax operator calls)", title_justify="left")
+    for column in ("pass", "level", "ops before", "ops after", "time", "changes"):
+        table.add_column(column, justify="right" if column.startswith(("ops", "time")) else "left")
+    for r in records:
+        if r.status == "applied":
+            what = ", ".join(f"{op} {n:+d}" for op, n in sorted(r.op_changes.items(), key=lambda kv: -abs(kv[1]))[:6]) or "-"
+        else:
+            what = f"[yellow]skipped:[/] {r.reason}"
+        table.add_row(r.name, r.level, str(r.ops_before), str(r.ops_after), f"{r.time_s:.2f} s", escape(what))
+    return table
+
+
+@app.command("passes")
+def passes_cmd(as_json: bool = typer.Option(False, "--json", help="Print the registry as JSON.")) -> None:
+    """List the graph passes: level, what each does, the -O level that enables it, targets, settings."""
+    from mlc.compiler import passes as graph_passes
+
+    rows = graph_passes.describe_all()
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    table = Table(title=f"Graph passes, in the order they run (default -O{graph_passes.DEFAULT_OPT_LEVEL})")
+    for column in ("name", "level", "from", "targets", "settings (--pass-config)", "what it does"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(r["name"], r["level"], r["opt_level"], r["targets"], r["config"] or "-", r["description"])
+    out.print(table)
 
 
 @app.command("run")

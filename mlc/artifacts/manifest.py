@@ -66,6 +66,19 @@ class ReferenceInfo(_Strict):
     onnxruntime_error: Optional[str] = None
 
 
+class PassRecord(_Strict):
+    """What one graph pass did (mlc/compiler/passes): ONNX node or Relax operator-call counts."""
+
+    name: str
+    level: str  # onnx or relax
+    status: str  # applied, or skipped (it failed on this model: see reason)
+    ops_before: int
+    ops_after: int
+    op_changes: dict[str, int] = Field(default_factory=dict)  # op -> count after minus before
+    time_s: float
+    reason: Optional[str] = None
+
+
 class CompileInfo(_Strict):
     options: dict[str, Any]
     kernels: dict[str, list[str]] = Field(default_factory=dict)  # GPU kernels per device kind (sources in kernels/)
@@ -75,6 +88,7 @@ class CompileInfo(_Strict):
     # CPU kernels by where their schedule came from: tuned (a --db record), default (mlc's rules),
     # unscheduled (TVM's plain loop nest). None: a build without mlc.tuning (GPU).
     schedules: Optional[dict[str, list[str]]] = None
+    passes: list[PassRecord] = Field(default_factory=list)  # in the order they ran
 
 
 class Manifest(_Strict):

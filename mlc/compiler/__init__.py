@@ -52,6 +52,8 @@ def compile_in_worker(
     kernels_dir: Optional[Path] = None,
     object_dir: Optional[Path] = None,
     schedules: Optional[dict[str, Any]] = None,
+    relax_passes: Optional[list[dict]] = None,
+    dump_ir: Optional[Path] = None,
 ) -> dict[str, Any]:
     """Import + build (+ export to `library`) (+ run on `run`=(inputs.npz, outputs.npz)) with TVM.
 
@@ -63,7 +65,8 @@ def compile_in_worker(
     request = {"onnx": str(onnx_path), "target": target_json, "library": str(library) if library else None,
                "run": {"inputs": str(run[0]), "outputs": str(run[1])} if run else None,
                "cross_compiler": cross_compiler, "kernels_dir": str(kernels_dir) if kernels_dir else None,
-               "object_dir": str(object_dir) if object_dir else None, "schedules": schedules}
+               "object_dir": str(object_dir) if object_dir else None, "schedules": schedules,
+               "relax_passes": relax_passes or [], "dump_ir": str(dump_ir) if dump_ir else None}
     if not isolate:
         return _check_result(worker.compile_request(request), None)
     request_path = onnx_path.with_name(onnx_path.stem + ".request.json")
@@ -96,7 +99,7 @@ def run_worker(module: str, request: dict[str, Any], request_path: Path, what: s
 
 
 def _check_result(result: dict[str, Any], log_path: Optional[Path]) -> dict[str, Any]:
-    if log_path is not None and (result["ok"] or result["kind"] in ("unsupported", "unsupported_output", "target")):
+    if log_path is not None and (result["ok"] or result["kind"] in ("unsupported", "unsupported_output", "target", "pass")):
         log_path.unlink(missing_ok=True)
     if result["ok"]:
         return result
@@ -105,6 +108,8 @@ def _check_result(result: dict[str, Any], log_path: Optional[Path]) -> dict[str,
     if result["kind"] == "unsupported_output":
         raise UnsupportedModelError(f"the model returns something other than tensors ({result['message']}); "
                                     "only tensor outputs are supported")
+    if result["kind"] == "pass":  # a pass the user asked for cannot handle the model
+        raise UnsupportedModelError(result["message"])
     if result["kind"] == "target":
         raise TargetError(f"TVM rejects the target: {result['message']}")
     where = f" (full log: {log_path})" if log_path else ""

@@ -118,6 +118,14 @@ def compile_request(request: dict) -> dict:
             outputs = build.output_signature(mod)
         except TypeError as e:  # e.g. an output that is a shape, not a tensor
             return {"ok": False, "kind": "unsupported_output", "message": str(e)}
+        stage = "passes"
+        from mlc.compiler.passes import relax as relax_passes
+
+        # mlc.tuning's CPU build legalizes and fuses itself (its tuning keys are the kernels it fuses)
+        mod, passes = relax_passes.run(mod, request.get("relax_passes") or [], request["target"], request.get("dump_ir"),
+                                       fused_by_build=bool(request.get("schedules")))
+        if passes["error"]:
+            return {"ok": False, "kind": "pass", "message": passes["error"]}
         stage = "build"
         start = time.perf_counter()
         schedule_report = None
@@ -149,7 +157,7 @@ def compile_request(request: dict) -> dict:
             timings["run"] = time.perf_counter() - start
         kernels = _write_device_sources(executable, request["kernels_dir"]) if request.get("kernels_dir") else {}
         return {"ok": True, "tvm_version": tvm.__version__, "outputs": outputs, "timings": timings, "kernels": kernels,
-                "schedules": schedule_report}
+                "schedules": schedule_report, "passes": passes}
     except Exception as e:
         traceback.print_exc()  # into the log file the parent points the user to
         return {"ok": False, "kind": "compile", "stage": stage, "message": summarize(e)}

@@ -1,1 +1,225 @@
-"""Graph passes. ONNX-level passes run in the mlc process; Relax-level passes run in the TVM worker."""
+"""Graph passes: one registry for the ONNX level (run in the mlc process) and the Relax level (run
+in the TVM worker). `mlc passes` lists it; `plan()` turns -O level, --passes, --disable-pass,
+--enable-pass and --pass-config into the passes to run. Importing this module imports neither
+onnx nor tvm: pass bodies are named as "module:function" and loaded when they run."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from mlc.errors import InputError
+
+LEVELS = ("onnx", "relax")
+OPT_LEVELS = (0, 1, 2, 3)
+DEFAULT_OPT_LEVEL = 2
+GPU_DEVICES = ("cuda", "metal")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One typed setting of a pass, set with --pass-config PASS.KEY=VALUE."""
+
+    type: type
+    default: Any
+    help: str
+    choices: tuple = ()
+
+    def parse(self, text: str) -> Any:
+        if self.type is bool:
+            lowered = text.strip().lower()
+            if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise ValueError("expected true or false")
+            return lowered in ("1", "true", "yes", "on")
+        value = self.type(text)
+        if self.choices and value not in self.choices:
+            raise ValueError(f"expected one of {', '.join(map(str, self.choices))}")
+        return value
+
+
+@dataclass(frozen=True)
+class Pass:
+    name: str
+    level: str  # "onnx" or "relax"
+    description: str
+    opt_level: int  # on by default from this -O level up (on the devices below)
+    run: str  # "module:function", loaded when the pass runs
+    devices: tuple[str, ...] = ()  # on by default only for these target devices; () = every device
+    config: Mapping[str, Option] = field(default_factory=dict)
+
+    def default_on(self, opt_level: int, device: str) -> bool:
+        return opt_level >= self.opt_level and (not self.devices or device in self.devices)
+
+    @property
+    def targets(self) -> str:
+        return ", ".join(self.devices) + " (opt-in elsewhere)" if self.devices else "all"
+
+    def load(self) -> Callable:
+        module, function = self.run.split(":")
+        return getattr(importlib.import_module(module), function)
+
+
+_ONNX = "mlc.compiler.passes.onnx"
+_RNN = "mlc.compiler.passes.rnn"
+_RELAX = "mlc.compiler.passes.relax"
+
+# Declaration order is execution order within each level.
+PASSES: tuple[Pass, ...] = (
+    Pass("lower_rnn", "onnx",
+         "LSTM, GRU and RNN nodes (TVM's importer has none) -> MatMul/Add/Sigmoid/Tanh/Gather/Concat, "
+         "unrolled over the sequence (its length must be static; batch stays dynamic). All directions, "
+         "layouts, given or absent initial states, peepholes, clip, activations; not sequence_lens.",
+         0, f"{_RNN}:lower_rnn"),
+    Pass("eliminate_dead_nodes", "onnx",
+         "drop Identity, inference Dropout, Casts to the same type and nodes no output depends on",
+         1, f"{_ONNX}:eliminate_dead_nodes"),
+    Pass("fold_batchnorm", "onnx",
+         "fold an inference BatchNormalization into the Conv or Gemm before it (scaled weights and bias)",
+         2, f"{_ONNX}:fold_batchnorm"),
+    Pass("constant_folding", "onnx",
+         "onnxslim: fold constant subgraphs (static shape arithmetic included), remove dead nodes, "
+         "its pattern fusions, shape inference",
+         1, f"{_ONNX}:constant_folding"),
+    Pass("canonicalize_shapes", "onnx",
+         "Reshape targets computed from Shape->Gather/Squeeze/Unsqueeze->Mul->Concat chains become constants "
+         "with 0 (keep dim) and -1 (infer dim), so dynamic dims survive TVM import",
+         1, f"{_ONNX}:canonicalize_shapes"),
+    Pass("shape_inference", "onnx",
+         "ONNX shape inference with data propagation (types and shapes for the importer)",
+         0, f"{_ONNX}:shape_inference"),
+    Pass("combine_parallel_matmul", "relax",
+         "matmuls sharing an input (e.g. Q/K/V projections, A.B and A.C) -> one matmul with concatenated "
+         "weights, then split (relax.transform.CombineParallelMatmul)",
+         2, f"{_RELAX}:combine_parallel_matmul",
+         config={"min_branches": Option(int, 2, "combine only groups of at least this many matmuls")}),
+    Pass("mixed_precision", "relax",
+         "compute in float16, accumulate and return float32 (relax.transform.ToMixedPrecision)",
+         3, f"{_RELAX}:mixed_precision", devices=GPU_DEVICES,
+         config={"out_dtype": Option(str, "float32", "accumulation dtype", ("float32", "float16"))}),
+    Pass("convert_layout", "relax",
+         "conv2d data/weight layout for targets that prefer another (relax.transform.ConvertLayout)",
+         3, f"{_RELAX}:convert_layout", devices=GPU_DEVICES,
+         config={"layout": Option(str, "NHWC", "conv2d data layout", ("NHWC", "NCHW"))}),
+    Pass("fold_constant", "relax", "evaluate Relax expressions whose inputs are all constants (relax.transform.FoldConstant)",
+         1, f"{_RELAX}:fold_constant"),
+    Pass("dead_code_elimination", "relax", "remove unused bindings and functions (relax.transform.DeadCodeElimination)",
+         1, f"{_RELAX}:dead_code_elimination"),
+    Pass("fuse_ops", "relax",
+         "LegalizeOps -> AnnotateTIROpPattern -> FoldConstant -> FuseOps -> FuseTIR, as TVM's CPU/GPU pipelines "
+         "do (tvm.compile's generic CPU pipeline does not fuse; its GPU pipeline fuses again, harmlessly)",
+         1, f"{_RELAX}:fuse_ops",
+         config={"fuse_opt_level": Option(int, -1, "FuseOps opt level (-1: from the pass context)")}),
+)
+REGISTRY: dict[str, Pass] = {p.name: p for p in PASSES}
+
+
+@dataclass
+class Step:
+    """A pass to run, its resolved settings, and whether the user named it (then failure is an error)."""
+
+    name: str
+    level: str
+    config: dict[str, Any]
+    explicit: bool
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "level": self.level, "config": self.config, "explicit": self.explicit}
+
+
+def _known(name: str) -> Pass:
+    if name in REGISTRY:
+        return REGISTRY[name]
+    near = difflib.get_close_matches(name, REGISTRY, n=1)
+    hint = f"did you mean '{near[0]}'? " if near else ""
+    raise InputError(f"unknown pass '{name}'; {hint}see `mlc passes` for the list")
+
+
+def _split_names(values: Sequence[str]) -> list[str]:
+    return [n.strip() for v in values for n in v.split(",") if n.strip()]
+
+
+def parse_config(items: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """["fuse_ops.fuse_opt_level=2", ...] -> {"fuse_ops": {"fuse_opt_level": 2}}, typed and checked."""
+    result: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, eq, text = item.partition("=")
+        name, dot, option = key.strip().partition(".")
+        if not eq or not dot or not name or not option:
+            raise InputError(f"--pass-config '{item}': expected PASS.KEY=VALUE, e.g. fuse_ops.fuse_opt_level=2")
+        spec = _known(name)
+        if option not in spec.config:
+            keys = ", ".join(spec.config) or "none"
+            raise InputError(f"--pass-config '{item}': pass {name} has no setting '{option}' (settings: {keys})")
+        try:
+            result.setdefault(name, {})[option] = spec.config[option].parse(text)
+        except ValueError as e:
+            raise InputError(f"--pass-config '{item}': bad value for {name}.{option} "
+                             f"({spec.config[option].type.__name__}): {e}") from None
+    return result
+
+
+def plan(opt_level: int = DEFAULT_OPT_LEVEL, passes: Optional[Sequence[str]] = None, disable: Sequence[str] = (),
+         enable: Sequence[str] = (), config: Sequence[str] = (), device: str = "cpu") -> list[Step]:
+    """The passes to run, in registry order. `passes` is an exact list (replaces the -O level's);
+    `enable` adds passes to the level's (opt-in ones such as mixed_precision on CPU); `disable` removes."""
+    if opt_level not in OPT_LEVELS:
+        raise InputError(f"-O{opt_level}: the optimisation level must be 0, 1, 2 or 3")
+    exact = _split_names(passes) if passes is not None else None
+    disabled, enabled = _split_names(disable), _split_names(enable)
+    for name in (exact or []) + disabled + enabled:
+        _known(name)
+    settings = parse_config(config)
+    explicit = set(exact or []) | set(enabled)
+    chosen = set(exact) if exact is not None else {p.name for p in PASSES if p.default_on(opt_level, device)} | set(enabled)
+    chosen -= set(disabled)
+    steps = []
+    for p in PASSES:
+        if p.name in chosen:
+            values = {k: o.default for k, o in p.config.items()}
+            values.update(settings.get(p.name, {}))
+            steps.append(Step(p.name, p.level, values, p.name in explicit))
+    unused = sorted(set(settings) - chosen)
+    if unused:
+        raise InputError(f"--pass-config for {', '.join(unused)}, which will not run; enable it with --enable-pass")
+    return steps
+
+
+class PassFailed(Exception):
+    """A pass cannot handle this model (raised by pass bodies with the reason)."""
+
+
+def describe_all() -> list[dict[str, str]]:
+    """Rows for `mlc passes`."""
+    return [{"name": p.name, "level": p.level, "opt_level": f"-O{p.opt_level}", "targets": p.targets,
+             "description": p.description,
+             "config": ", ".join(f"{k}={o.default}" for k, o in p.config.items())} for p in PASSES]
+
+
+@dataclass(frozen=True)
+class Options:
+    """The user's pass choices, as `mlc compile` takes them."""
+
+    opt_level: int = DEFAULT_OPT_LEVEL
+    passes: Optional[tuple[str, ...]] = None  # exact list (--passes), replaces the level's
+    disable: tuple[str, ...] = ()
+    enable: tuple[str, ...] = ()
+    config: tuple[str, ...] = ()  # PASS.KEY=VALUE
+    dump_ir: Optional[str] = None  # folder for the graph after each pass
+
+    def plan(self, device: str) -> list[Step]:
+        return plan(self.opt_level, self.passes, self.disable, self.enable, self.config, device)
+
+    def to_json(self) -> dict:
+        return {"opt_level": self.opt_level, "passes": list(self.passes) if self.passes is not None else None,
+                "disable": list(self.disable), "enable": list(self.enable), "config": list(self.config)}
+
+    def cli_args(self) -> list[str]:
+        """The options as `mlc compile` flags, for the artifact's rebuild recipe."""
+        args = [f"-O{self.opt_level}"] if self.opt_level != DEFAULT_OPT_LEVEL else []
+        if self.passes is not None:
+            args += ["--passes", ",".join(self.passes)]
+        args += [a for name in self.disable for a in ("--disable-pass", name)]
+        args += [a for name in self.enable for a in ("--enable-pass", name)]
+        return args + [a for item in self.config for a in ("--pass-config", item)]

@@ -1,33 +1,340 @@
-"""ONNX-level clean-up before TVM import: constant folding and shape inference.
+"""ONNX-level passes (run in the mlc process, before the TVM worker) and their runner.
 
-Raw torch exports of BERT-like models do not import into TVM 0.27 (broadcast_to / Reshape of a
-computed shape); after folding shape arithmetic into constants they import and match ORT."""
+Each pass is `fn(model, config) -> model` and raises PassFailed (or anything else) when it cannot
+handle a model; `run()` times them, counts nodes and op types before/after, dumps the graph after
+each pass when asked, and skips a failing pass with a note unless the user named it."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import time
 import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Optional, Sequence
 
+import numpy as np
 import onnx
+from onnx import helper, numpy_helper
+
+from mlc.compiler.passes import REGISTRY, PassFailed, Step
+from mlc.errors import UnsupportedModelError
 
 
-def clean(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
-    """Constant folding, dead-node removal and shape inference. Returns the model and warnings."""
-    notes: list[str] = []
-    try:
-        import onnxslim
+def _clone(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
 
-        # onnxslim prints a summary table to stdout; keep the CLI output ours.
-        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            slimmed = onnxslim.slim(model)
-        if slimmed is not None:
-            model = slimmed
-    except Exception as e:  # onnxslim is best effort; TVM import may still succeed without it
-        notes.append(f"constant folding (onnxslim) skipped: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}")
-    try:
-        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
-    except Exception as e:
-        notes.append(f"shape inference failed: {str(e).splitlines()[0][:200]}")
-    return model, notes
+
+def _copy_with_nodes(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto]) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return prune_initializers(out)
+
+
+def prune_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Drop initializers no node or graph output reads (e.g. weights a pass rewrote)."""
+    used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+    for n in model.graph.node:  # subgraphs (If/Loop/Scan) may read outer initializers
+        for a in n.attribute:
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                used |= {i for sub in g.node for i in sub.input}
+    keep = [t for t in model.graph.initializer if t.name in used]
+    if len(keep) != len(model.graph.initializer):
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(keep)
+        names = {t.name for t in keep}
+        inputs = [i for i in model.graph.input if i.name in names or i.name in used]
+        del model.graph.input[:]
+        model.graph.input.extend(inputs)
+    return model
+
+
+def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    return values
+
+
+def _elem_type(model: onnx.ModelProto) -> dict[str, int]:
+    types = {}
+    for v in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output):
+        if v.type.tensor_type.elem_type:
+            types[v.name] = v.type.tensor_type.elem_type
+    for t in model.graph.initializer:
+        types[t.name] = t.data_type
+    return types
+
+
+def eliminate_dead_nodes(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
+    """Identity, inference Dropout and same-type Cast are bypassed; nodes nothing needs are dropped."""
+    model = _clone(model)  # node inputs are rewritten in place below
+    graph_outputs = {o.name for o in model.graph.output}
+    types = _elem_type(onnx.shape_inference.infer_shapes(model))
+    rename: dict[str, str] = {}
+    nodes = []
+    for node in model.graph.node:
+        node.input[:] = [rename.get(i, i) for i in node.input]
+        passthrough = (node.op_type == "Identity"
+                       or (node.op_type == "Dropout" and (len(node.output) < 2 or not node.output[1])
+                           and (len(node.input) < 3 or not node.input[2]))
+                       or (node.op_type == "Cast" and node.input[0] in types
+                           and types[node.input[0]] == next(a.i for a in node.attribute if a.name == "to")))
+        if passthrough and node.domain in ("", "ai.onnx") and node.output[0] not in graph_outputs:
+            rename[node.output[0]] = node.input[0]
+            continue
+        nodes.append(node)
+    needed = set(graph_outputs)
+    kept = []
+    for node in reversed(nodes):  # nodes are topologically sorted (checked on load)
+        if any(o in needed for o in node.output if o):
+            kept.append(node)
+            needed.update(node.input)
+            for a in node.attribute:  # values read inside subgraphs
+                for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    needed.update(i for sub in g.node for i in sub.input)
+    return _copy_with_nodes(model, list(reversed(kept)))
+
+
+def fold_batchnorm(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
+    """Conv/Gemm -> BatchNormalization (inference, constant parameters, Conv/Gemm output read only by
+    the BN) becomes one Conv/Gemm with W' = W * scale/sqrt(var+eps) per output channel and a new bias."""
+    constants = _constants(model)
+    readers = Counter(i for n in model.graph.node for i in n.input)
+    graph_outputs = {o.name for o in model.graph.output}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    new_inits: list[onnx.TensorProto] = []
+    folded: dict[int, onnx.NodeProto] = {}  # id(BN node) -> replacement
+    dropped: set[int] = set()
+    for bn in model.graph.node:
+        if bn.op_type != "BatchNormalization" or len([o for o in bn.output if o]) != 1:
+            continue
+        prev = producers.get(bn.input[0])
+        if prev is None or prev.op_type not in ("Conv", "Gemm") or readers[prev.output[0]] != 1 \
+                or prev.output[0] in graph_outputs:
+            continue
+        if any(i not in constants for i in bn.input[1:5]) or prev.input[1] not in constants \
+                or (len(prev.input) > 2 and prev.input[2] and prev.input[2] not in constants):
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in prev.attribute}
+        if prev.op_type == "Gemm" and (attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0):
+            continue
+        eps = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
+        scale, b, mean, var = (constants[i].astype(np.float64) for i in bn.input[1:5])
+        w = constants[prev.input[1]]
+        factor = scale / np.sqrt(var + eps)
+        bias = constants[prev.input[2]].astype(np.float64) if len(prev.input) > 2 and prev.input[2] else 0.0
+        new_bias = (bias - mean) * factor + b
+        if prev.op_type == "Conv":
+            new_w = w * factor.reshape(-1, *([1] * (w.ndim - 1)))
+        elif attrs.get("transB", 0):  # Gemm, W is [N, K]
+            new_w = w * factor[:, None]
+        else:  # W is [K, N]
+            new_w = w * factor[None, :]
+        w_name, b_name = f"{prev.output[0]}_bnfold_w", f"{prev.output[0]}_bnfold_b"
+        new_inits += [numpy_helper.from_array(new_w.astype(w.dtype), w_name),
+                      numpy_helper.from_array(new_bias.astype(w.dtype), b_name)]
+        replacement = onnx.NodeProto()
+        replacement.CopyFrom(prev)
+        replacement.input[:] = [prev.input[0], w_name, b_name]
+        replacement.output[:] = [bn.output[0]]
+        folded[id(bn)] = replacement
+        dropped.add(id(prev))
+    if not folded:
+        return model
+    out = _copy_with_nodes(model, [folded.get(id(n), n) for n in model.graph.node if id(n) not in dropped])
+    out.graph.initializer.extend(new_inits)
+    return out
+
+
+def constant_folding(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
+    import onnxslim
+
+    # onnxslim prints a summary table to stdout; keep the CLI output ours.
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        slimmed = onnxslim.slim(model)
+    if slimmed is None:
+        raise PassFailed("onnxslim returned no model")
+    return slimmed
+
+
+def shape_inference(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
+    return onnx.shape_inference.infer_shapes(model, data_prop=True)
+
+
+# --- canonicalize_shapes: a small symbolic evaluator for 1-D int64 shape tensors. A value is a
+# list of elements (or one element for a scalar); an element is an int, a hashable symbol for a
+# dimension (("param", name) or ("dim", tensor, index)), or None when unknown.
+
+def _dim_symbols(model: onnx.ModelProto) -> dict[str, list]:
+    inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)  # data_prop: Reshape outputs get dims
+    symbols = {}
+    for v in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        t = v.type.tensor_type
+        if t.HasField("shape"):
+            symbols[v.name] = [d.dim_value if d.HasField("dim_value") else ("param", d.dim_param) if d.dim_param
+                               else ("dim", v.name, k) for k, d in enumerate(t.shape.dim)]
+    return symbols
+
+
+def _binary(op: str, a, b):
+    if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
+        return {"Mul": a * b, "Add": a + b, "Sub": a - b, "Div": a // b if b else None}[op]
+    if a is None or b is None:
+        return None
+    if op == "Mul" and a == 1:
+        return b
+    if op in ("Mul", "Div") and b == 1 or op in ("Add", "Sub") and b == 0:
+        return a
+    return (op, a, b)  # a known expression of dims, never equal to a plain dim
+
+
+def _evaluate(model: onnx.ModelProto) -> dict[str, object]:
+    symbols = _dim_symbols(model)
+    values: dict[str, object] = {}
+    for name, array in _constants(model).items():
+        if array.dtype.kind == "i" and array.ndim <= 1 and array.size <= 16:
+            values[name] = int(array) if array.ndim == 0 else [int(v) for v in array]
+    for node in model.graph.node:
+        ins = [values.get(i) for i in node.input]
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        out = None
+        op = node.op_type
+        if op == "Shape" and node.input[0] in symbols:
+            dims = symbols[node.input[0]]
+            out = dims[attrs.get("start", 0):attrs.get("end", len(dims))]
+        elif op in ("Cast", "Identity") and ins[0] is not None:
+            out = ins[0]
+        elif op == "Gather" and isinstance(ins[0], list) and attrs.get("axis", 0) == 0 and ins[1] is not None:
+            idx = ins[1]
+            try:
+                out = ins[0][idx] if isinstance(idx, int) else [ins[0][i] for i in idx]
+            except IndexError:
+                out = None
+        elif op == "Unsqueeze" and ins[0] is not None and not isinstance(ins[0], list):
+            out = [ins[0]]
+        elif op == "Squeeze" and isinstance(ins[0], list) and len(ins[0]) == 1:
+            out = ins[0][0]
+        elif op == "Concat" and ins and all(isinstance(v, list) for v in ins):
+            out = [e for v in ins for e in v]
+        elif op in ("Mul", "Add", "Sub", "Div") and all(v is not None for v in ins[:2]):
+            a, b = ins[0], ins[1]
+            if isinstance(a, list) or isinstance(b, list):
+                a = a if isinstance(a, list) else [a] * len(b)
+                b = b if isinstance(b, list) else [b] * len(a)
+                out = [_binary(op, x, y) for x, y in zip(a, b)] if len(a) == len(b) else None
+            else:
+                out = _binary(op, a, b)
+        elif op == "Slice" and isinstance(ins[0], list) and len(ins) >= 3 and all(
+                isinstance(v, list) and len(v) == 1 for v in ins[1:3]) and (len(ins) < 4 or ins[3] in (None, [0])) \
+                and (len(ins) < 5 or ins[4] in (None, [1])) and (len(node.input) < 4 or not node.input[3] or ins[3] == [0]):
+            out = ins[0][ins[1][0]:ins[2][0]]
+        if out is not None:
+            values[node.output[0]] = out
+    return values
+
+
+def canonicalize_shapes(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
+    """Reshape(x, <computed shape>) -> Reshape(x, <constant>): an element equal to x's own dim k at
+    position k becomes 0 (copy), a plain number stays, and one remaining element becomes -1."""
+    model = _clone(model)  # Reshape inputs are rewritten in place below
+    constants = _constants(model)
+    values = _evaluate(model)
+    symbols = _dim_symbols(model)
+    new_inits = []
+    for node in model.graph.node:
+        if node.op_type != "Reshape" or node.input[1] in constants or not isinstance(values.get(node.input[1]), list):
+            continue
+        if any(a.name == "allowzero" and a.i for a in node.attribute):
+            continue
+        shape, data_dims = values[node.input[1]], symbols.get(node.input[0], [])
+        fixed, unknown = [], 0
+        for k, e in enumerate(shape):
+            if isinstance(e, (int, np.integer)):
+                fixed.append(int(e))
+                unknown += int(e) == -1
+            elif k < len(data_dims) and e is not None and e == data_dims[k] and not isinstance(e, int):
+                fixed.append(0)
+            else:
+                fixed.append(-1)
+                unknown += 1
+        if unknown > 1:
+            continue
+        name = f"{node.output[0]}_canonical_shape"
+        new_inits.append(numpy_helper.from_array(np.array(fixed, np.int64), name))
+        node.input[1] = name
+    if not new_inits:
+        return model
+    model.graph.initializer.extend(new_inits)
+    return eliminate_dead_nodes(model, {})  # the Shape arithmetic that fed them is dead now
+
+
+# --- the runner
+
+def op_counts(model: onnx.ModelProto) -> Counter:
+    return Counter(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}" for n in model.graph.node)
+
+
+def changes(before: Counter, after: Counter) -> dict[str, int]:
+    return {op: after[op] - before[op] for op in sorted(set(before) | set(after)) if after[op] != before[op]}
+
+
+def _reason(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return (text[0][:300] if text else type(error).__name__)
+
+
+def run(model: onnx.ModelProto, steps: Sequence[Step], dump_dir: Optional[Path] = None
+        ) -> tuple[onnx.ModelProto, list[dict], list[str]]:
+    """Run the ONNX-level steps in order. Returns the model, one record per pass, and warnings."""
+    records, notes = [], []
+    onnx_steps = [s for s in steps if s.level == "onnx"]
+    if dump_dir is not None:
+        dump_dir.mkdir(parents=True, exist_ok=True)
+        _dump(model, dump_dir / "onnx_00_input.onnx")
+    for index, step in enumerate(onnx_steps, 1):
+        before = op_counts(model)
+        start = time.perf_counter()
+        try:
+            result = REGISTRY[step.name].load()(model, step.config)
+            status, reason = "applied", None
+        except Exception as e:  # a pass that cannot handle this model must not take the compile down
+            if step.explicit:
+                raise UnsupportedModelError(f"pass {step.name} (requested explicitly) failed on this model: {_reason(e)}") from None
+            result, status, reason = model, "skipped", _reason(e)
+            notes.append(f"pass {step.name} skipped: {reason}")
+        elapsed = time.perf_counter() - start
+        after = op_counts(result)
+        records.append({"name": step.name, "level": "onnx", "status": status, "ops_before": sum(before.values()),
+                        "ops_after": sum(after.values()), "op_changes": changes(before, after),
+                        "time_s": round(elapsed, 4), "reason": reason})
+        model = result
+        if dump_dir is not None:
+            _dump(model, dump_dir / f"onnx_{index:02d}_{step.name}.onnx")
+    return model, records, notes
+
+
+def _dump(model: onnx.ModelProto, path: Path) -> None:
+    onnx.save(model, str(path))
+
+
+def check_importable(model: onnx.ModelProto, notes: Sequence[str] = (), pending: Sequence[Step] = ()) -> None:
+    """Every op must be one TVM imports, or one a pending pass rewrites (lower_rnn: LSTM/GRU/RNN);
+    a skipped pass is named in the error."""
+    from mlc.compiler.importer import unsupported_ops
+    from mlc.compiler import _format_unsupported
+    from mlc.compiler.passes.rnn import RNN_OPS
+
+    missing = unsupported_ops(model)
+    if any(s.name == "lower_rnn" for s in pending):
+        missing = {op: info for op, info in missing.items() if op not in RNN_OPS}
+    if missing:
+        skipped = [n for n in notes if n.startswith("pass ")]
+        raise UnsupportedModelError(_format_unsupported(missing) + (f" ({'; '.join(skipped)})" if skipped else ""))

@@ -1,0 +1,184 @@
+"""Relax-level passes, run in the TVM worker between the ONNX import and tvm.compile.
+
+Each pass is `fn(mod, config, target) -> mod`. tvm.compile then runs its own pipeline: on CPU
+(TVM's generic "default" pipeline) that is LegalizeOps plus lowering, with no fusion, so fuse_ops
+here is the only fusion; on GPU it is the target's pipeline, which legalizes and fuses again
+(a no-op on an already fused module) and schedules with dlight."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Optional
+
+from mlc.compiler.passes import REGISTRY
+
+
+def _lift_matmul_weights(func):
+    """Constant matmul weights and add operands (biases) as new parameters, one per distinct constant."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    matmul, add, lifted = tvm.ir.Op.get("relax.matmul"), tvm.ir.Op.get("relax.add"), {}
+
+    def lift(const):
+        var = next((v for v, c in lifted.items() if c.same_as(const)), None)
+        if var is None:
+            var = relax.Var(f"mlc_lifted{len(lifted)}", const.ty)
+            lifted[var] = const
+        return var
+
+    @mutator
+    class Lift(PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if call.op.same_as(matmul) or call.op.same_as(add):
+                args = [lift(a) if isinstance(a, tvm.ir.GenericConst) and (k == 1 or call.op.same_as(add)) else a
+                        for k, a in enumerate(call.args)]
+                return relax.Call(call.op, args, call.attrs)
+            return call
+
+    body = Lift().visit_expr(func.body)
+    return relax.Function(list(func.params) + list(lifted), body, func.ret_ty, func.is_pure, func.attrs), lifted
+
+
+def _has_parallel_matmuls(func, least: int) -> bool:
+    """Whether `least` matmuls read the same left-hand side (lifting is slow on big graphs: skip it otherwise)."""
+    import tvm
+    from tvm import relax
+
+    matmul, lhs = tvm.ir.Op.get("relax.matmul"), Counter()
+
+    def visit(expr) -> None:
+        if isinstance(expr, relax.Call) and expr.op.same_as(matmul) and isinstance(expr.args[1], tvm.ir.GenericConst):
+            lhs[expr.args[0]] += 1
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return any(n >= least for n in lhs.values())
+
+
+def combine_parallel_matmul(mod, config: dict, target):
+    """TVM's CombineParallelMatmul only matches weights that are function parameters, and the
+    importer makes them constants: lift them to parameters, combine, bind them back, fold the
+    concatenated weights into one constant."""
+    import tvm
+    from tvm import relax
+
+    least = int(config.get("min_branches", 2))
+    for gv, func in list(mod.functions.items()):
+        if not isinstance(func, relax.Function) or not _has_parallel_matmuls(func, least):
+            continue
+        lifted_func, lifted = _lift_matmul_weights(func)
+        if not lifted:
+            continue
+        lifted_mod = tvm.IRModule({gv.name_hint: lifted_func})
+        lifted_mod = relax.transform.CombineParallelMatmul(lambda _lhs, rhs, _bias, _bindings: len(rhs) >= least)(lifted_mod)
+        lifted_mod = relax.transform.BindParams(gv.name_hint, dict(lifted))(lifted_mod)
+        mod = mod.clone()  # the caller's module stays as it was
+        mod[gv] = relax.transform.FoldConstant()(lifted_mod)[gv.name_hint]
+    return mod
+
+
+def mixed_precision(mod, config: dict, target):
+    from tvm import relax
+
+    return relax.transform.ToMixedPrecision(out_dtype=config.get("out_dtype", "float32"))(mod)
+
+
+_KERNEL_LAYOUT = {"NHWC": "OHWI", "NCHW": "OIHW"}
+
+
+def convert_layout(mod, config: dict, target):
+    from tvm import relax
+
+    layout = config.get("layout", "NHWC")
+    return relax.transform.ConvertLayout({"relax.nn.conv2d": [layout, _KERNEL_LAYOUT[layout]]})(mod)
+
+
+def fold_constant(mod, config: dict, target):
+    from tvm import relax
+
+    return relax.transform.FoldConstant()(mod)
+
+
+def dead_code_elimination(mod, config: dict, target):
+    from tvm import relax
+
+    return relax.transform.DeadCodeElimination(["main"])(mod)
+
+
+def fuse_ops(mod, config: dict, target):
+    import tvm
+    from tvm import relax
+
+    t = relax.transform
+    return tvm.transform.Sequential([t.LegalizeOps(), t.AnnotateTIROpPattern(), t.FoldConstant(),
+                                     t.FuseOps(int(config.get("fuse_opt_level", -1))), t.FuseTIR()])(mod)
+
+
+def op_counts(mod) -> Counter:
+    """Operator calls in the module's Relax functions ("matmul", "call_tir", ...)."""
+    from tvm import ir, relax
+
+    counts: Counter = Counter()
+
+    def visit(expr) -> None:
+        if isinstance(expr, relax.Call) and isinstance(expr.op, ir.Op):
+            counts[expr.op.name.removeprefix("relax.")] += 1
+
+    for _, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
+    return counts
+
+
+def run(mod, steps: list[dict[str, Any]], target_json: dict, dump_dir: Optional[str] = None,
+        fused_by_build: bool = False):
+    """Run the Relax-level steps (Step.to_json() dicts) under the target. Returns the module and a
+    report {"records": [...], "notes": [...], "error": message or None}: a pass the user named
+    that fails is an error, any other failing pass is skipped with a note. `fused_by_build`: the
+    build that follows (mlc.tuning's CPU pipeline) runs LegalizeOps..FuseTIR itself, so fuse_ops
+    is recorded as left to it instead of fusing twice."""
+    import tvm
+
+    from mlc.compiler.passes.onnx import changes
+
+    report: dict[str, Any] = {"records": [], "notes": [], "error": None}
+    target = tvm.target.Target(target_json)
+    folder = Path(dump_dir) if dump_dir else None
+    if folder:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "relax_00_import.py").write_text(mod.script())
+    relax_steps = [s for s in steps if s["level"] == "relax"]
+    for index, step in enumerate(relax_steps, 1):
+        before = op_counts(mod)
+        start = time.perf_counter()
+        if fused_by_build and step["name"] == "fuse_ops":
+            report["records"].append({"name": "fuse_ops", "level": "relax", "status": "skipped",
+                                      "ops_before": sum(before.values()), "ops_after": sum(before.values()),
+                                      "op_changes": {}, "time_s": 0.0,
+                                      "reason": "the schedules build (mlc.tuning) legalizes and fuses itself"})
+            continue
+        try:
+            with target:
+                result = REGISTRY[step["name"]].load()(mod, step["config"], target)
+            status, reason = "applied", None
+        except Exception as e:  # a pass that cannot handle this model must not take the compile down
+            lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+            reason = (lines[-1] if lines else type(e).__name__)[:300]
+            if step["explicit"]:
+                report["error"] = f"pass {step['name']} (requested explicitly) failed on this model: {reason}"
+                return mod, report
+            result, status = mod, "skipped"
+            report["notes"].append(f"pass {step['name']} skipped: {reason}")
+        elapsed = time.perf_counter() - start
+        after = op_counts(result)
+        report["records"].append({"name": step["name"], "level": "relax", "status": status,
+                                  "ops_before": sum(before.values()), "ops_after": sum(after.values()),
+                                  "op_changes": changes(before, after), "time_s": round(elapsed, 4), "reason": reason})
+        mod = result
+        if folder:
+            (folder / f"relax_{index:02d}_{step['name']}.py").write_text(mod.script())
+    return mod, report

@@ -1,0 +1,319 @@
+"""Lowering of ONNX LSTM, GRU and RNN nodes (TVM 0.27's ONNX importer has no converter for them)
+into MatMul/Add/Mul/Sigmoid/Tanh/Gather/Slice/Unsqueeze/Concat, following the ONNX operator spec.
+
+The recurrence is unrolled over the sequence, so its length must be static; the batch stays
+dynamic (no shape arithmetic is emitted). The input projection X.W^T is one MatMul over the whole
+sequence; each step adds h.R^T. An absent initial state, or one built by ConstantOfShape(0) as
+torch exports it, makes the first step skip the recurrent terms instead of multiplying by zeros."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from mlc.compiler.passes import PassFailed
+
+RNN_OPS = ("LSTM", "GRU", "RNN")
+_DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
+_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+# Activations with their (alpha, beta) defaults from the ONNX spec; None: takes no parameter.
+_ACTIVATIONS = {"Sigmoid": None, "Tanh": None, "Relu": None, "Softsign": None, "Softplus": None,
+                "HardSigmoid": (0.2, 0.5), "LeakyRelu": (0.01, None), "Elu": (1.0, None),
+                "ThresholdedRelu": (1.0, None), "Affine": (1.0, 0.0), "ScaledTanh": (1.0, 1.0)}
+
+
+class _Graph:
+    """Emits the nodes and constants of one lowered RNN node. None stands for an all-zero tensor."""
+
+    def __init__(self, prefix: str, opset: int, dtype: np.dtype):
+        self.prefix, self.opset, self.dtype = prefix, opset, dtype
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self.count = 0
+
+    def _name(self, hint: str) -> str:
+        self.count += 1
+        return f"{self.prefix}/{hint}_{self.count}"
+
+    def const(self, value, hint: str = "const", dtype=None) -> str:
+        name = self._name(hint)
+        self.initializers.append(numpy_helper.from_array(np.asarray(value, dtype=dtype or self.dtype), name))
+        return name
+
+    def op(self, op_type: str, *inputs: str, out: Optional[str] = None, **attrs) -> str:
+        out = out or self._name(op_type)
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=self._name(op_type + "_node"), **attrs))
+        return out
+
+    def add(self, a: Optional[str], b: Optional[str]) -> Optional[str]:
+        return b if a is None else a if b is None else self.op("Add", a, b)
+
+    def mul(self, a: Optional[str], b: Optional[str]) -> Optional[str]:
+        return None if a is None or b is None else self.op("Mul", a, b)
+
+    def matmul(self, a: Optional[str], b: str) -> Optional[str]:
+        return None if a is None else self.op("MatMul", a, b)
+
+    def columns(self, x: str, start: int, end: int) -> str:
+        """x[..., start:end]"""
+        if self.opset < 10:
+            return self.op("Slice", x, starts=[start], ends=[end], axes=[-1])
+        i64 = np.int64
+        return self.op("Slice", x, self.const([start], "start", i64), self.const([end], "end", i64),
+                       self.const([-1], "axis", i64))
+
+    def unsqueeze(self, x: str, axes: list[int], out: Optional[str] = None) -> str:
+        if self.opset < 13:
+            return self.op("Unsqueeze", x, out=out, axes=axes)
+        return self.op("Unsqueeze", x, self.const(axes, "axes", np.int64), out=out)
+
+    def take(self, x: str, index: int, axis: int) -> str:
+        """x.take(index, axis): drops the axis."""
+        return self.op("Gather", x, self.const(np.int64(index), "index", np.int64), axis=axis)
+
+    def clip(self, x: str, threshold: Optional[float]) -> str:
+        if threshold is None:
+            return x
+        if self.opset < 11:
+            return self.op("Clip", x, min=-threshold, max=threshold)
+        return self.op("Clip", x, self.const(-threshold, "min"), self.const(threshold, "max"))
+
+    def activation(self, kind: str, x: str, alpha: Optional[float], beta: Optional[float]) -> str:
+        if kind in ("Sigmoid", "Tanh", "Relu", "Softsign", "Softplus"):
+            return self.op(kind, x)
+        a, b = _ACTIVATIONS[kind]
+        alpha = a if alpha is None else alpha
+        beta = b if beta is None else beta
+        if kind == "HardSigmoid":
+            return self.op(kind, x, alpha=alpha, beta=beta)
+        if kind in ("LeakyRelu", "Elu", "ThresholdedRelu"):
+            return self.op(kind, x, alpha=alpha)
+        if kind == "Affine":
+            return self.op("Add", self.op("Mul", x, self.const(alpha)), self.const(beta))
+        # ScaledTanh: alpha * tanh(beta * x)
+        return self.op("Mul", self.op("Tanh", self.op("Mul", x, self.const(beta))), self.const(alpha))
+
+    def join(self, parts: list[str], axis: int, out: str) -> str:
+        if len(parts) == 1:
+            return self.op("Identity", parts[0], out=out)
+        return self.op("Concat", *parts, out=out, axis=axis)
+
+
+def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    values = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    return values
+
+
+def _evaluate_constants(model: onnx.ModelProto, names: set[str], constants: dict[str, np.ndarray],
+                        producers: dict[str, onnx.NodeProto]) -> None:
+    """Compute values built from constants only (paddle2onnx makes W/R/B with Concat/Slice/Reshape
+    of initializers) with ONNX's reference evaluator, into `constants`. Others are left out."""
+    order, seen = [], set()
+
+    def visit(name: str) -> bool:  # whether `name` depends on constants only
+        if name in constants or not name:
+            return True
+        node = producers.get(name)
+        if node is None or node.op_type in RNN_OPS:
+            return False
+        if id(node) not in seen:
+            if not all(visit(i) for i in node.input):
+                return False
+            seen.add(id(node))
+            order.append(node)
+        return True
+
+    needed = [n for n in names if n and n not in constants and visit(n)]
+    if not needed:
+        return
+    from onnx.reference import ReferenceEvaluator
+
+    inputs = sorted({i for n in order for i in n.input if i in constants})
+    graph = helper.make_graph(order, "weights", [], [helper.make_tensor_value_info(n, 0, None) for n in needed],
+                              [numpy_helper.from_array(constants[i], i) for i in inputs])
+    small = helper.make_model(graph, opset_imports=model.opset_import)
+    for name, value in zip(needed, ReferenceEvaluator(small).run(None, {})):
+        constants[name] = np.asarray(value)
+
+
+def _dims(model: onnx.ModelProto) -> dict[str, list[Optional[int]]]:
+    inferred = onnx.shape_inference.infer_shapes(model)
+    dims = {}
+    for info in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        t = info.type.tensor_type
+        if t.HasField("shape"):
+            dims[info.name] = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+    return dims
+
+
+def _is_zeros(name: str, producers: dict[str, onnx.NodeProto], constants: dict[str, np.ndarray]) -> bool:
+    """Whether a value is all zeros by construction: a zero constant, or ConstantOfShape(0) seen
+    through the Slice/Reshape/Expand/Identity/Unsqueeze/Squeeze/Cast that exporters put after it."""
+    for _ in range(16):
+        if name in constants:
+            return not np.any(constants[name])
+        node = producers.get(name)
+        if node is None:
+            return False
+        if node.op_type == "ConstantOfShape":
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            return value is None or not np.any(numpy_helper.to_array(value))
+        if node.op_type not in ("Slice", "Reshape", "Expand", "Identity", "Unsqueeze", "Squeeze", "Cast", "Tile"):
+            return False
+        name = node.input[0]
+    return False
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    values = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return {k: v.decode() if isinstance(v, bytes) else [x.decode() if isinstance(x, bytes) else x for x in v]
+            if isinstance(v, list) else v for k, v in values.items()}
+
+
+def _lower(node: onnx.NodeProto, g: _Graph, constants, dims, producers, zeros_allowed: bool) -> None:
+    kind = node.op_type
+    attrs = _attrs(node)
+    inputs = list(node.input) + [""] * (8 - len(node.input))
+    x, w_name, r_name, b_name, seq_lens, h0 = inputs[:6]
+    c0, p_name = (inputs[6], inputs[7]) if kind == "LSTM" else ("", "")
+    if seq_lens:
+        raise PassFailed(f"{node.name or kind}: sequence_lens (variable-length batches) is not supported")
+    for label, name in (("W", w_name), ("R", r_name), ("B", b_name), ("P", p_name)):
+        if name and name not in constants:
+            raise PassFailed(f"{node.name or kind}: its {label} weights are computed, not constant")
+    layout = int(attrs.get("layout", 0))
+    time_axis, dir_axis = (1, 1) if layout else (0, 0)  # X/Y time axis; initial_h/Y_h direction axis
+    x_dims = dims.get(x)
+    if not x_dims or len(x_dims) != 3 or x_dims[time_axis] is None:
+        raise PassFailed(f"{node.name or kind}: the sequence length of its input must be static to unroll it "
+                         "(fix it with --input-shape)")
+    steps = x_dims[time_axis]
+    W, R = constants[w_name].astype(g.dtype), constants[r_name].astype(g.dtype)
+    directions = W.shape[0]
+    hidden = int(attrs.get("hidden_size", R.shape[-1]))
+    gates = _GATES[kind]
+    B = constants[b_name].astype(g.dtype) if b_name else np.zeros((directions, 2 * gates * hidden), g.dtype)
+    P = constants[p_name].astype(g.dtype) if p_name else None
+    direction = attrs.get("direction", "forward")
+    if direction not in ("forward", "reverse", "bidirectional") or (direction == "bidirectional") != (directions == 2):
+        raise PassFailed(f"{node.name or kind}: direction '{direction}' does not fit weights for {directions} direction(s)")
+    per_dir = len(_DEFAULT_ACTIVATIONS[kind])
+    activations = attrs.get("activations") or _DEFAULT_ACTIVATIONS[kind] * directions
+    if len(activations) == per_dir and directions == 2:
+        activations = activations * 2
+    unknown = sorted(set(activations) - set(_ACTIVATIONS))
+    if unknown:
+        raise PassFailed(f"{node.name or kind}: activation(s) {', '.join(unknown)} are not supported")
+    # activation_alpha/beta are consumed in order by the activations that take them (as ONNX Runtime reads them).
+    alphas, betas = list(attrs.get("activation_alpha", [])), list(attrs.get("activation_beta", []))
+    params = []
+    for kind_ in activations:
+        defaults = _ACTIVATIONS[kind_] or (None, None)
+        alpha = alphas.pop(0) if defaults[0] is not None and alphas else None
+        beta = betas.pop(0) if defaults[1] is not None and betas else None
+        params.append((alpha, beta))
+    clip = attrs.get("clip")
+    input_forget = bool(attrs.get("input_forget", 0))
+    linear_before_reset = bool(attrs.get("linear_before_reset", 0))
+
+    def act(index: int, value: str, clipped: bool = True) -> str:
+        # clip bounds gate pre-activations; like ONNX Runtime, not the cell state LSTM's h() reads
+        return g.activation(activations[index], g.clip(value, clip) if clipped else value, *params[index])
+
+    initial_h = None if not h0 or (zeros_allowed and _is_zeros(h0, producers, constants)) else h0
+    initial_c = None if not c0 or (zeros_allowed and _is_zeros(c0, producers, constants)) else c0
+    H = hidden
+    one = g.const(1.0, "one")
+    ys, last_h, last_c = [], [], []
+    for d in range(directions):
+        f = (lambda i, v, clipped=True, d=d: act(d * per_dir + i, v, clipped))
+        Wb, Rb = B[d, :gates * H], B[d, gates * H:]
+        if kind == "GRU" and linear_before_reset:  # Rb_h stays inside r * (h.Rh^T + Rb_h)
+            input_bias = np.concatenate([Wb[:2 * H] + Rb[:2 * H], Wb[2 * H:]])
+        else:
+            input_bias = Wb + Rb
+        xw = g.op("Add", g.op("MatMul", x, g.const(W[d].T.copy(), "W")), g.const(input_bias, "bias"))
+        h = g.take(initial_h, d, dir_axis) if initial_h else None
+        c = g.take(initial_c, d, dir_axis) if initial_c else None
+        if kind == "GRU":
+            RT_zr, RT_h = g.const(R[d, :2 * H].T.copy(), "Rzr"), g.const(R[d, 2 * H:].T.copy(), "Rh")
+            rb_h = g.const(Rb[2 * H:], "Rbh")
+        else:
+            RT = g.const(R[d].T.copy(), "R")
+        if P is not None:  # peepholes, stored i, o, f
+            p_i, p_o, p_f = (g.const(P[d, k * H:(k + 1) * H], "P") for k in range(3))
+        order = range(steps) if direction == "forward" or (direction == "bidirectional" and d == 0) else range(steps - 1, -1, -1)
+        outputs: dict[int, str] = {}
+        for t in order:
+            xt = g.take(xw, t, time_axis)
+            if kind == "LSTM":
+                pre = g.add(xt, g.matmul(h, RT))
+                gi, go, gf, gc = (g.columns(pre, k * H, (k + 1) * H) for k in range(4))
+                if P is not None and c is not None:
+                    gi = g.add(gi, g.mul(p_i, c))
+                    gf = g.add(gf, g.mul(p_f, c))
+                i = f(0, gi)
+                forget = g.op("Sub", one, i) if input_forget else f(0, gf)
+                c = g.add(g.mul(forget, c), g.op("Mul", i, f(1, gc)))
+                if P is not None:
+                    go = g.add(go, g.mul(p_o, c))
+                h = g.op("Mul", f(0, go), f(2, c, clipped=False))
+            elif kind == "GRU":
+                zr = g.add(g.columns(xt, 0, 2 * H), g.matmul(h, RT_zr))
+                z, r = f(0, g.columns(zr, 0, H)), f(0, g.columns(zr, H, 2 * H))
+                xh = g.columns(xt, 2 * H, 3 * H)
+                if linear_before_reset:
+                    candidate = f(1, g.add(xh, g.op("Mul", r, g.add(g.matmul(h, RT_h), rb_h))))
+                else:
+                    candidate = f(1, g.add(xh, g.matmul(g.mul(r, h), RT_h)))
+                h = g.add(g.op("Mul", g.op("Sub", one, z), candidate), g.mul(z, h))
+            else:
+                h = f(0, g.add(xt, g.matmul(h, RT)))
+            outputs[t] = h
+        ys.append(g.op("Concat", *(g.unsqueeze(outputs[t], [1, 2] if layout else [0, 1]) for t in range(steps)),
+                       axis=time_axis))
+        last_h.append(h)
+        last_c.append(c)
+    outs = list(node.output) + [""] * 3
+    if outs[0]:
+        g.join(ys, 2 if layout else 1, outs[0])
+    if outs[1]:
+        g.join([g.unsqueeze(v, [dir_axis]) for v in last_h], dir_axis, outs[1])
+    if kind == "LSTM" and outs[2]:
+        g.join([g.unsqueeze(v, [dir_axis]) for v in last_c], dir_axis, outs[2])
+
+
+def lower_rnn(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
+    """Replace every LSTM/GRU/RNN node of the main graph by its unrolled equivalent."""
+    if not any(n.op_type in RNN_OPS and n.domain in ("", "ai.onnx") for n in model.graph.node):
+        return model
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    constants = _constants(model)
+    dims = _dims(model)
+    producers = {o: n for n in model.graph.node for o in n.output}
+    weights = {i for n in model.graph.node if n.op_type in RNN_OPS for k, i in enumerate(n.input) if k in (1, 2, 3, 7)}
+    _evaluate_constants(model, weights, constants, producers)
+    nodes, initializers = [], []
+    for index, node in enumerate(model.graph.node):
+        if node.op_type not in RNN_OPS or node.domain not in ("", "ai.onnx"):
+            nodes.append(node)
+            continue
+        dtype = constants[node.input[1]].dtype if node.input[1] in constants else np.float32
+        g = _Graph(f"{node.name or node.op_type}#{index}", opset, dtype)
+        _lower(node, g, constants, dims, producers, zeros_allowed=True)
+        nodes.extend(g.nodes)
+        initializers.extend(g.initializers)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    out.graph.initializer.extend(initializers)
+    from mlc.compiler.passes.onnx import eliminate_dead_nodes
+
+    return eliminate_dead_nodes(out, {})  # the original W/R/B and what computed them
