@@ -23,7 +23,6 @@ SHAPES = {"lstm_lm": {"tokens": [128, 50]}}
 # Tokens over the whole vocabulary (mlc's own feeds may stay in 0..3 when it cannot see the embedding).
 VOCAB = {"lstm": {"tokens": 1000}, "lstm_lm": {"tokens": 10001}, "bert_tiny": {"input_ids": 1000}}
 LSTM_OPS = {"lstm": 1, "lstm_lm": 3}  # one ONNX LSTM per layer of nn.LSTM: what the LSTM lowering expects
-NO_LSTM_LOWERING = "TVM's ONNX importer has no LSTM converter; the ONNX pass lowering LSTM is not in yet"
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +99,7 @@ def test_dims_left_out_of_dynamic_are_fixed_at_the_example_sizes(jobs):
 @pytest.mark.parametrize("name,static", [
     ("cnn", False),
     ("bert_tiny", True),  # TVM's importer fails on the dynamic seq dim (Reshape of an unknown shape)
-    pytest.param("lstm", False, marks=pytest.mark.xfail(reason=NO_LSTM_LOWERING, strict=False)),
+    ("lstm", False),  # lowered by the lower_rnn pass
 ])
 def test_zoo_compiles_and_matches_eager(jobs, tmp_path, name, static):
     out, _ = jobs

@@ -180,9 +180,7 @@ def test_missing_framework_is_exit_4(monkeypatch, tmp_path):
 
 
 def test_lstm_without_lowering_is_a_clean_unsupported_error(tmp_path):
-    proc = run_mlc("compile", "zoo:lstm", "-o", tmp_path / "lstm")
-    if proc.returncode == 0:
-        pytest.skip("LSTM lowering is in place; covered by the passes tests")
+    proc = run_mlc("compile", "zoo:lstm", "-o", tmp_path / "lstm", "--disable-pass", "lower_rnn")
     assert_clean_error(proc, ExitCode.USER_ERROR, "LSTM")
 
 
