@@ -4,6 +4,7 @@ For every level: `mlc compile` (isolated TVM worker, as users run it) with its w
 per-pass report, the accuracy check, then latency of the artifact (thin runner, warm-up + repeats).
 
     .venv/bin/python benchmarks/passes_levels.py zoo:transformer
+    .venv/bin/python benchmarks/passes_levels.py zoo:resnet50 --framework torch --input-shape x:1x3x224x224
     .venv/bin/python benchmarks/passes_levels.py bert.onnx --input-shape input_ids:1x128 --levels 0 2 --out results/x.json
 """
 
@@ -25,8 +26,9 @@ from mlc.compiler import passes  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("model", help="an .onnx file or zoo:NAME")
+    parser.add_argument("model", help="a model as mlc compile takes it: .onnx, framework file, zoo:NAME")
     parser.add_argument("--target", default="x86")
+    parser.add_argument("--framework", help="as mlc compile --framework (e.g. torch for zoo:resnet50, zoo:bert-base)")
     parser.add_argument("--input-shape", action="append", default=[])
     parser.add_argument("--levels", type=int, nargs="+", default=list(passes.OPT_LEVELS))
     parser.add_argument("--repeat", type=int, default=20)
@@ -40,7 +42,8 @@ def main() -> None:
         for level in args.levels:
             start = time.perf_counter()
             result = api.compile(args.model, target=args.target, output=Path(scratch) / f"O{level}",
-                                 input_shapes=args.input_shape, pass_options=passes.Options(opt_level=level))
+                                 input_shapes=args.input_shape, framework=args.framework,
+                                 pass_options=passes.Options(opt_level=level))
             compile_s = time.perf_counter() - start
             latency = api.run(result.path, warmup=3, repeat=args.repeat).latency
             timings = result.manifest.compile.timings_s
