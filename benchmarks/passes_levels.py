@@ -4,7 +4,7 @@ For every level: `mlc compile` (isolated TVM worker, as users run it) with its w
 per-pass report, the accuracy check, then latency of the artifact (thin runner, warm-up + repeats).
 
     .venv/bin/python benchmarks/passes_levels.py zoo:transformer
-    .venv/bin/python benchmarks/passes_levels.py zoo:resnet50 --framework torch --input-shape x:1x3x224x224
+    .venv/bin/python benchmarks/passes_levels.py zoo:resnet50 --framework torch --levels 0 2
     .venv/bin/python benchmarks/passes_levels.py bert.onnx --input-shape input_ids:1x128 --levels 0 2 --out results/x.json
 """
 
