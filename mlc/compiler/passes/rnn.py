@@ -65,6 +65,19 @@ class _Graph:
         return self.op("Slice", x, self.const([start], "start", i64), self.const([end], "end", i64),
                        self.const([-1], "axis", i64))
 
+    def step(self, x: str, t: int, axis: int) -> str:
+        """x.take(t, axis) as Slice + Squeeze: TVM imports a Gather with wrap-around index arithmetic
+        that its FoldConstant then compiles once per step (minutes on a long sequence)."""
+        if self.opset < 10:
+            part = self.op("Slice", x, starts=[t], ends=[t + 1], axes=[axis])
+        else:
+            i64 = np.int64
+            part = self.op("Slice", x, self.const([t], "start", i64), self.const([t + 1], "end", i64),
+                           self.const([axis], "axis", i64))
+        if self.opset < 13:
+            return self.op("Squeeze", part, axes=[axis])
+        return self.op("Squeeze", part, self.const([axis], "axes", np.int64))
+
     def unsqueeze(self, x: str, axes: list[int], out: Optional[str] = None) -> str:
         if self.opset < 13:
             return self.op("Unsqueeze", x, out=out, axes=axes)
@@ -251,7 +264,7 @@ def _lower(node: onnx.NodeProto, g: _Graph, constants, dims, producers, zeros_al
         order = range(steps) if direction == "forward" or (direction == "bidirectional" and d == 0) else range(steps - 1, -1, -1)
         outputs: dict[int, str] = {}
         for t in order:
-            xt = g.take(xw, t, time_axis)
+            xt = g.step(xw, t, time_axis)
             if kind == "LSTM":
                 pre = g.add(xt, g.matmul(h, RT))
                 gi, go, gf, gc = (g.columns(pre, k * H, (k + 1) * H) for k in range(4))
