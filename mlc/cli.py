@@ -295,10 +295,10 @@ def _passes_table(records) -> Table:
         table.add_column(column, justify="right" if column.startswith(("ops", "time")) else "left")
     for r in records:
         if r.status == "applied":
-            what = ", ".join(f"{op} {n:+d}" for op, n in sorted(r.op_changes.items(), key=lambda kv: -abs(kv[1]))[:6]) or "-"
+            what = escape(", ".join(f"{op} {n:+d}" for op, n in sorted(r.op_changes.items(), key=lambda kv: -abs(kv[1]))[:6]) or "-")
         else:
-            what = f"[yellow]skipped:[/] {r.reason}"
-        table.add_row(r.name, r.level, str(r.ops_before), str(r.ops_after), f"{r.time_s:.2f} s", escape(what))
+            what = f"[yellow]skipped:[/] {escape(r.reason or '')}"
+        table.add_row(r.name, r.level, str(r.ops_before), str(r.ops_after), f"{r.time_s:.2f} s", what)
     return table
 
 
