@@ -130,6 +130,7 @@ def tune(
     `trials`: trials per kernel the database should hold (a rerun continues up to it);
     `budget`: wall time for this run ('20m'). Either or both; neither means 64 per kernel."""
     from mlc import api, targets
+    from mlc.compiler import passes as graph_passes
 
     if trials is not None and trials < 1:
         raise InputError(f"--trials must be at least 1, got {trials}")
@@ -152,10 +153,12 @@ def tune(
     start = time.time()
     with tempfile.TemporaryDirectory(prefix="mlc-tune-") as scratch:
         work = Path(scratch)
+        # The same default pass plan as `mlc compile`: the kernels tuned are the kernels it builds.
+        steps = graph_passes.plan(device=preset.device)
         prepared = api._prepare(source, input_shapes, work, api._Timer(api._quiet_step),
-                                framework=api.resolve_framework(source, None), static=True)
+                                framework=api.resolve_framework(source, None), static=True, steps=steps)
         request = {
-            "onnx": str(prepared.cleaned_path), "target": preset.tvm, "db": str(db.resolve()),
+            "relax_passes": [s.to_json() for s in steps], "onnx": str(prepared.cleaned_path), "target": preset.tvm, "db": str(db.resolve()),
             "logs": str(work / "logs"), "events": str(work / "events.jsonl"),
             "trials_per_task": per_task, "trials_per_iter": 16 if per_task >= 16 else per_task,
             "budget_s": budget_s, "threads": preset.tvm.get("num-cores", 1), "seed": seed,

@@ -277,7 +277,10 @@ def tune_request(request: dict) -> dict:
     start = time.time()
     target = tvm.target.Target(request["target"])
     register_intrinsics(target)
+    from mlc.compiler.passes import relax as relax_passes
+
     mod = importer.to_relax(onnx.load(request["onnx"]))
+    mod, _ = relax_passes.run(mod, request.get("relax_passes") or [], request["target"], None, fused_by_build=True)
     tasks = schedules.extract_tasks(mod, target)
     names = [t.task_name for t in tasks]
     database = ms.database.JSONDatabase(work_dir=request["db"], module_equality="structural")
