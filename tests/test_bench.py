@@ -237,3 +237,79 @@ def test_report_bad_inputs_are_clean_errors(tmp_path, results):
     assert_clean_error(run_mlc("report", other, "-o", tmp_path / "r.html"), 1, "is not an `mlc bench` result")
     assert_clean_error(run_mlc("report", tmp_path / "missing.json", "-o", tmp_path / "r.html"), 1, "not found")
     assert_clean_error(run_mlc("report", results, "-o", tmp_path / "r.pdf"), 1, ".html or .md")
+
+
+_FRAMEWORK_BASELINES = r'''
+import sys, tempfile
+from pathlib import Path
+import numpy as np
+from mlc.bench import baselines
+from mlc.compiler.frontends.base import FrameworkModel, InputDecl
+
+framework = sys.argv[1]
+baselines.limit_threads(framework, 1)
+x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
+if framework == "tensorflow":
+    import tensorflow as tf
+    inp = tf.keras.Input((8,), name="x")
+    model = tf.keras.Model(inp, tf.keras.layers.Dense(4)(inp))
+    native = lambda *a: model(a[0], training=False)
+    names = ["tf", "tf-graph"]
+else:
+    import paddle
+
+    class Layer(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.fc = paddle.nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.fc(x)
+
+    native = Layer()
+    native.eval()
+    names = ["paddle", "paddle-static"]
+expected = x @ np.asarray(native.fc.weight if framework == "paddle" else model.layers[-1].kernel) + \
+    np.asarray(native.fc.bias if framework == "paddle" else model.layers[-1].bias)
+fm = FrameworkModel(framework, [InputDecl("x", "float32", ["batch", 8])], {"batch": 2}, None, None, native=native)
+for name in names:
+    with tempfile.TemporaryDirectory() as scratch:
+        run = baselines.get(name).setup(baselines.Context(fm, None, ["x"], [x], 1, Path(scratch)))
+        (out,) = run()
+        print(name, float(np.abs(out - expected).max()))
+'''
+
+
+@pytest.mark.parametrize("framework, package", [("tensorflow", "tensorflow"), ("paddle", "paddle")])
+def test_framework_baselines_run_a_native_model(framework, package, tmp_path):
+    """tf/tf-graph and paddle/paddle-static on a small model given as FrameworkModel.native (~15 s each)."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec(package) is None:  # not importorskip: tensorflow and paddle in one process crash
+        pytest.skip(f"{package} is not installed")
+    script = tmp_path / "job.py"
+    script.write_text(_FRAMEWORK_BASELINES)
+    proc = subprocess.run([sys.executable, str(script), framework], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = dict(line.split() for line in proc.stdout.splitlines() if line.split()[0] in baselines_of(framework))
+    assert set(results) == set(baselines_of(framework))
+    assert all(float(err) < 1e-5 for err in results.values()), results
+
+
+def baselines_of(framework: str) -> list[str]:
+    from mlc.bench import baselines
+
+    return [b.name for b in baselines.BASELINES.values() if b.framework == framework]
+
+
+def test_baseline_registry_names_known_frameworks():
+    from mlc.bench import baselines
+    from mlc.compiler.frontends.base import FRAMEWORKS
+
+    assert {"torch", "torch-compile", "torchscript", "ort", "tf", "tf-graph", "paddle", "paddle-static"} <= set(baselines.BASELINES)
+    for b in baselines.BASELINES.values():
+        assert b.framework in FRAMEWORKS or b.framework == baselines.ONNX_EXPORT, b

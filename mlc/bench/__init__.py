@@ -24,7 +24,7 @@ from typing import Callable, Optional, Sequence
 
 from mlc import models, targets
 from mlc.bench import baselines
-from mlc.bench.machine import machine_info
+from mlc.bench.machine import load_average, machine_info
 from mlc.errors import InputError, MlcError
 
 SCHEMA = "mlc-bench/1"
@@ -141,9 +141,7 @@ def _compile_mlc(source: str, framework: str, target: str, shapes: dict[str, lis
     timings = dict(result.manifest.compile.timings_s)
     tuning = sum(v for k, v in timings.items() if k.startswith("tun"))
     return {"artifact": str(result.path), "compile_s": round(wall, 3), "compile_breakdown_s": timings,
-            "tuning_s": round(tuning, 3) if tuning else None, "artifact_bytes": _dir_size(result.path),
-            "check_passed": result.check.passed if result.check is not None else None,
-            "notes": result.notes}
+            "tuning_s": round(tuning, 3) if tuning else None, "artifact_bytes": _dir_size(result.path)}
 
 
 def run(config: BenchConfig, output: Optional[Path] = None, progress: Optional[Progress] = None) -> dict:
@@ -218,6 +216,7 @@ def run(config: BenchConfig, output: Optional[Path] = None, progress: Optional[P
                 for info in artifacts.values():
                     if "artifact" in info:
                         shutil.rmtree(info["artifact"], ignore_errors=True)
+    doc["machine"]["load_average_end"] = load_average()
     save()
     return doc
 
@@ -267,7 +266,7 @@ def _cell(config: BenchConfig, model: str, source: str, source_fw: str, backend:
         shutil.rmtree(job["scratch"], ignore_errors=True)
     if "skipped" in result:
         return {**cell, "status": "skipped", "error": result["skipped"]}
-    for key in ("setup_s", "compile_s", "latency_ms", "accuracy", "peak_rss_mb"):
+    for key in ("setup_s", "compile_s", "latency_ms", "accuracy", "peak_rss_mb", "load_average"):
         if key in result:
             cell[key] = result[key]
     if is_mlc and (result.get("emulated") or cell.get("target_emulated")):

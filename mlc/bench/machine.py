@@ -28,6 +28,14 @@ def _memory_gib() -> float | None:
         return None
 
 
+def load_average() -> list[float] | None:
+    """1/5/15-minute load averages: on a shared machine, the context every timing needs."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def machine_info() -> dict:
     return {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -39,5 +47,6 @@ def machine_info() -> dict:
         "cpu_count": os.cpu_count(),
         "memory_gib": _memory_gib(),
         "python": platform.python_version(),
+        "load_average": load_average(),
         "versions": {p: v for p in PACKAGES if (v := _version(p))},
     }

@@ -124,19 +124,27 @@ def _backends(cells: list[dict]) -> list[str]:
     return [n for n in names if not n.startswith("mlc@")] + [n for n in names if n.startswith("mlc@")]
 
 
+def _load(machine: dict) -> str:
+    start, end = machine.get("load_average"), machine.get("load_average_end")
+    return f"{start[0]:.1f} → {end[0]:.1f}" if start and end else "?"
+
+
 def _machines_section(docs: list[dict]) -> Section:
-    table = Table(["machine", "CPU", "cores (usable/all)", "memory GiB", "date", "versions", "file"], [])
+    table = Table(["machine", "CPU", "cores (usable/all)", "memory GiB", "date", "load avg start → end", "versions",
+                   "file"], [])
     for doc in docs:
         m = doc["machine"]
         versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items()
                              if k in ("mlc", "apache-tvm", "torch", "onnxruntime", "tensorflow", "tensorflow-cpu",
                                       "paddlepaddle"))
         table.rows.append([machine_label(m), m.get("cpu", "?"), f"{m.get('cores_usable')}/{m.get('cpu_count')}",
-                           str(m.get("memory_gib", "?")), m.get("date", "?"), versions, doc["file"]])
+                           str(m.get("memory_gib", "?")), m.get("date", "?"), _load(m), versions, doc["file"]])
     config = docs[0]["config"]
     text = [f"Warm-up {config.get('warmup')} runs, then {config.get('repeat')} timed runs per cell; each cell runs in "
             "a process of its own with its thread count set. Latency is the median (p50) in milliseconds unless "
-            "said otherwise; speed-up is the baseline's p50 over mlc's (above 1: mlc is faster)."]
+            "said otherwise; speed-up is the baseline's p50 over mlc's (above 1: mlc is faster). The load average "
+            "(1 min) shows whether other work shared the machine: with a load above the core count, multi-thread "
+            "timings suffer most (a descheduled thread stalls its team at every barrier)."]
     commands = list(dict.fromkeys(d["config"].get("command") for d in docs if d["config"].get("command")))
     text += [f"Command: `{c}`" for c in commands]
     return Section("Machines", text, [table])
@@ -195,7 +203,7 @@ def _speedup_section(cells: list[dict]) -> Optional[Section]:
 
 def _accuracy_section(cells: list[dict]) -> Section:
     table = Table(["machine", "model", "shape", "threads", "backend", "reference", "max abs err", "result",
-                   "p90 ms", "p99 ms", "mean ms"], [])
+                   "p90 ms", "p99 ms", "mean ms", "load"], [])
     for c in cells:
         if c["status"] != "ok":
             continue
@@ -206,12 +214,14 @@ def _accuracy_section(cells: list[dict]) -> Section:
         table.rows.append([c["machine"], c["model"], shape_label(c), str(c["threads"]), backend_label(c),
                            c.get("reference", ""), "–" if err is None else f"{err:.2e}",
                            "pass" if acc.get("passed") else "FAIL",
-                           *([EMULATED] * 3 if emulated else [_ms(lat.get("p90")), _ms(lat.get("p99")), _ms(lat.get("mean"))])])
+                           *([EMULATED] * 3 if emulated else [_ms(lat.get("p90")), _ms(lat.get("p99")), _ms(lat.get("mean"))]),
+                           f"{c['load_average']:.1f}" if c.get("load_average") is not None else "–"])
         if not acc.get("passed"):
             table.bold.add((len(table.rows) - 1, 7))
     return Section("Accuracy against the framework's eager outputs", [
         "Each backend's outputs on the same seeded inputs, against the eager outputs of the framework the model "
-        "was built in (fp32 tolerance atol 1e-4, rtol 1e-3)."], [table])
+        "was built in (fp32 tolerance atol 1e-4, rtol 1e-3). 'load': the machine's 1-minute load average when the "
+        "cell finished."], [table])
 
 
 def _compile_section(cells: list[dict]) -> Optional[Section]:

@@ -151,6 +151,7 @@ def measure(request: dict) -> dict:
                           "max_rel_error": max((o.max_rel_error for o in check.outputs), default=None),
                           "passed": check.passed}
     result["peak_rss_mb"] = peak_rss_mb()
+    result["load_average"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return result
 
 
