@@ -408,15 +408,22 @@ def bench_cmd(
         threads=bench.parse_ints("--threads", threads), baselines=listed("--baselines", baselines),
         warmup=warmup, repeat=repeat, framework=framework, db=db, command=bench.command_line())
     bench.validate(config)
-    with Progress(TextColumn("[bold]bench[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.description}"), console=err, transient=False) as bar:
-        task = bar.add_task("starting", total=None)
+    if not err.is_terminal:  # a log file: one line per step instead of a redrawn bar
+        def log_line(done: int, total: int, what: str) -> None:
+            if what:
+                err.print(f"[{done}/{total}] {escape(what)}", soft_wrap=True)
 
-        def progress(done: int, total: int, what: str) -> None:
-            bar.update(task, completed=done, total=total, **({"description": escape(what)} if what else {}))
+        doc = bench.run(config, output=output, progress=log_line)
+    else:
+        with Progress(TextColumn("[bold]bench[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.description}"), console=err, transient=False) as bar:
+            task = bar.add_task("starting", total=None)
 
-        doc = bench.run(config, output=output, progress=progress)
-        bar.update(task, description="done")
+            def progress(done: int, total: int, what: str) -> None:
+                bar.update(task, completed=done, total=total, **({"description": escape(what)} if what else {}))
+
+            doc = bench.run(config, output=output, progress=progress)
+            bar.update(task, description="done")
     from mlc.bench import report
 
     out.print(report.console_table(doc))

@@ -10,6 +10,9 @@ from importlib import metadata
 
 from mlc.targets import host_cpu_name, usable_cores
 
+# Settings that change how thread pools behave; recorded when set (children inherit them).
+ENVIRONMENT = ("OMP_WAIT_POLICY", "KMP_BLOCKTIME", "OMP_PROC_BIND", "GOMP_SPINCOUNT", "TVM_BIND_THREADS",
+               "TVM_EXCLUDE_WORKER0", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 PACKAGES = ("mlc", "apache-tvm", "apache-tvm-ffi", "onnx", "onnxruntime", "onnxslim", "numpy", "torch",
             "tensorflow", "tensorflow-cpu", "paddlepaddle", "transformers")
 
@@ -49,4 +52,5 @@ def machine_info() -> dict:
         "python": platform.python_version(),
         "load_average": load_average(),
         "versions": {p: v for p in PACKAGES if (v := _version(p))},
+        "environment": {k: os.environ[k] for k in ENVIRONMENT if k in os.environ},
     }

@@ -64,7 +64,8 @@ def load(paths: Sequence[Path]) -> list[dict]:
 
 def machine_label(machine: dict) -> str:
     cpu = " ".join(machine.get("cpu", "?").replace("(R)", "").replace("(TM)", "").replace(" CPU", "").split())
-    return f"{cpu}, {machine.get('cores_usable', '?')} cores"
+    env = "".join(f", {k}={v}" for k, v in sorted(machine.get("environment", {}).items()))
+    return f"{cpu}, {machine.get('cores_usable', '?')} cores{env}"
 
 
 def backend_label(cell: dict) -> str:
