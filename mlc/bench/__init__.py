@@ -198,7 +198,7 @@ def run(config: BenchConfig, output: Optional[Path] = None, progress: Optional[P
                 base = {"model": zoo.name, "batch": shape["batch"], "seq": shape["seq"]}
                 artifacts: dict[str, dict] = {}
                 for target in config.targets:
-                    tell(len(cells), total, f"{zoo.name} b{shape['batch']} s{shape['seq']}: mlc compiling for {target}")
+                    tell(len(cells), total, f"{zoo.name} {_label(shape)}: mlc compiling for {target}")
                     failure = main.get("skip") or main.get("error") or shape.get("error")
                     if failure:
                         artifacts[target] = {"error": failure}
@@ -210,7 +210,7 @@ def run(config: BenchConfig, output: Optional[Path] = None, progress: Optional[P
                         artifacts[target] = {"error": f"mlc compile failed: {_error_text(e)}"}
                 for threads in config.threads:
                     for backend in backends:
-                        tell(len(cells), total, f"{zoo.name} b{shape['batch']} s{shape['seq']} t{threads}: {backend}")
+                        tell(len(cells), total, f"{zoo.name} {_label(shape)} t{threads}: {backend}")
                         add(_cell(config, zoo.name, source, source_fw, backend, shape, threads, prepared,
                                   artifacts, workdir, base))
                 for info in artifacts.values():
@@ -219,6 +219,10 @@ def run(config: BenchConfig, output: Optional[Path] = None, progress: Optional[P
     doc["machine"]["load_average_end"] = load_average()
     save()
     return doc
+
+
+def _label(shape: dict) -> str:
+    return f"b{shape['batch']}" + (f" s{shape['seq']}" if shape.get("seq") is not None else "")
 
 
 def _cell(config: BenchConfig, model: str, source: str, source_fw: str, backend: str, shape: dict, threads: int,
