@@ -41,7 +41,7 @@ SEEDS = {
         "000", "BERT-base inference, dynamic (eager) vs static graph, CPU 1 and 2 threads",
         ["--models", "bert-base", "--batch", "1,4", "--seq", "32,128,512", "--threads", "1,2",
          "--baselines", "torch,torchscript,torch-compile,ort,paddle,paddle-static", "--targets", "x86",
-         "--warmup", "3", "--repeat", "10"],
+         "--warmup", "3", "--repeat", "10", "--cell-timeout", "1800"],
         ["threads", "batch", "seq", "Paddle dynamic ms", "Paddle static ms", "static speed-up"],
         [r.split() for r in ("1 1 32 146.47 141.89 3.1%", "1 1 128 504.29 436.91 13.4%", "1 1 512 2384.24 1772.91 25.6%",
                              "1 4 32 437.25 419.09 4.2%", "1 4 128 1724.65 1526.03 11.5%", "1 4 512 9090.28 6879.77 24.3%",
@@ -53,7 +53,8 @@ SEEDS = {
     "001": Seed(
         "001", "Stacked LSTM language model, forward only, CPU (vocab 10001, emb 128, 3x256, seq 50, batch 128)",
         ["--models", "lstm-lm", "--batch", "128", "--threads", "1,2",
-         "--baselines", "torch,torchscript,tf,tf-graph", "--targets", "x86", "--warmup", "2", "--repeat", "10"],
+         "--baselines", "torch,torchscript,ort,tf,tf-graph", "--targets", "x86", "--warmup", "2", "--repeat", "10",
+         "--cell-timeout", "1800"],
         ["batch", "TF eager ms", "TF graph ms", "TF graph whileop ms", "PyTorch ms", "PyTorch JIT ms"],
         [["128", "596.0", "218.1", "188.6", "348.3", "259.6"]],
         "Published: the seed's fine-grained-operator CPU table (threads not stated). The zoo's lstm-lm uses "
@@ -62,7 +63,8 @@ SEEDS = {
     "003": Seed(
         "003", "torch.compile (inductor) vs eager, transformer encoders at two scales",
         ["--models", "bert-tiny,bert-base", "--batch", "1", "--seq", "256", "--threads", "2",
-         "--baselines", "torch,torch-compile", "--targets", "x86", "--warmup", "3", "--repeat", "10"],
+         "--baselines", "torch,torch-compile", "--targets", "x86", "--warmup", "3", "--repeat", "10",
+         "--cell-timeout", "1800"],
         ["model (training, A100)", "eager ms", "cudagraphs ms", "inductor ms", "inductor speed-up"],
         [["shakespeare 10.65M", "16.03", "16.83", "12.19", "27.2%"], ["GPT2-small 127M", "3107.3", "3098.3", "2640.2", "16.3%"]],
         "The seed measured GPT training iterations on an A100 (10.65M-parameter 'shakespeare' and 127M GPT2-small); "

@@ -390,6 +390,8 @@ def bench_cmd(
     framework: Optional[str] = typer.Option(None, "--framework", "-f",
                                             help="Framework mlc and ort take the model from [default: torch where the model has it]."),
     db: Optional[str] = typer.Option(None, "--db", help="Tuning database for mlc's compiles (needs `mlc tune`)."),
+    cell_timeout: Optional[float] = typer.Option(None, "--cell-timeout",
+                                                 help="Seconds a cell may run; a slower one is stopped and recorded as failed."),
 ) -> None:
     """Benchmark zoo models: mlc per target side by side with framework baselines, per shape and thread count.
 
@@ -406,7 +408,8 @@ def bench_cmd(
         models=bench.parse_list("--models", models), targets=listed("--targets", targets),
         batch=bench.parse_ints("--batch", batch), seq=bench.parse_ints("--seq", seq),
         threads=bench.parse_ints("--threads", threads), baselines=listed("--baselines", baselines),
-        warmup=warmup, repeat=repeat, framework=framework, db=db, command=bench.command_line())
+        warmup=warmup, repeat=repeat, framework=framework, db=db, cell_timeout=cell_timeout,
+        command=bench.command_line())
     bench.validate(config)
     if not err.is_terminal:  # a log file: one line per step instead of a redrawn bar
         def log_line(done: int, total: int, what: str) -> None:

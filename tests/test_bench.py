@@ -212,6 +212,7 @@ def test_matrix_records_failures_and_goes_on(monkeypatch, tmp_path):
     (["--models", "mlp", "--threads", "0"], "--threads '0': '0' is not a whole number >= 1"),
     (["--models", "mlp", "--targets", "z80"], "z80"),
     (["--models", "mlp", "--repeat", "0"], "--repeat >= 1"),
+    (["--models", "mlp", "--cell-timeout", "0"], "--cell-timeout must be a number of seconds > 0"),
     (["--models", "mlp", "--db", "tuning/"], None),
 ])
 def test_bench_bad_inputs_are_clean_errors(args, fragment, tmp_path):
@@ -313,3 +314,32 @@ def test_baseline_registry_names_known_frameworks():
     assert {"torch", "torch-compile", "torchscript", "ort", "tf", "tf-graph", "paddle", "paddle-static"} <= set(baselines.BASELINES)
     for b in baselines.BASELINES.values():
         assert b.framework in FRAMEWORKS or b.framework == baselines.ONNX_EXPORT, b
+
+
+def test_worker_timeout_stops_the_worker_and_its_children(tmp_path, monkeypatch):
+    """`--cell-timeout`: run_worker kills the worker's whole process group (compiler pools included)."""
+    import os
+    import time
+
+    from mlc.compiler import run_worker
+    from mlc.errors import CompilerError
+
+    (tmp_path / "sleeper.py").write_text(
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen(['sleep', '120'])\n"
+        "open(sys.argv[1] + '.pid', 'w').write(str(child.pid))\n"
+        "time.sleep(120)\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    start = time.monotonic()
+    with pytest.raises(CompilerError, match="ran longer than 3 s and was stopped"):
+        run_worker("sleeper", {}, tmp_path / "job.json", "the sleeper", timeout=3)
+    assert time.monotonic() - start < 30
+    pid = int((tmp_path / "job.json.pid").read_text())
+    for _ in range(50):  # reaped by init a moment after the kill
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"grandchild {pid} survived the timeout")

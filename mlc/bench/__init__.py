@@ -48,6 +48,7 @@ class BenchConfig:
     repeat: int = 20
     framework: Optional[str] = None  # mlc's (and ort's) source framework [default: torch where the model has it]
     db: Optional[str] = None  # tuning database, passed to mlc.api.compile once tuning exists
+    cell_timeout: Optional[float] = None  # seconds a cell's process may run before it is stopped (cell failed)
     command: str = ""
 
 
@@ -91,6 +92,8 @@ def validate(config: BenchConfig) -> None:
         targets.resolve(name)
     if config.warmup < 0 or config.repeat < 1:
         raise InputError("--warmup must be >= 0 and --repeat >= 1")
+    if config.cell_timeout is not None and not config.cell_timeout > 0:
+        raise InputError("--cell-timeout must be a number of seconds > 0")
     if not config.targets and not config.baselines:
         raise InputError("nothing to measure: give --targets and/or --baselines")
     if config.db is not None:
@@ -100,10 +103,10 @@ def validate(config: BenchConfig) -> None:
             raise InputError("--db needs tuning support (`mlc tune`), which this mlc does not have yet")
 
 
-def _run_child(job: dict, workdir: Path, tag: str, what: str) -> dict:
+def _run_child(job: dict, workdir: Path, tag: str, what: str, timeout: Optional[float] = None) -> dict:
     from mlc.compiler import run_worker
 
-    result, log = run_worker("mlc.bench.worker", job, workdir / f"{tag}.request.json", what)
+    result, log = run_worker("mlc.bench.worker", job, workdir / f"{tag}.request.json", what, timeout=timeout)
     if result["ok"]:
         log.unlink(missing_ok=True)
         return result
@@ -263,7 +266,7 @@ def _cell(config: BenchConfig, model: str, source: str, source_fw: str, backend:
            "scratch": str(workdir / f"scratch-{model}-{shape['key']}-{threads}-{backend}")}
     tag = re.sub(r"[^\w.-]", "_", f"{model}-{shape['key']}-t{threads}-{backend}")
     try:
-        result = _run_child(job, workdir, tag, f"the {backend} benchmark process")
+        result = _run_child(job, workdir, tag, f"the {backend} benchmark process", config.cell_timeout)
     except Exception as e:  # noqa: BLE001
         return {**cell, "status": "failed", "error": _error_text(e)}
     finally:
