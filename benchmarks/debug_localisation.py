@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from unittest import mock
 
 import onnx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import machine_info  # noqa: E402
-
-import mlc.api as api  # noqa: E402
-from mlc.models import onnx_graphs  # noqa: E402
+import mlc.api as api
+from mlc.bench.machine import machine_info
+from mlc.models import onnx_graphs
 
 
 def main() -> None:

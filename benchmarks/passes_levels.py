@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import machine_info  # noqa: E402
+from mlc.bench.machine import machine_info  # noqa: E402
 
 import mlc.api as api  # noqa: E402
 from mlc.compiler import passes  # noqa: E402

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import machine_info  # noqa: E402
+from mlc.bench.machine import machine_info  # noqa: E402
 
 import mlc.api as api  # noqa: E402
 from mlc import tuning  # noqa: E402

@@ -473,6 +473,80 @@ def targets_cmd() -> None:
     out.print(table)
 
 
+@app.command("bench")
+def bench_cmd(
+    models: str = typer.Option(..., "--models", "-m", help="Zoo models, comma-separated (see `mlc models`)."),
+    output: Path = typer.Option(..., "--output", "-o", help="The results JSON to write (rewritten after every cell)."),
+    targets: str = typer.Option("x86", "--targets", "-t", help="mlc targets, comma-separated; 'none' for baselines only."),
+    batch: str = typer.Option("1", "--batch", help="Batch sizes, comma-separated."),
+    seq: str = typer.Option("128", "--seq", help="Sequence lengths, comma-separated (models without one ignore it)."),
+    threads: str = typer.Option("1", "--threads", help="CPU thread counts, comma-separated."),
+    baselines: str = typer.Option("torch,ort", "--baselines", "-b",
+                                  help="Baselines, comma-separated: torch, torch-compile, torchscript, ort, tf, "
+                                       "tf-graph, paddle, paddle-static; 'none' for mlc only."),
+    warmup: int = typer.Option(3, help="Untimed runs per cell."),
+    repeat: int = typer.Option(20, help="Timed runs per cell."),
+    framework: Optional[str] = typer.Option(None, "--framework", "-f",
+                                            help="Framework mlc and ort take the model from [default: torch where the model has it]."),
+    db: Optional[str] = typer.Option(None, "--db", help="Tuning database for mlc's compiles (needs `mlc tune`)."),
+    cell_timeout: Optional[float] = typer.Option(None, "--cell-timeout",
+                                                 help="Seconds a cell may run; a slower one is stopped and recorded as failed."),
+) -> None:
+    """Benchmark zoo models: mlc per target side by side with framework baselines, per shape and thread count.
+
+    Each cell runs in a process of its own; p50/p90/p99/mean latency, compile (and tuning) time,
+    artifact size, peak memory and accuracy against the framework's eager outputs go to the JSON."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mlc import bench
+
+    def listed(option: str, text: str) -> list[str]:
+        return [] if text.strip().lower() == "none" else bench.parse_list(option, text)
+
+    config = bench.BenchConfig(
+        models=bench.parse_list("--models", models), targets=listed("--targets", targets),
+        batch=bench.parse_ints("--batch", batch), seq=bench.parse_ints("--seq", seq),
+        threads=bench.parse_ints("--threads", threads), baselines=listed("--baselines", baselines),
+        warmup=warmup, repeat=repeat, framework=framework, db=db, cell_timeout=cell_timeout,
+        command=bench.command_line())
+    bench.validate(config)
+    if not err.is_terminal:  # a log file: one line per step instead of a redrawn bar
+        def log_line(done: int, total: int, what: str) -> None:
+            if what:
+                err.print(f"[{done}/{total}] {escape(what)}", soft_wrap=True)
+
+        doc = bench.run(config, output=output, progress=log_line)
+    else:
+        with Progress(TextColumn("[bold]bench[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.description}"), console=err, transient=False) as bar:
+            task = bar.add_task("starting", total=None)
+
+            def progress(done: int, total: int, what: str) -> None:
+                bar.update(task, completed=done, total=total, **({"description": escape(what)} if what else {}))
+
+            doc = bench.run(config, output=output, progress=progress)
+            bar.update(task, description="done")
+    from mlc.bench import report
+
+    out.print(report.console_table(doc))
+    failed = sum(c["status"] == "failed" for c in doc["cells"])
+    out.print(f"wrote {output} ({len(doc['cells'])} cells{f', {failed} failed' if failed else ''}); "
+              f"render it with: mlc report {output} -o report.html")
+
+
+@app.command("report")
+def report_cmd(
+    results: List[Path] = typer.Argument(..., help="Result JSON files written by `mlc bench` (several machines/targets merge)."),
+    output: Path = typer.Option(..., "--output", "-o", help="report.html (plots embedded) or report.md (plots beside it)."),
+    title: str = typer.Option("mlc benchmark report", help="The page title."),
+) -> None:
+    """Render benchmark results as an HTML or Markdown page: latency, speed-up, accuracy, compile time, plots."""
+    from mlc.bench import report
+
+    written = report.render(results, output, title=title)
+    out.print(f"wrote {output}" + (f" and {len(written) - 1} plot(s) beside it" if len(written) > 1 else ""))
+
+
 @app.command("models")
 def models_cmd() -> None:
     """List the built-in models (compile them as zoo:NAME)."""

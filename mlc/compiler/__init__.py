@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -74,17 +75,25 @@ def compile_in_worker(
     return _check_result(result, log_path)
 
 
-def run_worker(module: str, request: dict[str, Any], request_path: Path, what: str) -> tuple[dict[str, Any], Path]:
+def run_worker(module: str, request: dict[str, Any], request_path: Path, what: str,
+               timeout: Optional[float] = None) -> tuple[dict[str, Any], Path]:
     """Run `python -m module REQUEST.json` with its output in a log file; returns the result the
     worker wrote and the log's path (the caller deletes the log when it is not worth keeping).
-    A crashed worker is a CompilerError naming the log."""
+    A crashed worker, or one still running after `timeout` seconds (then it and every process it
+    started are killed), is a CompilerError naming the log."""
     request_path.write_text(json.dumps(request))
     with tempfile.NamedTemporaryFile("w", prefix="mlc-worker-", suffix=".log", delete=False) as log:
         log_path = Path(log.name)
+        # Its own process group, so that a stop also ends the compiler pools it may have started.
+        proc = subprocess.Popen([sys.executable, "-m", module, str(request_path)], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         try:
-            proc = subprocess.run([sys.executable, "-m", module, str(request_path)],
-                                  stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise CompilerError(f"{what} ran longer than {timeout:g} s and was stopped (log: {log_path})") from None
         except BaseException:  # interrupted: nothing to show the user
+            _kill_group(proc)
             log_path.unlink(missing_ok=True)
             raise
     result_path = request_path.with_suffix(".result.json")
@@ -96,6 +105,14 @@ def run_worker(module: str, request: dict[str, Any], request_path: Path, what: s
         tail = _log_tail(log_path)
         raise CompilerError(f"{what} {how}{': ' + tail if tail else ''} (full log: {log_path})")
     return json.loads(result_path.read_text()), log_path
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def _check_result(result: dict[str, Any], log_path: Optional[Path]) -> dict[str, Any]:

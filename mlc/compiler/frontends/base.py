@@ -10,7 +10,7 @@ import importlib
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -37,6 +37,10 @@ class FrameworkModel:
     # The original framework, eagerly: inputs in ONNX input order -> flattened outputs in ONNX output order.
     eager: Callable[[list[np.ndarray]], list[np.ndarray]]
     notes: list[str] = field(default_factory=list)
+    # The framework's own model object (torch nn.Module, keras Model, paddle Layer), called as
+    # native(*inputs) in ONNX input order; benchmarks build their compiled baselines from it
+    # (torch.compile, TorchScript, tf.function, paddle.jit.to_static). None when not available.
+    native: Any = None
 
     def symbolic_dims(self) -> list[str]:
         return list(dict.fromkeys(d for i in self.inputs for d in i.dims if isinstance(d, str)))

@@ -135,7 +135,9 @@ def from_layer(layer, inputs: list[InputDecl], example_sizes: Optional[dict[str,
             _, model_file, params = _files(str(prefix))
             _convert(model_file, params, onnx_path)
 
-    return _framework_model(_layer_runner(paddle, layer), inputs, sizes, convert, output_names)
+    model = _framework_model(_layer_runner(paddle, layer), inputs, sizes, convert, output_names)
+    model.native = layer  # benchmarks compile it (paddle.jit.to_static)
+    return model
 
 
 def _layer_runner(paddle, layer) -> Callable[[list[np.ndarray]], list]:

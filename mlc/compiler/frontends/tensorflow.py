@@ -168,4 +168,4 @@ def _framework_model(call: Callable, inputs: list[InputDecl], example_sizes: Opt
         tensors = [tf.constant(np.asarray(v, dtype=decl.dtype)) for v, decl in zip(values, inputs)]
         return [np.asarray(t) for t in tf.nest.flatten(call(*tensors))]
 
-    return FrameworkModel("tensorflow", inputs, sizes, export, eager)
+    return FrameworkModel("tensorflow", inputs, sizes, export, eager, native=call)

@@ -106,7 +106,7 @@ def from_module(module, example_inputs: Sequence, input_names: Sequence[str],
         with torch.no_grad():
             return _flatten(module(*[torch.from_numpy(np.ascontiguousarray(x)) for x in inputs]))
 
-    return FrameworkModel("torch", decls, sizes, export, eager)
+    return FrameworkModel("torch", decls, sizes, export, eager, native=module)
 
 
 def _export(module, examples: tuple, input_names: list[str], output_names, axes: dict[str, dict[int, str]],

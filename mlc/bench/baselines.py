@@ -1,0 +1,243 @@
+"""The baselines mlc is measured against, registered by name.
+
+A baseline runs inside a benchmark child process (mlc/bench/worker.py), one cell per process and
+one framework per process (tensorflow and paddle crash when imported together). Its setup gets a
+Context (the zoo model as a FrameworkModel, the ONNX export, the inputs, the thread count) and
+returns a function that runs the model once on those inputs and returns its outputs as numpy, in
+ONNX output order. Whatever setup does before returning (and the first call, which is where
+lazy compilers compile) counts as the baseline's compile time.
+
+Adding one: decorate `setup(ctx) -> run` with @baseline(name, framework, description).
+This module imports no framework; the setups import theirs."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from mlc.errors import InputError
+
+ONNX_EXPORT = "export"  # a baseline that runs the ONNX export of the model (no framework model needed)
+
+
+class Unavailable(Exception):
+    """The baseline cannot run this model here (not built for its framework, not installed):
+    the cell is recorded as skipped with this reason."""
+
+
+@dataclass
+class Context:
+    model: Any  # FrameworkModel, or None for baselines on the ONNX export
+    onnx_path: Optional[Path]
+    input_names: list[str]  # ONNX input order
+    inputs: list[np.ndarray]
+    threads: int
+    scratch: Path  # a folder of this cell's own (compiler caches)
+
+
+Setup = Callable[[Context], Callable[[], list[np.ndarray]]]
+
+
+@dataclass(frozen=True)
+class Baseline:
+    name: str
+    framework: str  # whose zoo model it runs: torch, tensorflow, paddle, or ONNX_EXPORT
+    description: str
+    setup: Setup
+    compiles: bool  # setup compiles (its time is reported as compile time)
+
+
+BASELINES: dict[str, Baseline] = {}
+
+
+def baseline(name: str, framework: str, description: str, compiles: bool = False) -> Callable[[Setup], Setup]:
+    def register(setup: Setup) -> Setup:
+        BASELINES[name] = Baseline(name, framework, description, setup, compiles)
+        return setup
+
+    return register
+
+
+def get(name: str) -> Baseline:
+    if name not in BASELINES:
+        raise InputError(f"unknown baseline {name!r}; choose from: {', '.join(BASELINES)}")
+    return BASELINES[name]
+
+
+# Thread limits, set in the child before the framework starts its thread pools.
+def limit_threads(framework: str, threads: int) -> None:
+    if framework == "torch":
+        import torch
+
+        torch.set_num_threads(threads)
+        torch.set_num_interop_threads(1)
+    elif framework == "tensorflow":
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    elif framework == "paddle":
+        import paddle
+
+        if hasattr(paddle, "set_num_threads"):
+            paddle.set_num_threads(threads)  # OMP/MKL env vars (set by the worker) cover older versions
+
+
+def _native(ctx: Context, what: str):
+    if ctx.model is None or ctx.model.native is None:
+        raise Unavailable(f"{what} needs the framework's model object (FrameworkModel.native), which this "
+                          "zoo builder does not provide yet")
+    return ctx.model.native
+
+
+# PyTorch -----------------------------------------------------------------------------------------
+
+def _torch_call(module, ctx: Context) -> Callable[[], list[np.ndarray]]:
+    import torch
+
+    from mlc.compiler.frontends.torch import _flatten
+
+    args = [torch.from_numpy(np.ascontiguousarray(a)) for a in ctx.inputs]
+
+    def run() -> list[np.ndarray]:
+        with torch.no_grad():
+            return _flatten(module(*args))
+
+    return run
+
+
+@baseline("torch", "torch", "PyTorch eager (no_grad)")
+def torch_eager(ctx: Context):
+    return _torch_call(_native(ctx, "torch eager"), ctx)
+
+
+@baseline("torch-compile", "torch", "torch.compile, inductor backend (C++/OpenMP kernels on CPU); "
+          "compile time is the first call, with an empty inductor cache", compiles=True)
+def torch_compile(ctx: Context):
+    import torch
+
+    # A cache of this cell's own: a warm cache from an earlier run would hide the compile time.
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(ctx.scratch / "inductor")
+    compiled = torch.compile(_native(ctx, "torch.compile"), backend="inductor", dynamic=False)
+    run = _torch_call(compiled, ctx)
+    run()  # inductor compiles on the first call
+    return run
+
+
+@baseline("torchscript", "torch", "TorchScript: torch.jit.trace + torch.jit.freeze", compiles=True)
+def torchscript(ctx: Context):
+    import torch
+
+    module = _native(ctx, "TorchScript")
+    args = tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in ctx.inputs)
+    with torch.no_grad():
+        traced = torch.jit.trace(module, args, check_trace=False, strict=False)
+        try:
+            traced = torch.jit.freeze(traced)
+        except Exception:  # noqa: BLE001 - freezing is an optimisation; the traced module still runs
+            pass
+    run = _torch_call(traced, ctx)
+    run()  # the profiling executor specialises on the first calls
+    return run
+
+
+# ONNX Runtime ------------------------------------------------------------------------------------
+
+@baseline("ort", ONNX_EXPORT, "ONNX Runtime (CPU provider, all graph optimisations) on mlc's ONNX export",
+          compiles=True)
+def onnxruntime(ctx: Context):
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(3)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = ctx.threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(str(ctx.onnx_path), options, providers=["CPUExecutionProvider"])
+    feeds = dict(zip(ctx.input_names, ctx.inputs))
+    wanted = {i.name for i in session.get_inputs()}
+    feeds = {k: v for k, v in feeds.items() if k in wanted}
+    return lambda: session.run(None, feeds)
+
+
+# TensorFlow --------------------------------------------------------------------------------------
+
+def _tf_outputs(value) -> list[np.ndarray]:
+    import tensorflow as tf
+
+    return [np.asarray(t) for t in tf.nest.flatten(value)]
+
+
+@baseline("tf", "tensorflow", "TensorFlow eager")
+def tf_eager(ctx: Context):
+    if ctx.model is not None and ctx.model.native is None:
+        return lambda: ctx.model.eager(ctx.inputs)  # the builder's own eager call
+    import tensorflow as tf
+
+    module = _native(ctx, "TensorFlow eager")
+    args = [tf.constant(a) for a in ctx.inputs]
+    return lambda: _tf_outputs(module(*args))
+
+
+@baseline("tf-graph", "tensorflow", "TensorFlow graph: tf.function (autograph), traced on the first call",
+          compiles=True)
+def tf_graph(ctx: Context):
+    import tensorflow as tf
+
+    module = _native(ctx, "tf.function")
+    args = [tf.constant(a) for a in ctx.inputs]
+    graph = tf.function(module, input_signature=[tf.TensorSpec(a.shape, a.dtype) for a in args])
+    run = lambda: _tf_outputs(graph(*args))  # noqa: E731
+    run()
+    return run
+
+
+# PaddlePaddle ------------------------------------------------------------------------------------
+
+@baseline("paddle", "paddle", "PaddlePaddle dynamic graph (eager)")
+def paddle_eager(ctx: Context):
+    if ctx.model is not None and ctx.model.native is None:
+        return lambda: ctx.model.eager(ctx.inputs)
+    import paddle
+
+    module = _native(ctx, "Paddle eager")
+    args = [paddle.to_tensor(a) for a in ctx.inputs]
+
+    def run() -> list[np.ndarray]:
+        with paddle.no_grad():
+            return [np.asarray(t) for t in paddle.utils.flatten(module(*args))]
+
+    return run
+
+
+@baseline("paddle-static", "paddle", "PaddlePaddle static graph: paddle.jit.to_static, saved and run by the "
+          "Paddle Inference predictor (its IR fusion passes, CPU math threads set)", compiles=True)
+def paddle_static(ctx: Context):
+    import paddle
+    import paddle.inference as inference
+
+    module = _native(ctx, "paddle.jit.to_static")
+    specs = [paddle.static.InputSpec(list(a.shape), str(a.dtype), name=n) for n, a in zip(ctx.input_names, ctx.inputs)]
+    prefix = ctx.scratch / "paddle-static" / "model"
+    paddle.jit.save(paddle.jit.to_static(module, input_spec=specs), str(prefix))
+    program = next(p for p in (prefix.with_suffix(".json"), prefix.with_suffix(".pdmodel")) if p.exists())
+    config = inference.Config(str(program), str(prefix.with_suffix(".pdiparams")))
+    config.disable_gpu()
+    config.set_cpu_math_library_num_threads(ctx.threads)
+    config.switch_ir_optim(True)
+    predictor = inference.create_predictor(config)
+    for name, array in zip(predictor.get_input_names(), ctx.inputs):
+        predictor.get_input_handle(name).copy_from_cpu(array)
+    outputs = [predictor.get_output_handle(n) for n in predictor.get_output_names()]
+
+    def run() -> list[np.ndarray]:
+        predictor.run()
+        return [o.copy_to_cpu() for o in outputs]
+
+    run()
+    return run

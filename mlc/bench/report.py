@@ -1,0 +1,475 @@
+"""`mlc report`: benchmark JSON files (one or several machines and targets) to an HTML or Markdown page.
+
+The page is built once as sections of text, tables and matplotlib figures, then written as HTML
+(figures embedded as base64 PNG) or Markdown (figures as PNG files beside it). Latency measured
+under emulation (ARM targets run with qemu on x86) is shown as such and never compared."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+from mlc.errors import InputError
+
+EMULATED = "emulated"
+
+
+@dataclass
+class Table:
+    header: list[str]
+    rows: list[list[str]]
+    bold: set[tuple[int, int]] = field(default_factory=set)  # (row, column) to emphasise
+
+
+@dataclass
+class Figure:
+    name: str  # file-name slug
+    caption: str
+    png: bytes
+
+
+@dataclass
+class Section:
+    title: str
+    text: list[str] = field(default_factory=list)
+    parts: list[Table | Figure] = field(default_factory=list)
+
+
+# Loading and merging -----------------------------------------------------------------------------
+
+def load(paths: Sequence[Path]) -> list[dict]:
+    from mlc.bench import SCHEMA
+
+    docs = []
+    for path in paths:
+        path = Path(path)
+        if not path.is_file():
+            raise InputError(f"results file not found: {path}")
+        try:
+            doc = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise InputError(f"{path} is not JSON ({e}); give files written by `mlc bench -o`") from None
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("cells"), list):
+            raise InputError(f"{path} is not an `mlc bench` result (expected schema {SCHEMA})")
+        doc["file"] = path.name
+        docs.append(doc)
+    return docs
+
+
+def machine_label(machine: dict) -> str:
+    cpu = " ".join(machine.get("cpu", "?").replace("(R)", "").replace("(TM)", "").replace(" CPU", "").split())
+    env = "".join(f", {k}={v}" for k, v in sorted(machine.get("environment", {}).items()))
+    return f"{cpu}, {machine.get('cores_usable', '?')} cores{env}"
+
+
+def backend_label(cell: dict) -> str:
+    return f"mlc@{cell['target']}" if cell["backend"] == "mlc" else cell["backend"]
+
+
+def shape_label(cell: dict) -> str:
+    return f"b{cell['batch']}" + (f" s{cell['seq']}" if cell.get("seq") is not None else "")
+
+
+def rows(docs: list[dict]) -> list[dict]:
+    """Every cell of every file with its machine; a later file replaces the same cell of an earlier one."""
+    merged: dict[tuple, dict] = {}
+    for doc in docs:
+        label = machine_label(doc["machine"])
+        for cell in doc["cells"]:
+            row = {**cell, "machine": label, "file": doc["file"]}
+            key = (label, cell["model"], cell["batch"], cell.get("seq"), cell["threads"], backend_label(cell))
+            merged[key] = row
+    return list(merged.values())
+
+
+def latency(cell: dict) -> Optional[float]:
+    if cell.get("status") != "ok" or cell.get("emulated"):
+        return None
+    return (cell.get("latency_ms") or {}).get("p50")
+
+
+def _ms(value: Optional[float]) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:.3g}" if value < 100 else f"{value:.0f}"
+
+
+def _status_text(cell: Optional[dict]) -> str:
+    if cell is None:
+        return ""
+    if cell["status"] != "ok":
+        return cell["status"]
+    if cell.get("emulated"):
+        return EMULATED
+    return _ms(latency(cell))
+
+
+# Building the page -------------------------------------------------------------------------------
+
+def _grouped(cells: list[dict]) -> dict[tuple, dict[str, dict]]:
+    """(machine, model, shape, threads) -> {backend: cell}, in first-seen order."""
+    groups: dict[tuple, dict[str, dict]] = {}
+    for c in cells:
+        groups.setdefault((c["machine"], c["model"], shape_label(c), c["threads"]), {})[backend_label(c)] = c
+    return groups
+
+
+def _backends(cells: list[dict]) -> list[str]:
+    names = list(dict.fromkeys(backend_label(c) for c in cells))
+    return [n for n in names if not n.startswith("mlc@")] + [n for n in names if n.startswith("mlc@")]
+
+
+def _load(machine: dict) -> str:
+    start, end = machine.get("load_average"), machine.get("load_average_end")
+    return f"{start[0]:.1f} → {end[0]:.1f}" if start and end else "?"
+
+
+def _machines_section(docs: list[dict]) -> Section:
+    table = Table(["machine", "CPU", "cores (usable/all)", "memory GiB", "date", "load avg start → end", "versions",
+                   "file"], [])
+    for doc in docs:
+        m = doc["machine"]
+        versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items()
+                             if k in ("mlc", "apache-tvm", "torch", "onnxruntime", "tensorflow", "tensorflow-cpu",
+                                      "paddlepaddle"))
+        table.rows.append([machine_label(m), m.get("cpu", "?"), f"{m.get('cores_usable')}/{m.get('cpu_count')}",
+                           str(m.get("memory_gib", "?")), m.get("date", "?"), _load(m), versions, doc["file"]])
+    config = docs[0]["config"]
+    text = [f"Warm-up {config.get('warmup')} runs, then {config.get('repeat')} timed runs per cell; each cell runs in "
+            "a process of its own with its thread count set. Latency is the median (p50) in milliseconds unless "
+            "said otherwise; speed-up is the baseline's p50 over mlc's (above 1: mlc is faster). The load average "
+            "(1 min) shows whether other work shared the machine: with a load above the core count, multi-thread "
+            "timings suffer most (a descheduled thread stalls its team at every barrier)."]
+    commands = list(dict.fromkeys(d["config"].get("command") for d in docs if d["config"].get("command")))
+    text += [f"Command: `{c}`" for c in commands]
+    return Section("Machines", text, [table])
+
+
+def _latency_section(cells: list[dict]) -> Section:
+    backends = _backends(cells)
+    section = Section("Latency (p50 ms; p90/p99 in the accuracy table)", [
+        "Lowest per row in bold. 'emulated': an ARM artifact run under qemu — its accuracy counts, its "
+        "latency is not a measurement of the device and is left out."])
+    table = Table(["machine", "model", "shape", "threads", *backends], [])
+    for (machine, model, shape, threads), by in _grouped(cells).items():
+        row = [machine, model, shape, str(threads)] + [_status_text(by.get(b)) for b in backends]
+        values = {i: latency(by[b]) for i, b in enumerate(backends) if b in by and latency(by[b]) is not None}
+        if values:
+            table.bold.add((len(table.rows), 4 + min(values, key=values.get)))
+        table.rows.append(row)
+    section.parts.append(table)
+    return section
+
+
+def _speedups(cells: list[dict]) -> tuple[list[str], list[str], list[tuple[tuple, dict[tuple[str, str], float]]]]:
+    backends = _backends(cells)
+    mlcs = [b for b in backends if b.startswith("mlc@")]
+    others = [b for b in backends if not b.startswith("mlc@")]
+    out = []
+    for key, by in _grouped(cells).items():
+        ratios = {}
+        for m in mlcs:
+            for b in others:
+                mine, theirs = latency(by.get(m, {})), latency(by.get(b, {}))
+                if mine and theirs:
+                    ratios[(m, b)] = theirs / mine
+        out.append((key, ratios))
+    return mlcs, others, out
+
+
+def _speedup_section(cells: list[dict]) -> Optional[Section]:
+    mlcs, others, speedups = _speedups(cells)
+    if not mlcs or not others:
+        return None
+    pairs = [(m, b) for m in mlcs for b in others]
+    table = Table(["machine", "model", "shape", "threads", *[f"{m} vs {b}" for m, b in pairs]], [])
+    for (machine, model, shape, threads), ratios in speedups:
+        row = [machine, model, shape, str(threads)]
+        for i, pair in enumerate(pairs):
+            ratio = ratios.get(pair)
+            row.append(f"{ratio:.2f}×" if ratio else "–")
+            if ratio and ratio >= 1:
+                table.bold.add((len(table.rows), 4 + i))
+        table.rows.append(row)
+    return Section("Speed-up of mlc over each baseline", [
+        "Baseline p50 / mlc p50 on the same machine, shape and thread count; bold where mlc is at least as fast."],
+        [table])
+
+
+def _accuracy_section(cells: list[dict]) -> Section:
+    table = Table(["machine", "model", "shape", "threads", "backend", "reference", "max abs err", "result",
+                   "p90 ms", "p99 ms", "mean ms", "load"], [])
+    for c in cells:
+        if c["status"] != "ok":
+            continue
+        acc = c.get("accuracy") or {}
+        lat = c.get("latency_ms") or {}
+        emulated = bool(c.get("emulated"))
+        err = acc.get("max_abs_error")
+        table.rows.append([c["machine"], c["model"], shape_label(c), str(c["threads"]), backend_label(c),
+                           c.get("reference", ""), "–" if err is None else f"{err:.2e}",
+                           "pass" if acc.get("passed") else "FAIL",
+                           *([EMULATED] * 3 if emulated else [_ms(lat.get("p90")), _ms(lat.get("p99")), _ms(lat.get("mean"))]),
+                           f"{c['load_average']:.1f}" if c.get("load_average") is not None else "–"])
+        if not acc.get("passed"):
+            table.bold.add((len(table.rows) - 1, 7))
+    return Section("Accuracy against the framework's eager outputs", [
+        "Each backend's outputs on the same seeded inputs, against the eager outputs of the framework the model "
+        "was built in (fp32 tolerance atol 1e-4, rtol 1e-3). 'load': the machine's 1-minute load average when the "
+        "cell finished."], [table])
+
+
+def _compile_section(cells: list[dict]) -> Optional[Section]:
+    seen, table = set(), Table(["machine", "model", "shape", "backend", "compile s", "tuning s", "artifact MiB",
+                                "peak RSS MiB (threads)"], [])
+    for c in cells:
+        if c["status"] != "ok" or c.get("compile_s") is None:
+            continue
+        key = (c["machine"], c["model"], shape_label(c), backend_label(c))
+        rss = ", ".join(f"{o['peak_rss_mb']:.0f} ({o['threads']})" for o in cells
+                        if (o["machine"], o["model"], shape_label(o), backend_label(o)) == key and o.get("peak_rss_mb"))
+        if key in seen:
+            continue
+        seen.add(key)
+        size = c.get("artifact_bytes")
+        table.rows.append([*key, f"{c['compile_s']:.1f}", f"{c['tuning_s']:.0f}" if c.get("tuning_s") else "–",
+                           f"{size / 2**20:.1f}" if size else "–", rss])
+    if not table.rows:
+        return None
+    return Section("Compile time, artifact size, peak memory", [
+        "mlc: the whole `mlc compile` (export, ONNX clean-up, TVM build, packaging, check), once per shape and "
+        "target. Baselines: setup until the first result (torch.compile compiles with an empty inductor cache; "
+        "ONNX Runtime builds its session). Peak RSS is the measuring process's, framework included."], [table])
+
+
+def _problems_section(cells: list[dict]) -> Optional[Section]:
+    bad = [c for c in cells if c["status"] != "ok"]
+    if not bad:
+        return None
+    table = Table(["machine", "model", "shape", "threads", "backend", "status", "why"],
+                  [[c["machine"], c["model"], shape_label(c), str(c["threads"]), backend_label(c), c["status"],
+                    c.get("error", "")] for c in bad])
+    return Section("Cells that did not run", [], [table])
+
+
+# Plots -------------------------------------------------------------------------------------------
+
+def _png(fig) -> bytes:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _bars(title: str, groups: list[str], series: dict[str, list[Optional[float]]], ylabel: str,
+          log: bool = False, line: Optional[float] = None):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(groups) * max(1, len(series)) ** 0.5 + 2), 3.8))
+    width = 0.8 / max(1, len(series))
+    x = np.arange(len(groups))
+    for i, (name, values) in enumerate(series.items()):
+        offset = x + (i - (len(series) - 1) / 2) * width
+        if line is None:
+            ax.bar(offset, [v or 0 for v in values], width, label=name)
+        else:  # bars grow from the reference line, up where better, down where worse
+            ax.bar(offset, [(v - line) if v else 0 for v in values], width, bottom=line, label=name)
+    ax.set_xticks(x, groups, rotation=30 if len(groups) > 4 else 0, ha="right" if len(groups) > 4 else "center")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if log:
+        from matplotlib.ticker import FuncFormatter, LogLocator
+
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+    if line is not None:
+        ax.axhline(line, color="black", linewidth=0.8, linestyle="--")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return fig
+
+
+def _slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in text.lower()).strip("-")[:60]
+
+
+def _figures(cells: list[dict]) -> tuple[list[Figure], list[Figure], list[Figure]]:
+    latency_figs, speedup_figs, compile_figs = [], [], []
+    machines = list(dict.fromkeys(c["machine"] for c in cells))
+    models = list(dict.fromkeys(c["model"] for c in cells))
+    for machine in machines:
+        for model in models:
+            mine = [c for c in cells if c["machine"] == machine and c["model"] == model]
+            groups = _grouped(mine)
+            labels = [f"{shape} t{threads}" for (_, _, shape, threads) in groups]
+            series = {b: [latency(by.get(b, {})) if b in by else None for by in groups.values()]
+                      for b in _backends(mine)}
+            series = {b: v for b, v in series.items() if any(x is not None for x in v)}
+            if series:
+                latency_figs.append(Figure(f"latency-{_slug(machine)}-{_slug(model)}",
+                                           f"{model} on {machine}: p50 latency (ms, log scale; lower is better)",
+                                           _png(_bars(f"{model} — {machine}", labels, series, "p50 ms", log=True))))
+        mcells = [c for c in cells if c["machine"] == machine]
+        mlcs, others, speedups = _speedups(mcells)
+        if mlcs and others:
+            labels = [f"{model} {shape} t{threads}" for (_, model, shape, threads), _ in speedups]
+            series = {f"{m} vs {b}": [r.get((m, b)) for _, r in speedups] for m in mlcs for b in others}
+            series = {k: v for k, v in series.items() if any(x is not None for x in v)}
+            if series:
+                speedup_figs.append(Figure(f"speedup-{_slug(machine)}", f"mlc speed-up over each baseline on {machine} "
+                                                                        "(above the dashed line: mlc is faster)",
+                                           _png(_bars(f"speed-up of mlc — {machine}", labels, series,
+                                                      "baseline p50 / mlc p50", log=True, line=1.0))))
+        compiled = {}
+        for c in mcells:
+            if c["status"] == "ok" and c.get("compile_s") is not None:
+                compiled.setdefault((f"{c['model']} {shape_label(c)}", backend_label(c)), c["compile_s"])
+        if compiled:
+            groups = list(dict.fromkeys(g for g, _ in compiled))
+            names = list(dict.fromkeys(b for _, b in compiled))
+            series = {b: [compiled.get((g, b)) for g in groups] for b in names}
+            compile_figs.append(Figure(f"compile-{_slug(machine)}", f"compile/setup time on {machine} (s, log scale)",
+                                       _png(_bars(f"compile time — {machine}", groups, series, "seconds", log=True))))
+    return latency_figs, speedup_figs, compile_figs
+
+
+def build(docs: list[dict]) -> list[Section]:
+    cells = rows(docs)
+    if not cells:
+        raise InputError("the results hold no cells; run `mlc bench` first")
+    latency_figs, speedup_figs, compile_figs = _figures(cells)
+    sections = [_machines_section(docs)]
+    lat = _latency_section(cells)
+    lat.parts += latency_figs
+    sections.append(lat)
+    speed = _speedup_section(cells)
+    if speed:
+        speed.parts += speedup_figs
+        sections.append(speed)
+    sections.append(_accuracy_section(cells))
+    comp = _compile_section(cells)
+    if comp:
+        comp.parts += compile_figs
+        sections.append(comp)
+    problems = _problems_section(cells)
+    if problems:
+        sections.append(problems)
+    return sections
+
+
+# Writing -----------------------------------------------------------------------------------------
+
+_CSS = """body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;
+color:#222}h1{font-size:1.6em}h2{font-size:1.25em;margin-top:2em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+table{border-collapse:collapse;margin:1em 0;font-size:.9em}th,td{border:1px solid #ddd;padding:.3em .6em;
+text-align:right}th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}tr:nth-child(even){background:#fafafa}
+figure{margin:1.5em 0}figcaption{font-size:.9em;color:#555}img{max-width:100%}code{background:#f4f4f4;padding:0 .2em}"""
+
+
+def _inline(text: str) -> str:
+    """`code` spans in escaped HTML."""
+    parts = html.escape(text).split("`")
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
+
+def to_html(sections: list[Section], title: str) -> str:
+    out = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+           f"<style>{_CSS}</style></head><body>\n<h1>{html.escape(title)}</h1>"]
+    for s in sections:
+        out.append(f"<h2>{html.escape(s.title)}</h2>")
+        out += [f"<p>{_inline(t)}</p>" for t in s.text]
+        for part in s.parts:
+            if isinstance(part, Table):
+                out.append("<table><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in part.header)
+                           + "</tr></thead><tbody>")
+                for r, row in enumerate(part.rows):
+                    cells = [f"<td><b>{html.escape(v)}</b></td>" if (r, c) in part.bold else f"<td>{html.escape(v)}</td>"
+                             for c, v in enumerate(row)]
+                    out.append("<tr>" + "".join(cells) + "</tr>")
+                out.append("</tbody></table>")
+            else:
+                data = base64.b64encode(part.png).decode()
+                out.append(f"<figure><img alt=\"{html.escape(part.caption)}\" src=\"data:image/png;base64,{data}\">"
+                           f"<figcaption>{html.escape(part.caption)}</figcaption></figure>")
+    out.append("</body></html>\n")
+    return "\n".join(out)
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(sections: list[Section], title: str, image_prefix: str) -> tuple[str, dict[str, bytes]]:
+    """The page, and the PNG files it links to (names relative to the page)."""
+    out, images = [f"# {title}", ""], {}
+    for s in sections:
+        out += [f"## {s.title}", ""]
+        for t in s.text:
+            out += [t, ""]
+        for part in s.parts:
+            if isinstance(part, Table):
+                out.append("| " + " | ".join(_md_cell(h) for h in part.header) + " |")
+                out.append("|" + "|".join(":---" if i == 0 else "---:" for i in range(len(part.header))) + "|")
+                for r, row in enumerate(part.rows):
+                    out.append("| " + " | ".join(f"**{_md_cell(v)}**" if (r, c) in part.bold and v else _md_cell(v)
+                                                 for c, v in enumerate(row)) + " |")
+                out.append("")
+            else:
+                name = f"{image_prefix}{part.name}.png"
+                images[name] = part.png
+                out += [f"![{part.caption}]({name})", "", f"*{part.caption}*", ""]
+    return "\n".join(out) + "\n", images
+
+
+def render(paths: Sequence[Path], output: Path, title: str = "mlc benchmark report") -> list[Path]:
+    """Write the report; returns the files written (the page first)."""
+    output = Path(output)
+    if output.suffix.lower() not in (".html", ".htm", ".md"):
+        raise InputError(f"-o {output}: the report is written as .html or .md")
+    sections = build(load(paths))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    if output.suffix.lower() == ".md":
+        text, images = to_markdown(sections, title, f"{output.stem}-")
+        written = [output]
+        for name, data in images.items():
+            (output.parent / name).write_bytes(data)
+            written.append(output.parent / name)
+        output.write_text(text)
+        return written
+    output.write_text(to_html(sections, title))
+    return [output]
+
+
+def console_table(doc: dict):
+    """A terminal summary of one run (rich Table): p50 per cell and backend."""
+    from rich.table import Table as RichTable
+
+    cells = rows([{**doc, "file": ""}])
+    backends = _backends(cells)
+    table = RichTable(title="p50 latency, ms (accuracy vs eager: ✓ pass, ✗ fail)", title_justify="left")
+    for column in ("model", "shape", "threads", *backends):
+        table.add_column(column, justify="left" if column in ("model", "shape") else "right")
+    for (_, model, shape, threads), by in _grouped(cells).items():
+        values = []
+        for b in backends:
+            c = by.get(b)
+            text = _status_text(c)
+            if c is not None and c["status"] == "ok":
+                text += " ✓" if (c.get("accuracy") or {}).get("passed") else " ✗"
+            values.append(text)
+        table.add_row(model, shape, str(threads), *values)
+    return table

@@ -1,0 +1,201 @@
+"""The benchmark child process. Run as
+
+    python -m mlc.bench.worker REQUEST.json
+
+Two jobs, one per process:
+- "prepare": build a zoo model in one framework, export it to ONNX (batch and seq dynamic), and
+  for every benchmark shape write seeded inputs and the framework's eager outputs (the reference
+  every cell is checked against);
+- "measure": one cell, one backend (a registered baseline, or an mlc artifact) at one thread
+  count: compile/setup, warm-up, timed repeats, outputs compared with the reference, peak RSS.
+
+Thread limits go into the environment before numpy or any framework is imported (OpenMP, MKL,
+OpenBLAS and TVM's pool read them when they start). Writes the result beside the request as
+the compiler's workers do (mlc.compiler.run_worker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TVM_NUM_THREADS")
+FEEDS = "feeds-{key}.npz"
+REFERENCE = "reference-{key}.npz"
+MODEL = "model.onnx"
+
+
+def shape_key(batch: int, seq: int | None) -> str:
+    return f"b{batch}" + (f"-s{seq}" if seq is not None else "")
+
+
+def _framework_model(source: str, framework: str):
+    from mlc.compiler.frontends import worker as frontend_worker
+
+    return frontend_worker._framework_model({"source": source, "framework": framework})
+
+
+def prepare(request: dict) -> dict:
+    import numpy as np
+    import onnx
+
+    from mlc import models
+    from mlc.compiler.frontends import onnx as onnx_frontend
+    from mlc.runtime.runner import save_npz
+
+    out = Path(request["out_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    source, framework = request["source"], request["framework"]
+    if framework == "onnx":  # a zoo graph: ONNX Runtime is its reference
+        fm = None
+        onnx.save(models.get(source).build(), str(out / MODEL))
+        exporter, version = "zoo ONNX graph", "onnx"
+    else:
+        fm = _framework_model(source, framework)
+        exporter = fm.export(out / MODEL, set(fm.symbolic_dims()))
+        from mlc.compiler.frontends.worker import _version
+
+        version = f"{framework} {_version(framework)} eager"
+    model = onnx_frontend.load(out / MODEL)
+    specs = onnx_frontend.input_specs(model)
+    names = [o.name for o in model.graph.output]
+    dims = {d.name: d.dims for d in fm.inputs} if fm else {s.name: s.shape for s in specs}
+    sizes = dict(fm.example_sizes) if fm else {}
+    symbolic = list(dict.fromkeys(d for ds in dims.values() for d in ds if isinstance(d, str)))
+    seqs = request["seq"] if "seq" in symbolic else [None]
+    shapes = []
+    for batch in request["batch"]:
+        for seq in seqs:
+            key = shape_key(batch, seq)
+            entry = {"batch": batch, "seq": seq, "key": key}
+            try:
+                known = {**sizes, "batch": batch, **({"seq": seq} if seq is not None else {})}
+                concrete = {s.name: [known.get(d, onnx_frontend.DEFAULT_OTHER_DIM) if isinstance(d, str) else d
+                                     for d in dims[s.name]] for s in specs}
+                feeds = onnx_frontend.make_inputs(specs, concrete)
+                if fm is None:
+                    outputs = list(onnx_frontend.onnxruntime_reference(out / MODEL, feeds).outputs.values())
+                else:
+                    outputs = fm.eager([feeds[s.name] for s in specs])
+                save_npz(out / FEEDS.format(key=key), feeds)
+                save_npz(out / REFERENCE.format(key=key), {n: np.asarray(v) for n, v in zip(names, outputs)})
+                entry["shapes"] = concrete
+            except Exception as e:  # noqa: BLE001 - one shape failing (memory, limits) must not stop the rest
+                entry["error"] = _one_line(e)
+            shapes.append(entry)
+    return {"ok": True, "exporter": exporter, "reference": version if fm else "onnxruntime",
+            "inputs": [s.name for s in specs], "outputs": names, "symbolic": symbolic, "shapes": shapes}
+
+
+def measure(request: dict) -> dict:
+    import numpy as np
+    import time
+
+    from mlc.check import compare
+    from mlc.runtime import runner as thin_runtime
+
+    feeds = thin_runtime.load_npz(request["feeds"])
+    reference = thin_runtime.load_npz(request["reference"])
+    names = request["inputs"]
+    result: dict = {"ok": True}
+    if request["backend"] == "mlc":
+        artifact = Path(request["artifact"])
+        manifest = thin_runtime.read_manifest(artifact)
+        runner_class = (thin_runtime.Runner if manifest["target"]["runtime_arch"] == thin_runtime.HOST_ARCH
+                        else thin_runtime.NativeRunner)
+        start = time.perf_counter()
+        runner = runner_class(artifact)
+        result["setup_s"] = time.perf_counter() - start
+        outputs, stats, _ = runner.measure(feeds, request["warmup"], request["repeat"])
+        result["emulated"] = bool(getattr(runner, "emulated", False))
+    else:
+        from mlc.bench import baselines
+
+        chosen = baselines.get(request["backend"])
+        framework = request["framework"]
+        if framework != "onnx" and chosen.framework != baselines.ONNX_EXPORT:
+            baselines.limit_threads(framework, request["threads"])
+        model = None
+        if chosen.framework != baselines.ONNX_EXPORT and framework != "onnx":
+            model = _framework_model(request["source"], framework)
+        scratch = Path(request["scratch"])
+        scratch.mkdir(parents=True, exist_ok=True)
+        ctx = baselines.Context(model, Path(request["onnx"]), names, [feeds[n] for n in names], request["threads"],
+                                scratch)
+        start = time.perf_counter()
+        try:
+            run = chosen.setup(ctx)
+        except baselines.Unavailable as e:
+            return {"ok": True, "skipped": str(e)}
+        result["setup_s"] = time.perf_counter() - start
+        if chosen.compiles:
+            result["compile_s"] = result["setup_s"]
+        produced = run()
+        for _ in range(request["warmup"]):
+            run()
+        times = []
+        for _ in range(request["repeat"]):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        batch = int(ctx.inputs[0].shape[0]) if ctx.inputs and ctx.inputs[0].ndim else 1
+        stats = thin_runtime.latency_stats(times, batch)
+        if len(produced) != len(reference):
+            raise ValueError(f"{chosen.name} returned {len(produced)} outputs where the model has {len(reference)}")
+        outputs = dict(zip(reference, produced))
+    check = compare(reference, {k: np.asarray(v) for k, v in outputs.items()})
+    result["latency_ms"] = {k.removesuffix("_ms"): v for k, v in stats.items()}
+    result["accuracy"] = {"max_abs_error": max((o.max_abs_error for o in check.outputs), default=None),
+                          "max_rel_error": max((o.max_rel_error for o in check.outputs), default=None),
+                          "passed": check.passed}
+    result["peak_rss_mb"] = peak_rss_mb()
+    result["load_average"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return result
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory, framework and model included. VmHWM, not ru_maxrss:
+    ru_maxrss survives exec, so a child would report its parent's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    import resource  # not Linux: ru_maxrss (bytes on macOS)
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 1)
+
+
+def _one_line(e: BaseException) -> str:
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
+
+
+def main(argv: list[str]) -> int:
+    request_path = Path(argv[0])
+    request = json.loads(request_path.read_text())
+    if request.get("threads"):
+        for name in THREAD_VARIABLES:
+            os.environ[name] = str(request["threads"])
+    from mlc.errors import MlcError
+
+    try:
+        result = prepare(request) if request["job"] == "prepare" else measure(request)
+    except MlcError as e:
+        result = {"ok": False, "error": type(e).__name__, "message": str(e)}
+    except Exception as e:  # noqa: BLE001 - a framework error: the cell records it, the log has the traceback
+        traceback.print_exc()
+        result = {"ok": False, "error": "framework", "message": _one_line(e)}
+    result_path = request_path.with_suffix(".result.json")
+    tmp = result_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(result_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
