@@ -179,13 +179,12 @@ def test_missing_framework_is_exit_4(monkeypatch, tmp_path):
         api.compile("zoo:mlp", "x86", framework="torch", output=tmp_path / "out")
 
 
-def test_lstm_without_lowering_is_a_clean_unsupported_error(tmp_path):
-    proc = run_mlc("compile", "zoo:lstm", "-o", tmp_path / "lstm", "--disable-pass", "lower_rnn")
-    assert_clean_error(proc, ExitCode.USER_ERROR, "LSTM")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["mlp", "cnn", "resnet18", "resnet50", "bert-base", "lstm", "lstm-lm"])
-def test_every_torch_zoo_model_matches_eager(name, tmp_path):
+@pytest.mark.parametrize("name", ["cnn", "lstm"])
+def test_torch_zoo_cnn_and_lstm_match_eager(name, tmp_path):
+    """With bert-tiny above: a CNN (BatchNorm folded), an LSTM (lowered: TVM has no LSTM converter)."""
     result = api.compile(f"zoo:{name}", "x86", framework="torch", output=tmp_path / name)
-    assert result.check.passed, result.check.to_json()
+    assert result.check.passed and result.check.conversion.passed, result.check.to_json()
+    if name == "lstm":
+        assert any(r.name == "lower_rnn" and r.status == "applied" for r in result.manifest.compile.passes)
+        proc = run_mlc("compile", "zoo:lstm", "--disable-pass", "lower_rnn", "-o", tmp_path / "no-lowering")
+        assert_clean_error(proc, ExitCode.USER_ERROR, "LSTM")
