@@ -59,7 +59,7 @@ SEEDS = {
         [["128", "596.0", "218.1", "188.6", "348.3", "259.6"]],
         "Published: the seed's fine-grained-operator CPU table (threads not stated). The zoo's lstm-lm uses "
         "torch.nn.LSTM (PyTorch's fused CPU kernel) and, in TF, the Keras builder. TVM's ONNX importer has no "
-        "LSTM converter: the mlc cells fail with that error until the graph-passes issue lowers LSTMs."),
+        "LSTM converter; mlc's graph passes lower the LSTMs before TVM."),
     "003": Seed(
         "003", "torch.compile (inductor) vs eager, transformer encoders at two scales",
         ["--models", "bert-tiny,bert-base", "--batch", "1", "--seq", "256", "--threads", "2",
