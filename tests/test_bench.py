@@ -171,7 +171,7 @@ def test_matrix_records_failures_and_goes_on(monkeypatch, tmp_path):
     is measured once per batch, and the JSON is written as cells finish."""
     calls = []
 
-    def fake_child(job, workdir, tag, what):
+    def fake_child(job, workdir, tag, what, timeout=None):
         calls.append(job)
         if job["job"] == "prepare":
             seq = job["seq"] if job["source"] == "zoo:bert-tiny" else [None]
