@@ -213,16 +213,9 @@ def test_matrix_records_failures_and_goes_on(monkeypatch, tmp_path):
     (["--models", "mlp", "--targets", "z80"], "z80"),
     (["--models", "mlp", "--repeat", "0"], "--repeat >= 1"),
     (["--models", "mlp", "--cell-timeout", "0"], "--cell-timeout must be a number of seconds > 0"),
-    (["--models", "mlp", "--db", "tuning/"], None),
+    (["--models", "mlp", "--db", "no-such-tuning-db/"], "does not exist; run `mlc tune"),
 ])
 def test_bench_bad_inputs_are_clean_errors(args, fragment, tmp_path):
-    if fragment is None:  # --db: a clean error until tuning lands, then accepted
-        from mlc import api
-        import inspect
-
-        if "db" in inspect.signature(api.compile).parameters:
-            pytest.skip("tuning has landed: --db is valid")
-        fragment = "--db needs tuning support"
     proc = run_mlc("bench", *args, "-o", tmp_path / "r.json")
     assert_clean_error(proc, 1, fragment)
     assert len(proc.stderr.strip().splitlines()) == 1

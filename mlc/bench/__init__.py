@@ -10,7 +10,6 @@ The result is one JSON document (SCHEMA): the machine, the configuration, and a 
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 import shlex
@@ -96,11 +95,10 @@ def validate(config: BenchConfig) -> None:
         raise InputError("--cell-timeout must be a number of seconds > 0")
     if not config.targets and not config.baselines:
         raise InputError("nothing to measure: give --targets and/or --baselines")
-    if config.db is not None:
-        from mlc import api
+    if config.db is not None:  # before any cell runs, not once per compile
+        from mlc.tuning import check_db_dir
 
-        if "db" not in inspect.signature(api.compile).parameters:
-            raise InputError("--db needs tuning support (`mlc tune`), which this mlc does not have yet")
+        check_db_dir(Path(config.db), create=False)
 
 
 def _run_child(job: dict, workdir: Path, tag: str, what: str, timeout: Optional[float] = None) -> dict:
