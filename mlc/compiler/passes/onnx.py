@@ -54,7 +54,8 @@ def prune_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+def constant_values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Initializers and Constant-node values by name."""
     values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
@@ -105,7 +106,7 @@ def eliminate_dead_nodes(model: onnx.ModelProto, config: dict) -> onnx.ModelProt
 def fold_batchnorm(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
     """Conv/Gemm -> BatchNormalization (inference, constant parameters, Conv/Gemm output read only by
     the BN) becomes one Conv/Gemm with W' = W * scale/sqrt(var+eps) per output channel and a new bias."""
-    constants = _constants(model)
+    constants = constant_values(model)
     readers = Counter(i for n in model.graph.node for i in n.input)
     graph_outputs = {o.name for o in model.graph.output}
     producers = {o: n for n in model.graph.node for o in n.output}
@@ -199,7 +200,7 @@ def _binary(op: str, a, b):
 def _evaluate(model: onnx.ModelProto) -> dict[str, object]:
     symbols = _dim_symbols(model)
     values: dict[str, object] = {}
-    for name, array in _constants(model).items():
+    for name, array in constant_values(model).items():
         if array.dtype.kind == "i" and array.ndim <= 1 and array.size <= 16:
             values[name] = int(array) if array.ndim == 0 else [int(v) for v in array]
     for node in model.graph.node:
@@ -245,7 +246,7 @@ def canonicalize_shapes(model: onnx.ModelProto, config: dict) -> onnx.ModelProto
     """Reshape(x, <computed shape>) -> Reshape(x, <constant>): an element equal to x's own dim k at
     position k becomes 0 (copy), a plain number stays, and one remaining element becomes -1."""
     model = _clone(model)  # Reshape inputs are rewritten in place below
-    constants = _constants(model)
+    constants = constant_values(model)
     values = _evaluate(model)
     symbols = _dim_symbols(model)
     new_inits = []

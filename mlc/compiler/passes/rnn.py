@@ -15,6 +15,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from mlc.compiler.passes import PassFailed
+from mlc.compiler.passes.onnx import constant_values
 
 RNN_OPS = ("LSTM", "GRU", "RNN")
 _DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
@@ -113,14 +114,6 @@ class _Graph:
         if len(parts) == 1:
             return self.op("Identity", parts[0], out=out)
         return self.op("Concat", *parts, out=out, axis=axis)
-
-
-def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    values = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
-    return values
 
 
 def _evaluate_constants(model: onnx.ModelProto, names: set[str], constants: dict[str, np.ndarray],
@@ -307,7 +300,7 @@ def lower_rnn(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
     if not any(n.op_type in RNN_OPS and n.domain in ("", "ai.onnx") for n in model.graph.node):
         return model
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-    constants = _constants(model)
+    constants = constant_values(model)
     dims = _dims(model)
     producers = {o: n for n in model.graph.node for o in n.output}
     weights = {i for n in model.graph.node if n.op_type in RNN_OPS for k, i in enumerate(n.input) if k in (1, 2, 3, 7)}
