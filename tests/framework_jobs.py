@@ -164,3 +164,34 @@ def compiled_outputs(out: Path, job_id: str, artifact: Path, static: bool) -> di
 
 if __name__ == "__main__":
     main()
+
+
+# Checks both framework test files make on their jobs' results (jobs = (out dir, results by job id)).
+LSTM_OPS = {"lstm": 1, "lstm_lm": 3}  # one ONNX LSTM per LSTM layer: what the LSTM lowering expects
+
+
+def check_zoo_export(jobs, name: str, exporter: str) -> None:
+    """The exported zoo model: the exporter named, ORT-readable IR, opset 17, LSTMs as LSTM ops
+    (never Loop/Scan), and ONNX Runtime agreeing with the framework's eager outputs."""
+    out, results = jobs
+    assert results[name]["ok"], results[name]
+    assert results[name]["exporter"].startswith(exporter)
+    model, _, eager = load_case(out, name)
+    assert model.ir_version <= 8
+    assert any(o.domain in ("", "ai.onnx") and o.version == 17 for o in model.opset_import)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("LSTM") == LSTM_OPS.get(name, 0), sorted(set(ops))
+    assert not {"Loop", "Scan"} & set(ops)
+    assert_matches(ort_outputs(out, name), eager)
+
+
+def check_fixed_seq(jobs) -> None:
+    """The 'bert_tiny seq fixed' job: seq left out of --dynamic is fixed at its example size (8)."""
+    out, results = jobs
+    job = "bert_tiny seq fixed"
+    assert results[job]["ok"], results[job]
+    model, inputs, eager = load_case(out, job)
+    assert [[d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.input] \
+        == [["batch", 8], ["batch", 8]]
+    assert inputs["input_ids"].shape == (2, 8)
+    assert_matches(ort_outputs(out, job), eager)

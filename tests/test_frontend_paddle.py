@@ -8,7 +8,8 @@ import sys
 
 import numpy as np
 import pytest
-from framework_jobs import assert_matches, compiled_outputs, load_case, ort_outputs, run_jobs
+from framework_jobs import (assert_matches, check_fixed_seq, check_zoo_export, compiled_outputs, load_case,
+                            ort_outputs, run_jobs)
 
 from mlc.compiler.frontends import onnx as onnx_frontend
 from mlc.compiler.frontends import paddle as frontend
@@ -22,7 +23,6 @@ ZOO = ["cnn", "lstm", "lstm_lm", "bert_tiny"]
 SHAPES = {"lstm_lm": {"tokens": [128, 50]}}
 # Tokens over the whole vocabulary (mlc's own feeds may stay in 0..3 when it cannot see the embedding).
 VOCAB = {"lstm": {"tokens": 1000}, "lstm_lm": {"tokens": 10001}, "bert_tiny": {"input_ids": 1000}}
-LSTM_OPS = {"lstm": 1, "lstm_lm": 3}  # one ONNX LSTM per layer of nn.LSTM: what the LSTM lowering expects
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +61,7 @@ def test_never_asks_pip_to_install(jobs):
 
 @pytest.mark.parametrize("name", ZOO)
 def test_zoo_export_matches_eager(jobs, name):
-    out, results = jobs
-    assert results[name]["ok"], results[name]
-    assert results[name]["exporter"].startswith("paddle2onnx")
-    model, _, eager = load_case(out, name)
-    assert model.ir_version <= 8
-    assert any(o.domain in ("", "ai.onnx") and o.version == 17 for o in model.opset_import)
-    ops = [n.op_type for n in model.graph.node]
-    assert ops.count("LSTM") == LSTM_OPS.get(name, 0), sorted(set(ops))
-    assert not {"Loop", "Scan"} & set(ops)
-    assert_matches(ort_outputs(out, name), eager)
+    check_zoo_export(jobs, name, "paddle2onnx")
 
 
 def test_zoo_dims_are_named(jobs):
@@ -86,14 +77,7 @@ def test_zoo_dims_are_named(jobs):
 
 
 def test_dims_left_out_of_dynamic_are_fixed_at_the_example_sizes(jobs):
-    out, results = jobs
-    job = "bert_tiny seq fixed"
-    assert results[job]["ok"], results[job]
-    model, inputs, eager = load_case(out, job)
-    assert [[d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.input] \
-        == [["batch", 8], ["batch", 8]]
-    assert inputs["input_ids"].shape == (2, 8)
-    assert_matches(ort_outputs(out, job), eager)
+    check_fixed_seq(jobs)
 
 
 @pytest.mark.parametrize("name,static", [

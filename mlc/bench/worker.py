@@ -15,10 +15,8 @@ the compiler's workers do (mlc.compiler.run_worker)."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import traceback
 from pathlib import Path
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TVM_NUM_THREADS")
@@ -42,6 +40,7 @@ def prepare(request: dict) -> dict:
     import onnx
 
     from mlc import models
+    from mlc.compiler import one_line
     from mlc.compiler.frontends import onnx as onnx_frontend
     from mlc.runtime.runner import save_npz
 
@@ -83,7 +82,7 @@ def prepare(request: dict) -> dict:
                 save_npz(out / REFERENCE.format(key=key), {n: np.asarray(v) for n, v in zip(names, outputs)})
                 entry["shapes"] = concrete
             except Exception as e:  # noqa: BLE001 - one shape failing (memory, limits) must not stop the rest
-                entry["error"] = _one_line(e)
+                entry["error"] = one_line(e)
             shapes.append(entry)
     return {"ok": True, "exporter": exporter, "reference": version if fm else "onnxruntime",
             "inputs": [s.name for s in specs], "outputs": names, "symbolic": symbolic, "shapes": shapes}
@@ -170,31 +169,17 @@ def peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 1)
 
 
-def _one_line(e: BaseException) -> str:
-    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-    return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
+def _handle(request: dict) -> dict:
+    if request.get("threads"):  # before numpy or any framework starts its thread pool
+        for name in THREAD_VARIABLES:
+            os.environ[name] = str(request["threads"])
+    return prepare(request) if request["job"] == "prepare" else measure(request)
 
 
 def main(argv: list[str]) -> int:
-    request_path = Path(argv[0])
-    request = json.loads(request_path.read_text())
-    if request.get("threads"):
-        for name in THREAD_VARIABLES:
-            os.environ[name] = str(request["threads"])
-    from mlc.errors import MlcError
+    from mlc.compiler import serve
 
-    try:
-        result = prepare(request) if request["job"] == "prepare" else measure(request)
-    except MlcError as e:
-        result = {"ok": False, "error": type(e).__name__, "message": str(e)}
-    except Exception as e:  # noqa: BLE001 - a framework error: the cell records it, the log has the traceback
-        traceback.print_exc()
-        result = {"ok": False, "error": "framework", "message": _one_line(e)}
-    result_path = request_path.with_suffix(".result.json")
-    tmp = result_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result))
-    tmp.replace(result_path)
-    return 0
+    return serve(argv, _handle)
 
 
 if __name__ == "__main__":

@@ -75,6 +75,43 @@ def compile_in_worker(
     return _check_result(result, log_path)
 
 
+def result_path(request_path: Path) -> Path:
+    """Where a worker writes its result for the request at `request_path`."""
+    return request_path.with_suffix(".result.json")
+
+
+def write_result(request_path: Path, result: dict[str, Any]) -> None:
+    """The worker side of run_worker: the result appears whole or not at all."""
+    tmp = request_path.with_suffix(".result.tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(result_path(request_path))
+
+
+def one_line(e: BaseException) -> str:
+    """'Type: first line of the message' of an exception from code we do not control."""
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
+
+
+def serve(argv: list[str], handle) -> int:
+    """A worker's main(): `handle(request)` -> result; an MlcError becomes {"error": its class name,
+    "message"} for the parent to raise again; anything else is a framework error, its traceback logged."""
+    import traceback
+
+    from mlc.errors import MlcError
+
+    request_path = Path(argv[0])
+    try:
+        result = handle(json.loads(request_path.read_text()))
+    except MlcError as e:
+        result = {"ok": False, "error": type(e).__name__, "message": str(e)}
+    except Exception as e:  # a framework error we did not foresee: the log has the traceback
+        traceback.print_exc()
+        result = {"ok": False, "error": "framework", "message": one_line(e)}
+    write_result(request_path, result)
+    return 0
+
+
 def run_worker(module: str, request: dict[str, Any], request_path: Path, what: str,
                timeout: Optional[float] = None) -> tuple[dict[str, Any], Path]:
     """Run `python -m module REQUEST.json` with its output in a log file; returns the result the
@@ -96,15 +133,15 @@ def run_worker(module: str, request: dict[str, Any], request_path: Path, what: s
             _kill_group(proc)
             log_path.unlink(missing_ok=True)
             raise
-    result_path = request_path.with_suffix(".result.json")
-    if proc.returncode != 0 or not result_path.exists():
+    written = result_path(request_path)
+    if proc.returncode != 0 or not written.exists():
         if proc.returncode < 0:
             how = f"was killed by {signal.Signals(-proc.returncode).name}"
         else:
             how = f"exited with status {proc.returncode}"
         tail = _log_tail(log_path)
         raise CompilerError(f"{what} {how}{': ' + tail if tail else ''} (full log: {log_path})")
-    return json.loads(result_path.read_text()), log_path
+    return json.loads(written.read_text()), log_path
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -164,12 +164,10 @@ def compile_request(request: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    from mlc.compiler import write_result
+
     request_path = Path(argv[0])
-    result = compile_request(json.loads(request_path.read_text()))
-    result_path = request_path.with_suffix(".result.json")
-    tmp = result_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result))
-    tmp.replace(result_path)
+    write_result(request_path, compile_request(json.loads(request_path.read_text())))
     return 0
 
 

@@ -226,12 +226,14 @@ def _run_child(request_path: Path, events_path: Path, log_path: Path, on_event) 
                 proc.wait()
             raise
         drain()
-    result_path = request_path.with_suffix(".result.json")
-    if not result_path.exists():
+    from mlc.compiler import result_path
+
+    written = result_path(request_path)
+    if not written.exists():
         how = (f"was killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
                else f"exited with status {proc.returncode}")
         return {"ok": False, "message": f"the tuning process {how}"}, tasks, errors
-    return json.loads(result_path.read_text()), tasks, errors
+    return json.loads(written.read_text()), tasks, errors
 
 
 # What `mlc tune` gained over mlc's default schedules on the zoo models (benchmarks/results/tuning.json).

@@ -341,9 +341,9 @@ def main(argv: list[str]) -> int:
     except Exception as e:
         traceback.print_exc()
         result = {"ok": False, "message": summarize(e)}
-    tmp = request_path.with_suffix(".result.tmp")
-    tmp.write_text(json.dumps(result))
-    tmp.replace(request_path.with_suffix(".result.json"))
+    from mlc.compiler import write_result
+
+    write_result(request_path, result)
     return 0
 
 

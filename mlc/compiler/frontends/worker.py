@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import json
 import sys
-import traceback
 from pathlib import Path
 
 MODEL = "model.onnx"
@@ -80,22 +78,9 @@ def convert(request: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from mlc.errors import MlcError
+    from mlc.compiler import serve
 
-    request_path = Path(argv[0])
-    try:
-        result = convert(json.loads(request_path.read_text()))
-    except MlcError as e:
-        result = {"ok": False, "error": type(e).__name__, "message": str(e)}
-    except Exception as e:  # a framework error we did not foresee: the log has the traceback
-        traceback.print_exc()
-        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-        result = {"ok": False, "error": "framework", "message": f"{type(e).__name__}: {lines[0][:300] if lines else ''}"}
-    result_path = request_path.with_suffix(".result.json")
-    tmp = result_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result))
-    tmp.replace(result_path)
-    return 0
+    return serve(argv, convert)
 
 
 if __name__ == "__main__":
