@@ -188,3 +188,19 @@ def test_torch_zoo_cnn_and_lstm_match_eager(name, tmp_path):
         assert any(r.name == "lower_rnn" and r.status == "applied" for r in result.manifest.compile.passes)
         proc = run_mlc("compile", "zoo:lstm", "--disable-pass", "lower_rnn", "-o", tmp_path / "no-lowering")
         assert_clean_error(proc, ExitCode.USER_ERROR, "LSTM")
+
+
+def test_dynamo_export_that_fixes_a_dynamic_dim_falls_back(tmp_path):
+    """torch's dynamo exporter silently fixes nn.LSTM's batch to the example's 1: the export must
+    keep batch dynamic (TorchScript fallback), or say so when the dynamo exporter was asked for."""
+    import onnx
+
+    out = tmp_path / "lstm.onnx"
+    proc = run_mlc("export", "zoo:lstm", "-f", "torch", "--dynamic", "batch", "-o", out, "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert "fixed the dynamic dim(s) batch" in report["source"]["exporter"]
+    batch = onnx.load(str(out)).graph.input[0].type.tensor_type.shape.dim[0]
+    assert batch.dim_param == "batch"
+    assert_clean_error(run_mlc("export", "zoo:lstm", "-f", "torch", "--dynamic", "batch", "--exporter", "dynamo",
+                               "-o", tmp_path / "dynamo.onnx"), ExitCode.USER_ERROR, "fixed the dynamic dim")

@@ -125,12 +125,15 @@ def _export(module, examples: tuple, input_names: list[str], output_names, axes:
                                         output_names=output_names, dynamic_shapes=dynamic_shapes,
                                         opset_version=OPSET, verbose=False)
             program.save(str(path))
-            return f"torch.onnx dynamo exporter (torch {torch.__version__}, opset {OPSET})"
+            specialised = _specialised_dims(path, axes)
+            if not specialised:
+                return f"torch.onnx dynamo exporter (torch {torch.__version__}, opset {OPSET})"
+            # Silently, e.g. nn.LSTM at an example batch of 1: the export would not take other sizes.
+            failure = f"it fixed the dynamic dim(s) {', '.join(specialised)} to the example's size"
         except Exception as e:  # the exporter raises many kinds; the TorchScript exporter may still work
             failure = _first_line(e)
-            if exporter == "dynamo":
-                raise UnsupportedModelError(f"torch's dynamo ONNX exporter failed: {failure}; "
-                                            "try --exporter torchscript") from None
+        if exporter == "dynamo":
+            raise UnsupportedModelError(f"torch's dynamo ONNX exporter failed: {failure}; try --exporter torchscript")
     try:
         torch.onnx.export(module, examples, str(path), dynamo=False, input_names=input_names,
                           output_names=output_names, dynamic_axes={n: a for n, a in axes.items() if a},
@@ -140,6 +143,16 @@ def _export(module, examples: tuple, input_names: list[str], output_names, axes:
         raise UnsupportedModelError(f"{before}torch's TorchScript ONNX exporter failed: {_first_line(e)}") from None
     why = f"; the dynamo exporter failed: {failure}" if failure else ""
     return f"torch.onnx TorchScript exporter (torch {torch.__version__}, opset {TORCHSCRIPT_OPSET}{why})"
+
+
+def _specialised_dims(path: Path, axes: dict[str, dict[int, str]]) -> list[str]:
+    """The requested dynamic dims the export wrote as fixed sizes."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    shapes = {i.name: i.type.tensor_type.shape.dim for i in graph.input}
+    return sorted({dim for name, per in axes.items() for axis, dim in per.items()
+                   if name in shapes and axis < len(shapes[name]) and not shapes[name][axis].dim_param})
 
 
 def _load_factory(path: Path, name: str, exporter: Optional[str]) -> FrameworkModel:
