@@ -61,12 +61,84 @@ def _contiguous_last_axis(stmt, last_spatial) -> bool:
     return True
 
 
+def _registers(lanes: int) -> int:
+    """Vector registers to spend on accumulators: AVX-512 has 32, AVX2/NEON 16; the rest hold the
+    broadcast input and the weight vectors."""
+    return 24 if lanes >= 16 else 12
+
+
+def _divisor_at_most(extent, cap: int) -> int:
+    """A row tile for a loop of `extent`: the largest divisor not above `cap` (no tail), or `cap`
+    (a predicated tail) when the divisors are all small or the extent is unknown."""
+    if extent is None:
+        return cap
+    if extent <= cap:
+        return extent
+    best = max(d for d in range(1, cap + 1) if extent % d == 0)
+    return best if best * 2 > cap else cap
+
+
+def _inline_epilogue(sch, block) -> None:
+    """Fold the elementwise consumers (bias, residual add, activation) into `block`, the
+    accumulator's write-back, so they run on the tile while it is in registers."""
+    while True:
+        for consumer in sch.get_consumers(block):
+            try:
+                sch.reverse_compute_inline(consumer)
+                break
+            except Exception:  # not elementwise over the same indices: leave it its own loop
+                continue
+        else:
+            return
+
+
+def _schedule_register_tile(sch, block, spatial, reduction, lanes: int) -> None:
+    """out[M, J] += ... with J contiguous: a (rows x vectors) accumulator tile in registers,
+    the reduction loops around it, tiles over J outermost so a weight slice stays in cache while
+    the rows stream past, epilogue applied on the tile."""
+    j_extent = _extent(sch, spatial[-1])
+    vectors = 2 if j_extent % (2 * lanes) == 0 else 1
+    jo, jv, ji = sch.split(spatial[-1], factors=[None, vectors, lanes])
+    head = [jo]
+    rows = None
+    # Rows come from the innermost other spatial loop only (a conv's output width): a tile that
+    # crossed into the next output row would make the accumulator a non-rectangular region,
+    # which LLVM can no longer keep in registers.
+    if len(spatial) > 1:
+        head += spatial[:-2]
+        row_tile = _divisor_at_most(_extent(sch, spatial[-2]), _registers(lanes) // vectors)
+        if row_tile > 1:
+            mo, rows = sch.split(spatial[-2], factors=[None, row_tile])
+            head.append(mo)
+        else:
+            head.append(spatial[-2])
+    sch.reorder(*head, *reduction, *([rows] if rows is not None else []), jv, ji)
+    tile = sch.fuse(*head) if len(head) > 1 else head[0]
+    # Annotate before decompose_reduction: the primitives need the block to still be a reduction.
+    sch.parallel(tile)
+    write_back = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(write_back, tile, preserve_unit_loops=True)
+    _inline_epilogue(sch, write_back)
+    inner = sch.get_loops(write_back)[1:]
+    if inner:
+        _, vec = sch.split(sch.fuse(*inner) if len(inner) > 1 else inner[0], factors=[None, lanes])
+        sch.vectorize(vec)
+    if rows is not None:
+        sch.unroll(rows)
+    sch.unroll(jv)
+    sch.vectorize(ji)
+    sch.decompose_reduction(block, reduction[0])
+
+
 def _schedule_reduction(sch, block, n_spatial: int, lanes: int) -> None:
     stmt = sch.get(block)
     loops = sch.get_loops(block)
     spatial, reduction = loops[:n_spatial], loops[n_spatial:]
     last = stmt.iter_vars[n_spatial - 1].var
     j_extent = _extent(sch, spatial[-1])
+    if j_extent is not None and j_extent % lanes == 0 and _contiguous_last_axis(stmt, last):
+        _schedule_register_tile(sch, block, spatial, reduction, lanes)
+        return
     if j_extent is not None and j_extent >= lanes and _contiguous_last_axis(stmt, last):
         jo, ji = sch.split(spatial[-1], factors=[None, lanes])
         outer = list(spatial[:-1])
@@ -78,7 +150,6 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int) -> None:
         sch.reorder(*order)
         head = outer + [jo]
         fused = sch.fuse(*head) if len(head) > 1 else head[0]
-        # Annotate before decompose_reduction: the primitives need the block to still be a reduction.
         sch.parallel(fused)
         if rows is not None:
             sch.unroll(rows)
@@ -112,6 +183,10 @@ def _rule():
             infos = pads + (infos or [])
             lanes = _lanes(target)
             for info in infos:
+                try:
+                    sch.get(info.block_rv)
+                except Exception:  # inlined into a reduction's write-back already
+                    continue
                 kinds = info.dom_kind()
                 n_spatial = len(kinds) - len(kinds.lstrip("S"))
                 if info.is_injective():
