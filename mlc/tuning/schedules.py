@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-SCHEDULED = "tirx.is_scheduled"
+from mlc.tuning.rules import SCHEDULED
 
 
 # conv2d in NHWC with HWIO weights: output channels become the contiguous axis that the default
@@ -72,6 +72,7 @@ def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool
             for name, scheduled in sorted(after.items()):
                 kind = "tuned" if name in tuned else ("default" if scheduled else "unscheduled")
                 report[kind].append(name)
+            mod = rules.fold_weight_packing(mod, target)
             return tvm.transform.Sequential(cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target))(mod)
 
     executable = tvm.compile(mod, target=target, relax_pipeline=pipeline)
