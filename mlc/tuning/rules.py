@@ -231,7 +231,9 @@ def default_rule():
 def _mark_constant_inputs(mod):
     """Set "layout_free_buffers" (the PrimFunc parameters that every call passes a constant) on
     kernels not yet scheduled, so the rule may repack those. TVM's AttachAttrLayoutFreeBuffers
-    does the same but renames the kernels, and the build reports kernels by name."""
+    does the same but renames the kernels, and the build reports kernels by name. Build only:
+    tuning tasks stay unmarked (with the attribute, TVM 0.27's ArgInfo.from_prim_func fails), so
+    the default schedule `mlc tune` seeds its database with does not repack."""
     import tvm
     from tvm import relax
 
