@@ -373,6 +373,22 @@ def test_convert_layout(relax_tools):
     np.testing.assert_allclose(_run_relax(tvm, nhwc, x), _run_relax(tvm, mod, x), rtol=1e-5, atol=1e-5)
 
 
+def test_fast_erf(relax_tools):
+    tvm, relax, rp = relax_tools
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 256), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.multiply(x, relax.op.erf(x)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    fast = rp.fast_erf(mod, {}, None)
+    assert rp.op_counts(mod)["erf"] == 1 and "erf" not in rp.op_counts(fast) and rp.op_counts(fast)["call_tir"] == 1
+    x = np.linspace(-5, 5, 4 * 256, dtype=np.float32).reshape(4, 256)
+    np.testing.assert_allclose(_run_relax(tvm, fast, x), _run_relax(tvm, mod, x), rtol=0, atol=2e-6)
+    assert "fast_erf" in [s.name for s in passes.plan(2)] and "fast_erf" not in [s.name for s in passes.plan(2, device="cuda")]
+
+
 def test_explicit_relax_pass_failure_is_reported(relax_tools, monkeypatch):
     tvm, relax, rp = relax_tools
 

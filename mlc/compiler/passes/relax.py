@@ -97,6 +97,29 @@ def convert_layout(mod, config: dict, target):
     return relax.transform.ConvertLayout({"relax.nn.conv2d": [layout, _KERNEL_LAYOUT[layout]]})(mod)
 
 
+def fast_erf(mod, config: dict, target):
+    """erf (GELU) -> topi.fast_erf. TVM lowers erf to libm's scalar erff, which keeps the loop
+    from vectorizing: 25 ns per element here against 0.5 ns, for a max abs error of 3.3e-7
+    (erff: 4.7e-8). TVM's FastMathTransform also swaps exp, tanh and softmax; this only erf."""
+    import tvm
+    from tvm import relax, topi
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    @mutator
+    class Rewrite(PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.erf":
+                return self.builder_.call_te(topi.fast_erf, call.args[0], primfunc_name_hint="fast_erf")
+            return call
+
+    rewrite = Rewrite(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            rewrite.builder_.update_func(gv, rewrite.visit_expr(func))
+    return rewrite.builder_.get()
+
+
 def fold_constant(mod, config: dict, target):
     from tvm import relax
 
