@@ -4,13 +4,15 @@ give every kernel threads and SIMD:
 
 - spatial (elementwise, transpose, pad): fuse all loops, split by the vector width, parallel outer
   loop, vectorize the inner one;
-- matmul/conv-like reductions whose output's last axis is contiguous in every input that reads it:
-  spatial loops outside, a 4 x vector-width register tile (rows unrolled, columns vectorized) inside
-  the reduction loops, the initialisation hoisted out;
+- matmul/conv-like reductions out[.., M, J] whose J is contiguous in every input that reads it
+  (CPU builds run conv2d in NHWC/HWIO for this, mlc.tuning.schedules): J tiles outermost, then a
+  rows x 2 vectors accumulator tile in registers inside the reduction loops, the bias/residual/
+  activation applied on the tile, constant weights repacked so each J tile is contiguous (folded at
+  compile time); a J that is no multiple of the vector width gets a 4 x vector-width tile with a tail;
 - other reductions (softmax, layer norm, A x B^T): parallel over the spatial loops.
 
-Rules only reorder and annotate loops (TVM's schedule primitives keep semantics); a kernel a rule
-cannot handle is left unscheduled. Imports tvm."""
+Rules only restructure loops and buffers with TVM's schedule primitives, which keep semantics; a
+kernel a rule cannot handle is left unscheduled. Imports tvm."""
 
 from __future__ import annotations
 
