@@ -18,7 +18,10 @@ import numpy as np
 import onnx
 
 from mlc import __version__, artifacts, compiler, models, targets, tuning
+from mlc import buckets as bucketing
 from mlc.artifacts.manifest import (
+    BucketCheck,
+    BucketInfo,
     CompileInfo,
     Manifest,
     ReferenceInfo,
@@ -258,6 +261,7 @@ def compile(  # noqa: A001 - the verb users know
     db: Optional[str | Path] = None,
     default_schedules: bool = True,
     pass_options: graph_passes.Options = graph_passes.Options(),
+    buckets: Sequence[str] = (),
 ) -> CompileResult:
     """Compile a model (ONNX, PyTorch, TensorFlow, Paddle, or zoo:NAME) for a target into a
     verified artifact directory. Framework models are checked against the framework's eager outputs.
@@ -269,10 +273,15 @@ def compile(  # noqa: A001 - the verb users know
     Raises MlcError subclasses for anything the user can fix; AccuracyError (exit 3) is not
     raised here: the artifact is written and `result.check` says whether it matches.
     `isolate=False` runs TVM in this process (faster for many small models; a TVM crash then
-    takes the process down). `pass_options`: -O level and pass choices (see `mlc passes`)."""
+    takes the process down). `pass_options`: -O level and pass choices (see `mlc passes`).
+    `buckets` (["8,16,32"] or ["seq=8,16,32"]): one static build per length of that dim in one
+    artifact; the runtime pads inputs to the next bucket and slices the outputs back."""
     timed = _Timer(step)
     _check_tolerances(atol, rtol)
     dynamic_dims = frontends.parse_dynamic(dynamic)
+    requested_buckets = bucketing.parse(buckets)
+    if requested_buckets and dynamic:
+        raise InputError("--buckets and --dynamic are two answers to the same problem; give one of them")
     framework = resolve_framework(source, framework)
     frontends.check_exporter(framework, exporter)
     preset = targets.resolve(target)
@@ -287,30 +296,41 @@ def compile(  # noqa: A001 - the verb users know
                             exporter=exporter, static=db is not None, steps=steps, dump_ir=pass_options.dump_ir)
         with timed("reference", "Computing reference outputs with ONNX Runtime"):
             reference = _reference(prepared)
+        plan = bucketing.plan(requested_buckets, prepared.specs) if requested_buckets else None
+        builds = [(LIBRARY[preset.runtime_os], prepared.cleaned_path, "")]
+        if plan:
+            if macos or preset.device != "cpu":
+                raise TargetError(f"--buckets builds CPU shared libraries (linux); target {preset.name} is not one")
+            builds = _bucket_builds(plan, prepared, steps, Path(scratch), timed)
         with artifacts.staging_dir(final) as staged:
-            with timed("tvm", f"Compiling with TVM for {preset.name} ({preset.tvm.get('mcpu', preset.tvm['kind'])})"):
-                try:
-                    result = compiler.compile_in_worker(prepared.cleaned_path, preset.tvm,
-                                                        library=staged / LIBRARY[preset.runtime_os], isolate=isolate,
-                                                        cross_compiler=cross, kernels_dir=staged / KERNELS,
-                                                        object_dir=staged / OBJECTS if macos else None,
-                                                        schedules=schedules,
-                                                        relax_passes=[s.to_json() for s in steps],
-                                                        dump_ir=pass_options.dump_ir)
-                except CompilerError as e:
-                    if reference[2] is None:
-                        raise
-                    # ONNX Runtime failed on the export too: the export is broken, not TVM.
-                    raise UnsupportedModelError(
-                        f"the ONNX export ({prepared.source.exporter}) is broken at the compiled shapes: "
-                        f"{reference[2]}; TVM: {e}. Try another --exporter or other --input-shape") from None
+            results = {}
+            for library, cleaned_path, what in builds:
+                with timed(f"tvm{what}", f"Compiling{what} with TVM for {preset.name} "
+                                         f"({preset.tvm.get('mcpu', preset.tvm['kind'])})"):
+                    try:
+                        results[library] = compiler.compile_in_worker(
+                            cleaned_path, preset.tvm, library=staged / library, isolate=isolate,
+                            cross_compiler=cross, kernels_dir=staged / KERNELS,
+                            object_dir=staged / OBJECTS if macos else None, schedules=schedules,
+                            relax_passes=[s.to_json() for s in steps], dump_ir=pass_options.dump_ir)
+                    except CompilerError as e:
+                        if reference[2] is None:
+                            raise
+                        # ONNX Runtime failed on the export too: the export is broken, not TVM.
+                        raise UnsupportedModelError(
+                            f"the ONNX export ({prepared.source.exporter}) is broken at the compiled shapes: "
+                            f"{reference[2]}; TVM: {e}. Try another --exporter or other --input-shape") from None
+            result = _merge_results(list(results.values()))
+            bucket_info = None
+            if plan:
+                bucket_info, result["bucket_axes"] = _bucket_info(plan, prepared, results, staged)
             prepared.pass_records.extend(result["passes"]["records"])
             prepared.notes.extend(result["passes"]["notes"])
             timed.timings.update({f"tvm_{k}": round(v, 4) for k, v in result["timings"].items()})
             with timed("package", "Packaging the artifact"):
                 manifest = _package(staged, runtime, preset, prepared, reference, result, timed.timings,
                                     _recipe(source, target, framework, input_shapes, dynamic, exporter, db,
-                                            pass_options))
+                                            pass_options, buckets), bucket_info)
                 artifacts.publish(staged, final)
     check_result: Optional[CheckResult] = None
     arch = preset.runtime_arch
@@ -332,7 +352,7 @@ def compile(  # noqa: A001 - the verb users know
 
 def _recipe(source: str, target: str, framework: str, input_shapes: Sequence[str], dynamic: Sequence[str],
             exporter: str, db: Optional[str | Path] = None,
-            pass_options: graph_passes.Options = graph_passes.Options()) -> dict:
+            pass_options: graph_passes.Options = graph_passes.Options(), buckets: Sequence[str] = ()) -> dict:
     """The options that rebuild the artifact, and the command line that passes them."""
     options = {"target": target, "framework": framework, "input_shapes": list(input_shapes), "dynamic": list(dynamic),
                "exporter": exporter, "passes": pass_options.to_json()}
@@ -345,11 +365,15 @@ def _recipe(source: str, target: str, framework: str, input_shapes: Sequence[str
     if db is not None:
         options["db"] = str(Path(db).resolve())
         argv += ["--db", str(db)]
+    if buckets:
+        options["buckets"] = list(buckets)
+        argv += [a for b in buckets for a in ("--buckets", b)]
     return {"options": options, "command": shlex.join(argv + pass_options.cli_args())}
 
 
 def _package(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.Target, prepared: _Prepared,
-             reference: tuple, result: dict, timings: dict, recipe: dict) -> Manifest:
+             reference: tuple, result: dict, timings: dict, recipe: dict,
+             buckets: Optional[BucketInfo] = None) -> Manifest:
     (staged / "runtime").mkdir()
     runtime_library, ffi_library = f"runtime/{runtime.tvm_runtime.name}", f"runtime/{runtime.tvm_ffi.name}"
     shutil.copyfile(runtime.tvm_runtime, staged / runtime_library)
@@ -372,7 +396,7 @@ def _package(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.Targe
     shutil.copyfile(Path(thin_runtime.__file__), staged / RUNTIME_MODULE)
     shutil.copyfile(Path(thin_runtime.__file__).with_name("run_entry.py"), staged / RUN_ENTRY)
     reference, onnxruntime_outputs, onnxruntime_error = reference
-    (staged / "reference").mkdir()
+    (staged / "reference").mkdir(exist_ok=True)
     thin_runtime.save_npz(staged / REFERENCE_INPUTS, reference.inputs)
     thin_runtime.save_npz(staged / REFERENCE_OUTPUTS, reference.outputs)
     if onnxruntime_outputs is not None:
@@ -382,12 +406,18 @@ def _package(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.Targe
         TensorSpec(name=s.name, dtype=s.dtype, shape=prepared.fixed.get(s.name, s.shape), value_range=s.value_range)
         for s in prepared.specs
     ]
+    if buckets:  # the bucketed dim stays symbolic in the specs; the runtime pads it
+        library = buckets.libraries[str(max(buckets.sizes))]
+        for spec, s in zip(inputs, prepared.specs):
+            spec.shape = [buckets.dim if d == buckets.dim else size for d, size in zip(s.shape, spec.shape)]
     out_names = list(reference.outputs)
     if len(out_names) != len(result["outputs"]):
         raise CompilerError(f"TVM's module returns {len(result['outputs'])} outputs where the model has {len(out_names)}")
     outputs = [
         TensorSpec(name=n, dtype=sig["dtype"], shape=sig["shape"]) for n, sig in zip(out_names, result["outputs"])
     ]
+    for spec, axes in zip(outputs, result.get("bucket_axes", [])):
+        spec.shape = [buckets.dim if a in axes else d for a, d in enumerate(spec.shape)]
     manifest = Manifest(
         mlc_version=__version__,
         tvm_version=result["tvm_version"],
@@ -409,8 +439,63 @@ def _package(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.Targe
                             kernels=result.get("kernels", {}), schedules=result.get("schedules"),
                             recipe=recipe["command"], onnx_nodes={"before": len(prepared.model.graph.node),
                                                           "after": len(prepared.cleaned.graph.node)}),
+        buckets=buckets,
     )
     return artifacts.seal(staged, manifest)
+
+
+def _bucket_builds(plan: "bucketing.Plan", prepared: _Prepared, steps, workdir: Path, timed: _Timer
+                   ) -> list[tuple[str, Path, str]]:
+    """Per bucket: (library, the graph with that length fixed and cleaned, a label)."""
+    concrete = onnx_frontend.concrete_shapes(prepared.specs, prepared.fixed)
+    length = next(concrete[s.name][s.shape.index(plan.dim)] for s in prepared.specs if plan.dim in s.shape)
+    if length > plan.sizes[-1]:
+        raise InputError(f"the reference inputs have {plan.dim}={length}, longer than the largest bucket "
+                         f"{plan.sizes[-1]}; add a bucket >= {length} or give shorter inputs with --input-shape")
+    builds = []
+    for size in plan.sizes:
+        shapes = {s.name: [size if d == plan.dim else n for d, n in zip(s.shape, concrete[s.name])]
+                  for s in prepared.specs}
+        with timed(f"onnx_passes_{plan.dim}{size}", f"Running ONNX graph passes for {plan.dim}={size}"):
+            cleaned, _, _ = onnx_passes.run(onnx_frontend.fix_input_shapes(prepared.model, shapes), steps, None)
+            path = workdir / f"cleaned-{plan.dim}{size}.onnx"
+            onnx.save(cleaned, str(path))
+        builds.append((plan.library(size), path, f" {plan.dim}={size}"))
+    return builds
+
+
+def _merge_results(results: list[dict]) -> dict:
+    """One worker result for several builds (buckets): timings summed, kernel lists united."""
+    merged = dict(results[0])
+    merged["timings"] = {k: sum(r["timings"].get(k, 0.0) for r in results) for k in results[0]["timings"]}
+    if results[0].get("schedules"):
+        merged["schedules"] = {k: sorted({n for r in results for n in r["schedules"].get(k, [])})
+                               for k in results[0]["schedules"]}
+    return merged
+
+
+def _bucket_info(plan: "bucketing.Plan", prepared: _Prepared, results: dict, staged: Path
+                 ) -> tuple[BucketInfo, list[list[int]]]:
+    """The manifest's buckets, with reference runs at the shortest length of each bucket (the most
+    padding): ONNX Runtime on the model as given (for framework models: the export, whose
+    conversion `mlc check` reports against the framework at the reference shapes)."""
+    shapes = {size: [o["shape"] for o in results[plan.library(size)]["outputs"]] for size in plan.sizes}
+    onnx_names = [[d.dim_param or None for d in o.type.tensor_type.shape.dim] for o in prepared.model.graph.output]
+    axes = bucketing.output_axes(plan, shapes, onnx_names)
+    concrete = onnx_frontend.concrete_shapes(prepared.specs, prepared.fixed)
+    checks = []
+    for length, size in plan.check_lengths():
+        shapes_l = {s.name: [length if d == plan.dim else n for d, n in zip(s.shape, concrete[s.name])]
+                    for s in prepared.specs}
+        ref = onnx_frontend.onnxruntime_reference(prepared.path, onnx_frontend.make_inputs(prepared.specs, shapes_l))
+        stem = f"reference/{plan.dim}{length}"
+        (staged / "reference").mkdir(exist_ok=True)
+        thin_runtime.save_npz(staged / f"{stem}.inputs.npz", ref.inputs)
+        thin_runtime.save_npz(staged / f"{stem}.outputs.npz", ref.outputs)
+        checks.append(BucketCheck(length=length, bucket=size, inputs=f"{stem}.inputs.npz",
+                                  outputs=f"{stem}.outputs.npz", producer=f"{ref.producer} on {prepared.path.name}"))
+    return BucketInfo(dim=plan.dim, sizes=plan.sizes, libraries={str(b): plan.library(b) for b in plan.sizes},
+                      mask=plan.mask, checks=checks), axes  # axes: per output, those carrying the dim
 
 
 @dataclass
@@ -531,6 +616,13 @@ def check(artifact: str | Path, atol: Optional[float] = None, rtol: Optional[flo
     if info.get("onnxruntime"):
         result.conversion = compare(reference, _read_npz(runner.root / info["onnxruntime"]), atol=atol, rtol=rtol)
     result.conversion_error = info.get("onnxruntime_error") or ""
+    for case in (runner.buckets or {}).get("checks", []):  # each bucket at its most padded length
+        expected = _read_npz(runner.root / case["outputs"])
+        with _runtime_errors():
+            got = runner.run(_read_npz(runner.root / case["inputs"]))
+        for stats in compare(expected, got, atol=atol, rtol=rtol).outputs:
+            stats.name = f"{stats.name} [{runner.buckets['dim']}={case['length']} in bucket {case['bucket']}]"
+            result.outputs.append(stats)
     return result
 
 

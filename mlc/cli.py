@@ -176,6 +176,9 @@ def compile_cmd(
     enable_pass: List[str] = typer.Option([], "--enable-pass", help="Also run this pass, e.g. an opt-in one (repeatable)."),
     pass_config: List[str] = typer.Option([], "--pass-config", help="Set a pass option, PASS.KEY=VALUE (repeatable)."),
     dump_ir: Optional[Path] = typer.Option(None, "--dump-ir", help="Write the ONNX graph / Relax IR after each pass here."),
+    buckets: List[str] = typer.Option([], "--buckets", help="One static build per length, e.g. 8,16,32 or seq=8,16,32: "
+                                                            "inputs are padded to the next bucket (the mask input marks "
+                                                            "the padding), outputs sliced back."),
 ) -> None:
     """Compile a model into a verified artifact: compiled library, thin runtime, reference data.
 
@@ -202,7 +205,7 @@ def compile_cmd(
         results.append(api.compile(model, target=spec, output=dest, input_shapes=input_shape, archive=archive,
                                    atol=atol, rtol=rtol, step=_step if not as_json else api._quiet_step,
                                    framework=framework, dynamic=dynamic, exporter=exporter, db=db,
-                                   pass_options=pass_options))
+                                   pass_options=pass_options, buckets=buckets))
         _report_compile(results[-1], as_json)
     for result in results:
         if result.check is not None:

@@ -91,6 +91,27 @@ class CompileInfo(_Strict):
     passes: list[PassRecord] = Field(default_factory=list)  # in the order they ran
 
 
+class BucketCheck(_Strict):
+    """Reference inputs/outputs at one length that pads up to a bucket (checked by `mlc check`)."""
+
+    length: int
+    bucket: int
+    inputs: str
+    outputs: str
+    producer: str
+
+
+class BucketInfo(_Strict):
+    """`--buckets`: one static library per length of `dim`; the runtime pads inputs (with 0, the
+    mask marking the padding) to the smallest bucket that fits and slices the outputs back."""
+
+    dim: str
+    sizes: list[int]
+    libraries: dict[str, str]  # str(size) -> library file
+    mask: str  # the input whose zeros mark the padding
+    checks: list[BucketCheck] = Field(default_factory=list)
+
+
 class Manifest(_Strict):
     schema_version: int = SCHEMA_VERSION
     mlc_version: str
@@ -105,3 +126,4 @@ class Manifest(_Strict):
     outputs: list[TensorSpec]
     compile: CompileInfo
     files: dict[str, str] = Field(default_factory=dict)  # path -> sha256, every file but the manifest
+    buckets: Optional[BucketInfo] = None  # --buckets: then `library` is the largest bucket's

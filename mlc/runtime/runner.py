@@ -24,7 +24,8 @@ from typing import Any, Mapping
 import numpy as np
 
 # Newest manifest schema this runtime understands; bump together with mlc.artifacts.manifest.
-SCHEMA_VERSION = 1
+# 2: bucketed artifacts (manifest "buckets": one static library per length, inputs padded).
+SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
 # DLDeviceType codes the VM is initialised with.
 _DEVICE_TYPES = {"cpu": 1, "cuda": 2, "metal": 8}
@@ -285,6 +286,38 @@ def validate_feeds(specs: list[dict[str, Any]], feeds: Mapping[str, np.ndarray])
     return arrays, warnings
 
 
+def pad_to_bucket(buckets: Mapping[str, Any], specs: list[dict[str, Any]], arrays: list[np.ndarray]
+                  ) -> tuple[list[np.ndarray], int, int]:
+    """Pad (with 0: token ids, type ids, and the attention mask, so padding is masked out) every
+    input axis carrying the bucketed dim up to the smallest bucket that fits. Returns the padded
+    arrays, the real length and the bucket."""
+    dim, sizes = buckets["dim"], sorted(buckets["sizes"])
+    axes = [[axis for axis, d in enumerate(spec["shape"]) if d == dim] for spec in specs]
+    length = next(a.shape[ax[0]] for a, ax in zip(arrays, axes) if ax)
+    bucket = next((b for b in sizes if b >= length), None)
+    if bucket is None:
+        raise FeedError(f"'{dim}' is {length} but the largest bucket is {sizes[-1]}; truncate the input to "
+                        f"{sizes[-1]} or recompile with a larger bucket (--buckets ...,{length})")
+    padded = []
+    for array, ax in zip(arrays, axes):
+        if ax and bucket != length:
+            width = [(0, bucket - length) if i in ax else (0, 0) for i in range(array.ndim)]
+            array = aligned(np.pad(array, width))
+        padded.append(array)
+    return padded, length, bucket
+
+
+def slice_outputs(dim: str, specs: list[dict[str, Any]], outputs: dict[str, np.ndarray], length: int
+                  ) -> dict[str, np.ndarray]:
+    """Cut the padding off every output axis that carries the bucketed dim."""
+    sliced = {}
+    for spec in specs:
+        value = outputs[spec["name"]]
+        index = tuple(slice(0, length) if d == dim else slice(None) for d in spec["shape"])
+        sliced[spec["name"]] = np.ascontiguousarray(value[index])
+    return sliced
+
+
 class _ArtifactRunner:
     """What both runners share: the manifest (read and verified), the input/output specs, input
     validation, and `measure`, which validates once and returns outputs and latency together."""
@@ -300,18 +333,28 @@ class _ArtifactRunner:
                                 f"(target {self.manifest['target'].get('name')})")
         self.inputs: list[dict[str, Any]] = self.manifest["inputs"]
         self.outputs: list[dict[str, Any]] = self.manifest["outputs"]
+        self.buckets: dict[str, Any] | None = self.manifest.get("buckets")
+        self.last_bucket: tuple[int, int] | None = None  # (length, bucket) of the last bucketed run
 
     def prepare(self, feeds: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], list[str]]:
         return validate_feeds(self.inputs, feeds)
 
-    def _measure(self, arrays: list[np.ndarray], warmup: int, repeat: int) -> tuple[dict[str, np.ndarray], list[float]]:
+    def _measure(self, arrays: list[np.ndarray], warmup: int, repeat: int, bucket: int | None = None
+                 ) -> tuple[dict[str, np.ndarray], list[float]]:
         raise NotImplementedError
 
     def measure(self, feeds: Mapping[str, np.ndarray], warmup: int = 3, repeat: int = 50
                 ) -> tuple[dict[str, np.ndarray], dict[str, Any] | None, list[str]]:
-        """Outputs, latency statistics (None when repeat is 0) and input warnings, in one pass."""
+        """Outputs, latency statistics (None when repeat is 0) and input warnings, in one pass.
+        Bucketed artifacts: inputs are padded to the smallest bucket that fits, outputs sliced back."""
         arrays, warnings = self.prepare(feeds)
-        outputs, times = self._measure(arrays, warmup, repeat)
+        bucket = None
+        if self.buckets:
+            arrays, length, bucket = pad_to_bucket(self.buckets, self.inputs, arrays)
+            self.last_bucket = (length, bucket)
+        outputs, times = self._measure(arrays, warmup, repeat, bucket)
+        if bucket is not None:
+            outputs = slice_outputs(self.buckets["dim"], self.outputs, outputs, length)
         batch = int(arrays[0].shape[0]) if arrays and arrays[0].ndim else 1
         return outputs, latency_stats(times, batch) if times else None, warnings
 
@@ -337,16 +380,20 @@ class Runner(_ArtifactRunner):
         runtime = self.manifest["runtime"]
         _load_tvm_runtime(safe_member(self.root, runtime["library"]),
                           [safe_member(self.root, rel) for rel in runtime.get("device_libraries", [])], device)
-        library_path = safe_member(self.root, self.manifest["library"])
+        libraries = {None: self.manifest["library"]}
+        if self.buckets:  # one static library per bucket
+            libraries = {int(size): rel for size, rel in self.buckets["libraries"].items()}
+        self._mains = {bucket: self._load_main(rel, runtime, _DEVICE_TYPES[device]) for bucket, rel in libraries.items()}
+        self.device = tvm_ffi.device(device, 0)
+
+    def _load_main(self, rel: str, runtime: Mapping[str, Any], code: int) -> Any:
+        library_path = safe_member(self.root, rel)
         if not library_path.is_file() and runtime.get("link"):
             raise ArtifactError(f"{library_path.name} is not linked yet: run ./{runtime['link']} in the artifact once")
-        library = tvm_ffi.load_module(str(library_path))
-        self._vm = library["vm_load_executable"]()
-        code = _DEVICE_TYPES[device]
+        vm = self._tvm_ffi.load_module(str(library_path))["vm_load_executable"]()
         # (device type, id, allocator) for the compute device, then the same for the host.
-        self._vm["vm_initialization"](code, 0, _POOLED_ALLOCATOR, 1, 0, _POOLED_ALLOCATOR)
-        self._main = self._vm["main"]
-        self.device = tvm_ffi.device(device, 0)
+        vm["vm_initialization"](code, 0, _POOLED_ALLOCATOR, 1, 0, _POOLED_ALLOCATOR)
+        return vm["main"]
 
     def _to_device(self, array: np.ndarray) -> Any:
         host = self._tvm_ffi.from_dlpack(array)
@@ -362,19 +409,22 @@ class Runner(_ArtifactRunner):
         if self.device.dlpack_device_type() != 1:
             self._tvm_ffi.get_global_func("runtime.Device_StreamSync")(self.device, None)
 
-    def _call(self, tensors: list[Any]) -> list[Any]:
-        return _flatten(self._main(*tensors))
+    def _measure(self, arrays: list[np.ndarray], warmup: int, repeat: int, bucket: int | None = None
+                 ) -> tuple[dict[str, np.ndarray], list[float]]:
+        main = self._mains[bucket]
 
-    def _measure(self, arrays: list[np.ndarray], warmup: int, repeat: int) -> tuple[dict[str, np.ndarray], list[float]]:
+        def call(tensors: list[Any]) -> list[Any]:
+            return _flatten(main(*tensors))
+
         tensors = [self._to_device(a) for a in arrays]  # transfers are not timed
-        outputs = {spec["name"]: self._to_host(r) for spec, r in zip(self.outputs, self._call(tensors))}
+        outputs = {spec["name"]: self._to_host(r) for spec, r in zip(self.outputs, call(tensors))}
         for _ in range(warmup):
-            self._call(tensors)
+            call(tensors)
         self._sync()
         times = []
         for _ in range(repeat):
             start = time.perf_counter()
-            self._call(tensors)
+            call(tensors)
             self._sync()
             times.append(time.perf_counter() - start)
         return outputs, times
@@ -400,8 +450,12 @@ class NativeRunner(_ArtifactRunner):
             raise EmulatorMissing(f"artifact is for {arch}; to run it on this {HOST_ARCH} machine install {qemu} "
                                 "(apt-get install qemu-user) and the cross toolchain's sysroot, or run it on the device")
         self.emulated = bool(self.prefix)
+        if self.buckets:
+            raise ArtifactError("the native runner runs one static library and this artifact has one per bucket; "
+                                "run it with run.py (Python) on the device, or compile without --buckets")
 
-    def _measure(self, arrays: list[np.ndarray], warmup: int, repeat: int) -> tuple[dict[str, np.ndarray], list[float]]:
+    def _measure(self, arrays: list[np.ndarray], warmup: int, repeat: int, bucket: int | None = None
+                 ) -> tuple[dict[str, np.ndarray], list[float]]:
         """One process: the first call's outputs, then warmup + repeat timed calls."""
         with tempfile.TemporaryDirectory(prefix="mlc-native-") as tmp:
             inputs, outputs = Path(tmp) / "in", Path(tmp) / "out"
