@@ -494,6 +494,13 @@ def bench_cmd(
     db: Optional[str] = typer.Option(None, "--db", help="Tuning database for mlc's compiles (needs `mlc tune`)."),
     cell_timeout: Optional[float] = typer.Option(None, "--cell-timeout",
                                                  help="Seconds a cell may run; a slower one is stopped and recorded as failed."),
+    lengths: Optional[str] = typer.Option(None, "--lengths", help="Instead of the matrix: run one model over a "
+                                          "sentence-length distribution (cola-like), batch 1, comparing dynamic, "
+                                          "buckets, static, ort and torch (seed 002)."),
+    sentences: int = typer.Option(200, "--sentences", help="With --lengths: how many sentences."),
+    buckets: str = typer.Option("8,16,32,64", "--buckets", help="With --lengths: the buckets strategy's sizes."),
+    strategies: Optional[str] = typer.Option(None, "--strategies", help="With --lengths: which of dynamic, buckets, "
+                                             "static, ort, torch [default: all]."),
 ) -> None:
     """Benchmark zoo models: mlc per target side by side with framework baselines, per shape and thread count.
 
@@ -511,7 +518,9 @@ def bench_cmd(
         batch=bench.parse_ints("--batch", batch), seq=bench.parse_ints("--seq", seq),
         threads=bench.parse_ints("--threads", threads), baselines=listed("--baselines", baselines),
         warmup=warmup, repeat=repeat, framework=framework, db=db, cell_timeout=cell_timeout,
-        command=bench.command_line())
+        command=bench.command_line(), lengths=lengths, sentences=sentences,
+        buckets=bench.parse_ints("--buckets", buckets),
+        strategies=bench.parse_list("--strategies", strategies) if strategies else [])
     bench.validate(config)
     if not err.is_terminal:  # a log file: one line per step instead of a redrawn bar
         def log_line(done: int, total: int, what: str) -> None:
@@ -531,6 +540,10 @@ def bench_cmd(
             bar.update(task, description="done")
     from mlc.bench import report
 
+    if lengths:
+        out.print(report.lengths_console_table(doc))
+        out.print(f"wrote {output}; render it with: mlc report {output} -o report.html")
+        return
     out.print(report.console_table(doc))
     failed = sum(c["status"] == "failed" for c in doc["cells"])
     out.print(f"wrote {output} ({len(doc['cells'])} cells{f', {failed} failed' if failed else ''}); "

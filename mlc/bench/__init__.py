@@ -49,6 +49,11 @@ class BenchConfig:
     db: Optional[str] = None  # tuning database, passed to mlc.api.compile once tuning exists
     cell_timeout: Optional[float] = None  # seconds a cell's process may run before it is stopped (cell failed)
     command: str = ""
+    # --lengths: a sentence-length distribution run instead of the matrix (mlc/bench/lengths.py)
+    lengths: Optional[str] = None
+    sentences: int = 200
+    buckets: list[int] = field(default_factory=lambda: [8, 16, 32, 64])
+    strategies: list[str] = field(default_factory=list)  # [default: all]
 
 
 def parse_list(option: str, text: str) -> list[str]:
@@ -149,6 +154,10 @@ def run(config: BenchConfig, output: Optional[Path] = None, progress: Optional[P
     """Run the matrix. With `output`, the JSON is rewritten after every cell, so an interrupted
     run keeps what it measured."""
     validate(config)
+    if config.lengths:
+        from mlc.bench import lengths
+
+        return lengths.run(config, output, progress)
     doc = {"schema": SCHEMA, "machine": machine_info(), "config": asdict(config), "cells": []}
     cells: list[dict] = doc["cells"]
     tell = progress or (lambda done, total, what: None)

@@ -147,18 +147,23 @@ def torchscript(ctx: Context):
 
 # ONNX Runtime ------------------------------------------------------------------------------------
 
-@baseline("ort", ONNX_EXPORT, "ONNX Runtime (CPU provider, all graph optimisations) on mlc's ONNX export",
-          compiles=True)
-def onnxruntime(ctx: Context):
+def ort_session(path: Path, threads: int):
+    """An ONNX Runtime CPU session with all graph optimisations and `threads` intra-op threads."""
     import onnxruntime as ort
 
     ort.set_default_logger_severity(3)
     options = ort.SessionOptions()
-    options.intra_op_num_threads = ctx.threads
+    options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    session = ort.InferenceSession(str(ctx.onnx_path), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+@baseline("ort", ONNX_EXPORT, "ONNX Runtime (CPU provider, all graph optimisations) on mlc's ONNX export",
+          compiles=True)
+def onnxruntime(ctx: Context):
+    session = ort_session(ctx.onnx_path, ctx.threads)
     feeds = dict(zip(ctx.input_names, ctx.inputs))
     wanted = {i.name for i in session.get_inputs()}
     feeds = {k: v for k, v in feeds.items() if k in wanted}

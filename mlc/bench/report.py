@@ -347,12 +347,95 @@ def _figures(cells: list[dict]) -> tuple[list[Figure], list[Figure], list[Figure
     return latency_figs, speedup_figs, compile_figs
 
 
+def _lengths_rows(run: dict) -> list[list[str]]:
+    out = []
+    for r in run["strategies"]:
+        acc = r.get("accuracy") or {}
+        ok = r["status"] == "ok"
+        out.append([r["strategy"], r["status"] if not ok else "ok", str(r.get("compiles", "")),
+                    _s(r.get("compile_s")), _s(r.get("run_total_s")),
+                    _ms(1e3 * r["run_total_s"] / len(run["lengths"])) if ok else "–",
+                    f"{r['padding_waste_pct']:.1f}%" if ok and r.get("padding_waste_pct") is not None else "–",
+                    f"{r['artifact_bytes'] / 2**20:.1f}" if r.get("artifact_bytes") else "–",
+                    (f"{acc['max_abs_error']:.2g} {'pass' if acc.get('passed') else 'FAIL'}" if acc else "–"),
+                    r.get("error", "")])
+    return out
+
+
+def _s(value: Optional[float]) -> str:
+    return "–" if value is None else f"{value:.3g}" if value < 100 else f"{value:.0f}"
+
+
+_LENGTHS_HEADER = ["strategy", "status", "compiles", "compile s", "run total s", "mean ms/sentence", "padding waste",
+                   "artifact MiB", "max abs err vs eager", "note"]
+
+
+def _lengths_sections(docs: list[dict]) -> list[Section]:
+    """`mlc bench --lengths`: strategies over a sentence-length distribution (seed 002)."""
+    sections = []
+    for doc in docs:
+        run = doc.get("lengths")
+        if not run:
+            continue
+        st = run["stats"]
+        title = f"{run['model']}: {run['distribution']} lengths, {st['n']} sentences ({machine_label(doc['machine'])})"
+        text = [f"Token lengths (seed {run['seed']}): mean {st['mean']}, median {st['median']:g}, {st['min']}–{st['max']}, "
+                f"p90 {st['p90']:g}, {st['distinct']} distinct. Batch 1, one sentence at a time, {run['threads']} "
+                f"thread(s), target {run['target']}; each distinct length runs once untimed first (checked against "
+                f"eager), then every sentence once, timed. Buckets: {', '.join(map(str, run['buckets']))}. Compile "
+                f"times exclude the one ONNX export all strategies share ({_s(run.get('export_s'))} s); ORT's is its "
+                "session creation. Padding waste: padded tokens / tokens run."]
+        table = Table(_LENGTHS_HEADER, _lengths_rows(run))
+        parts: list = [table]
+        ok = [r for r in run["strategies"] if r["status"] == "ok"]
+        if ok:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+
+            fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+            names = [r["strategy"] for r in ok]
+            axes[0].bar(names, [r.get("compile_s") or 0 for r in ok])
+            axes[0].set_title("total compile time (s)")
+            axes[1].bar(names, [r["run_total_s"] for r in ok])
+            axes[1].set_title("total run time over the set (s)")
+            lengths = sorted(st["histogram"], key=int)
+            axes[2].bar([int(k) for k in lengths], [st["histogram"][k] for k in lengths])
+            for b in run["buckets"]:
+                axes[2].axvline(b + 0.5, color="black", linestyle="--", linewidth=0.8)
+            axes[2].set_title("sentence lengths (dashed: buckets)")
+            axes[2].set_xlabel("tokens")
+            for ax in axes[:2]:
+                ax.tick_params(axis="x", rotation=30)
+                ax.grid(axis="y", alpha=0.3)
+            parts.append(Figure(f"lengths-{_slug(run['model'])}-{_slug(machine_label(doc['machine']))}",
+                                f"{run['model']}: compile and run time per strategy, and the length distribution",
+                                _png(fig)))
+        sections.append(Section(title, text, parts))
+    return sections
+
+
+def lengths_console_table(doc: dict):
+    from rich.table import Table as RichTable
+
+    table = RichTable(title=f"{doc['lengths']['model']}, {doc['lengths']['stats']['n']} sentences", title_justify="left")
+    for column in _LENGTHS_HEADER:
+        table.add_column(column, justify="left" if column in ("strategy", "status", "note") else "right")
+    for row in _lengths_rows(doc["lengths"]):
+        table.add_row(*row)
+    return table
+
+
 def build(docs: list[dict]) -> list[Section]:
     cells = rows(docs)
-    if not cells:
+    lengths = _lengths_sections(docs)
+    if not cells and not lengths:
         raise InputError("the results hold no cells; run `mlc bench` first")
+    if not cells:
+        return [_machines_section(docs)] + lengths
     latency_figs, speedup_figs, compile_figs = _figures(cells)
-    sections = [_machines_section(docs)]
+    sections = [_machines_section(docs)] + lengths
     lat = _latency_section(cells)
     lat.parts += latency_figs
     sections.append(lat)

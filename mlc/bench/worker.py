@@ -154,6 +154,64 @@ def measure(request: dict) -> dict:
     return result
 
 
+def sequence(request: dict) -> dict:
+    """One strategy over a list of sentence lengths (batch 1, one sentence at a time): every distinct
+    length once untimed (warm-up, and its outputs checked against the eager reference), then each
+    sentence once, timed; returns the total and the per-length accuracy."""
+    import time
+
+    import numpy as np
+
+    from mlc.check import compare
+    from mlc.runtime import runner as thin_runtime
+
+    folder, names = Path(request["dir"]), request["inputs"]
+    lengths = request["lengths"]
+    distinct = sorted(set(lengths))
+    feeds = {n: thin_runtime.load_npz(folder / FEEDS.format(key=shape_key(1, n))) for n in distinct}
+    start = time.perf_counter()
+    backend = request["backend"]
+    if backend == "mlc":  # artifacts by length ("*": one serving every length)
+        artifacts = request["artifacts"]
+        runners = {key: thin_runtime.Runner(path) for key, path in artifacts.items()}
+        call = lambda n: runners.get(str(n), runners.get("*")).run(feeds[n])  # noqa: E731
+    elif backend == "ort":
+        from mlc.bench.baselines import ort_session
+
+        session = ort_session(folder / MODEL, request["threads"])
+        call = lambda n: dict(zip(request["outputs"], session.run(None, feeds[n])))  # noqa: E731
+    elif backend == "torch":
+        import torch
+
+        from mlc.bench import baselines
+        from mlc.compiler.frontends.torch import _flatten
+
+        baselines.limit_threads("torch", request["threads"])
+        module = _framework_model(request["source"], "torch").native
+
+        def call(n: int) -> dict:
+            with torch.no_grad():
+                out = _flatten(module(*[torch.from_numpy(feeds[n][k]) for k in names]))
+            return dict(zip(request["outputs"], out))
+    else:
+        raise ValueError(f"unknown strategy backend {backend!r}")
+    setup_s = time.perf_counter() - start
+    worst, passed = 0.0, True
+    for n in distinct:
+        check = compare(thin_runtime.load_npz(folder / REFERENCE.format(key=shape_key(1, n))),
+                        {k: np.asarray(v) for k, v in call(n).items()})
+        worst = max([worst] + [o.max_abs_error for o in check.outputs])
+        passed = passed and check.passed
+    times = []
+    for n in lengths:
+        start = time.perf_counter()
+        call(n)
+        times.append(time.perf_counter() - start)
+    return {"ok": True, "setup_s": setup_s, "run_total_s": sum(times), "run_ms": [t * 1e3 for t in times],
+            "accuracy": {"max_abs_error": worst, "passed": passed}, "peak_rss_mb": peak_rss_mb(),
+            "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+
+
 def peak_rss_mb() -> float:
     """This process's peak resident memory, framework and model included. VmHWM, not ru_maxrss:
     ru_maxrss survives exec, so a child would report its parent's peak."""
@@ -173,7 +231,8 @@ def _handle(request: dict) -> dict:
     if request.get("threads"):  # before numpy or any framework starts its thread pool
         for name in THREAD_VARIABLES:
             os.environ[name] = str(request["threads"])
-    return prepare(request) if request["job"] == "prepare" else measure(request)
+    jobs = {"prepare": prepare, "measure": measure, "sequence": sequence}
+    return jobs[request["job"]](request)
 
 
 def main(argv: list[str]) -> int:

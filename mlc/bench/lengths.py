@@ -1,0 +1,172 @@
+"""`mlc bench --lengths cola-like`: the seed 002 experiment. One model over a realistic set of
+sentence lengths (batch 1, one sentence at a time), served by several strategies:
+
+- dynamic: one mlc compile with `--dynamic seq=1..MAX` (unavailable while mlc compiles framework
+  models at static shapes: the artifact must keep `seq` symbolic to count);
+- buckets: one mlc compile with `--buckets` (inputs padded to the next bucket);
+- static: one mlc compile per distinct length in the set;
+- ort: ONNX Runtime on the dynamic export; torch: PyTorch eager.
+
+Per strategy: total compile time, total run time over the set, padding waste, artifact size and
+accuracy against eager. The model is exported once (bench worker "prepare", which also writes the
+eager reference per distinct length); the mlc compiles read that ONNX export, so export time is
+recorded once, apart from every strategy's compile time."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from mlc import models
+from mlc.bench.machine import load_average, machine_info
+from mlc.errors import InputError
+
+DISTRIBUTIONS = ("cola-like",)
+STRATEGIES = ("dynamic", "buckets", "static", "ort", "torch")
+SEED = 2
+
+
+def cola_like(n: int, seed: int = SEED) -> list[int]:
+    """BERT token lengths (with [CLS] and [SEP]) of n CoLA-like sentences: CoLA's sentences are short
+    (about 9 words, a long right tail); WordPiece adds ~10%. Modelled as 2 + round(lognormal(median 7.5
+    words, sigma 0.45) * 1.1), clipped to 5..45: mean ~11, median ~10, 99th percentile ~28."""
+    rng = np.random.default_rng(seed)
+    words = rng.lognormal(mean=np.log(7.5), sigma=0.45, size=n)
+    return [int(v) for v in np.clip(2 + np.round(words * 1.1), 5, 45)]
+
+
+def lengths_for(name: str, n: int) -> list[int]:
+    if name not in DISTRIBUTIONS:
+        raise InputError(f"unknown --lengths {name!r}; choose from: {', '.join(DISTRIBUTIONS)}")
+    if n < 1:
+        raise InputError("--sentences must be >= 1")
+    return cola_like(n)
+
+
+def distribution_stats(lengths: list[int]) -> dict:
+    a = np.asarray(lengths)
+    counts = {int(k): int(v) for k, v in zip(*np.unique(a, return_counts=True))}
+    return {"n": len(lengths), "mean": round(float(a.mean()), 2), "median": float(np.median(a)), "min": int(a.min()),
+            "max": int(a.max()), "p90": float(np.percentile(a, 90)), "distinct": len(counts), "histogram": counts}
+
+
+def padding_waste(lengths: list[int], sizes: list[int]) -> float:
+    """Percent of the tokens run that are padding when each length is padded to the next size."""
+    padded = [next(s for s in sorted(sizes) if s >= n) for n in lengths]
+    return round(100.0 * (sum(padded) - sum(lengths)) / sum(padded), 2)
+
+
+def run(config, output: Optional[Path] = None, progress=None) -> dict:
+    """config: a BenchConfig with lengths set (one model, its first target, its first thread count)."""
+    from mlc import api
+    from mlc.bench import SCHEMA, _dir_size, _error_text, _run_child, _source_framework, write_json
+
+    if len(config.models) != 1:
+        raise InputError("--lengths runs one model; give one --models entry")
+    lengths = lengths_for(config.lengths, config.sentences)
+    strategies = config.strategies or list(STRATEGIES)
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown:
+        raise InputError(f"unknown --strategies {', '.join(unknown)}; choose from: {', '.join(STRATEGIES)}")
+    sizes = sorted(config.buckets)
+    if max(lengths) > sizes[-1]:
+        raise InputError(f"the longest sentence has {max(lengths)} tokens, more than the largest bucket {sizes[-1]}")
+    zoo = models.get(config.models[0])
+    source = f"{models.ZOO_PREFIX}{zoo.name}"
+    framework = _source_framework(zoo, config.framework)
+    if framework != "torch":
+        raise InputError(f"--lengths compares with PyTorch eager: give a model with a torch build ({zoo.name} "
+                         f"has {', '.join(zoo.frameworks)})")
+    target = config.targets[0] if config.targets else "x86"
+    threads = config.threads[0]
+    tell = progress or (lambda done, total, what: None)
+    distinct = sorted(set(lengths))
+    doc = {"schema": SCHEMA, "machine": machine_info(), "config": asdict(config), "cells": [],
+           "lengths": {"model": zoo.name, "distribution": config.lengths, "seed": SEED, "target": target,
+                       "threads": threads, "buckets": sizes, "stats": distribution_stats(lengths),
+                       "lengths": lengths, "strategies": []}}
+    rows = doc["lengths"]["strategies"]
+
+    def save() -> None:
+        if output is not None:
+            write_json(doc, output)
+
+    with tempfile.TemporaryDirectory(prefix="mlc-bench-lengths-") as scratch:
+        workdir = Path(scratch)
+        prep_dir = workdir / "prepared"
+        tell(0, len(strategies), f"{zoo.name}: exporting (dynamic seq) and running eagerly at {len(distinct)} lengths")
+        start = time.perf_counter()
+        prepared = _run_child({"job": "prepare", "source": source, "framework": framework, "out_dir": str(prep_dir),
+                               "batch": [1], "seq": distinct}, workdir, "prepare", "the torch benchmark process")
+        doc["lengths"]["export_s"] = round(time.perf_counter() - start, 3)
+        failed = [e for e in prepared["shapes"] if "error" in e]
+        if failed:
+            raise InputError(f"preparing {zoo.name} failed at seq {failed[0]['seq']}: {failed[0]['error']}")
+        onnx_path = prep_dir / "model.onnx"
+        shape_of = {e["seq"]: e["shapes"] for e in prepared["shapes"]}
+
+        def input_shapes(n: int) -> list[str]:
+            return [f"{k}:{'x'.join(map(str, v))}" for k, v in shape_of[n].items()]
+
+        for index, strategy in enumerate(strategies):
+            tell(index, len(strategies), f"{zoo.name}: {strategy}")
+            row = {"strategy": strategy, "status": "ok", "compiles": 0}
+            artifacts: dict[str, str] = {}
+            try:
+                start = time.perf_counter()
+                if strategy == "dynamic":
+                    result = api.compile(source, target=target, output=workdir / "dynamic", framework=framework,
+                                         input_shapes=input_shapes(distinct[-1]), dynamic=[f"seq=1..{sizes[-1]}"])
+                    if not any(isinstance(d, str) for spec in result.manifest.inputs for d in spec.shape[1:]):
+                        raise _Unavailable("mlc compiled the model at static shapes: --dynamic seq=1..MAX does not "
+                                           "keep seq symbolic through TVM in this version (issue 9, --dynamic)")
+                    artifacts["*"] = str(result.path)
+                elif strategy == "buckets":
+                    result = api.compile(str(onnx_path), target=target, output=workdir / "buckets",
+                                         input_shapes=input_shapes(distinct[0]), buckets=[",".join(map(str, sizes))])
+                    artifacts["*"] = str(result.path)
+                    row["padding_waste_pct"] = padding_waste(lengths, sizes)
+                elif strategy == "static":
+                    for n in distinct:
+                        tell(index, len(strategies), f"{zoo.name}: static, compiling seq {n}")
+                        result = api.compile(str(onnx_path), target=target, output=workdir / f"static-{n}",
+                                             input_shapes=input_shapes(n))
+                        artifacts[str(n)] = str(result.path)
+                row["compile_s"] = round(time.perf_counter() - start, 3) if artifacts else None
+                row["compiles"] = len(distinct) if strategy == "static" else int(bool(artifacts))
+                if artifacts:
+                    row["artifact_bytes"] = sum(_dir_size(Path(p)) for p in artifacts.values())
+                row.setdefault("padding_waste_pct", 0.0)
+                measured = _run_child({"job": "sequence", "backend": "mlc" if artifacts else strategy,
+                                       "artifacts": artifacts, "dir": str(prep_dir), "lengths": lengths,
+                                       "inputs": prepared["inputs"], "outputs": prepared["outputs"],
+                                       "source": source, "threads": threads},
+                                      workdir, f"sequence-{strategy}", f"the {strategy} benchmark process",
+                                      config.cell_timeout)
+                if strategy == "ort":
+                    row["compile_s"] = round(measured["setup_s"], 3)  # session creation: ORT's graph optimisation
+                row.update({"setup_s": round(measured["setup_s"], 3), "run_total_s": round(measured["run_total_s"], 4),
+                            "run_ms": [round(t, 4) for t in measured["run_ms"]], "accuracy": measured["accuracy"],
+                            "peak_rss_mb": measured["peak_rss_mb"], "load_average": measured["load_average"]})
+            except _Unavailable as e:
+                row.update({"status": "unavailable", "error": str(e)})
+            except Exception as e:  # noqa: BLE001 - recorded; the other strategies go on
+                row.update({"status": "unavailable" if strategy == "dynamic" else "failed", "error": _error_text(e)})
+            finally:
+                for path in artifacts.values():
+                    shutil.rmtree(path, ignore_errors=True)
+            rows.append(row)
+            save()
+    doc["machine"]["load_average_end"] = load_average()
+    save()
+    return doc
+
+
+class _Unavailable(Exception):
+    """A strategy this mlc cannot offer (recorded with the reason)."""
