@@ -146,6 +146,8 @@ def _machines_section(docs: list[dict]) -> Section:
             "said otherwise; speed-up is the baseline's p50 over mlc's (above 1: mlc is faster). The load average "
             "(1 min) shows whether other work shared the machine: with a load above the core count, multi-thread "
             "timings suffer most (a descheduled thread stalls its team at every barrier)."]
+    if not any(d["cells"] for d in docs):  # --lengths runs only: their sections say how they ran
+        text = []
     commands = list(dict.fromkeys(d["config"].get("command") for d in docs if d["config"].get("command")))
     text += [f"Command: `{c}`" for c in commands]
     return Section("Machines", text, [table])
@@ -384,7 +386,8 @@ def _lengths_sections(docs: list[dict]) -> list[Section]:
                 f"thread(s), target {run['target']}; each distinct length runs once untimed first (checked against "
                 f"eager), then every sentence once, timed. Buckets: {', '.join(map(str, run['buckets']))}. Compile "
                 f"times exclude the one ONNX export all strategies share ({_s(run.get('export_s'))} s); ORT's is its "
-                "session creation. Padding waste: padded tokens / tokens run."]
+                "session creation. Padding waste: padded tokens / tokens run. Artifact MiB: the artifact directories, "
+                "each with its own copy of the TVM runtime."]
         table = Table(_LENGTHS_HEADER, _lengths_rows(run))
         parts: list = [table]
         ok = [r for r in run["strategies"] if r["status"] == "ok"]
