@@ -217,9 +217,14 @@ def _prepare(source: str, input_shapes: Sequence[str], workdir: Path, timed: _Ti
         if feeds is None:
             feeds = onnx_frontend.make_inputs(specs, onnx_frontend.concrete_shapes(specs, fixed))
         if converted is not None:
-            # Exports keep batch and seq symbolic, and TVM's importer breaks on their shape arithmetic
-            # (Reshape of a computed shape): compile for the shapes the framework ran on.
+            # Exports keep every dim the model has symbolic: compile for the shapes the framework
+            # ran on (static kernels are faster), but for the dims --dynamic names.
             fixed = {s.name: list(np.shape(feeds[s.name])) for s in specs}
+        if dynamic:
+            _check_dynamic(dynamic, specs, feeds)
+            # A --dynamic dim stays symbolic even where --input-shape gave it a size (the reference's).
+            fixed = {s.name: [d if isinstance(d, str) and d in dynamic else size
+                              for d, size in zip(s.shape, fixed[s.name])] for s in specs if s.name in fixed}
     with timed("onnx_passes", "Running ONNX graph passes"):
         cleaned, records, notes = onnx_passes.run(onnx_frontend.fix_input_shapes(model, fixed), steps,
                                                   Path(dump_ir) if dump_ir else None)
@@ -229,6 +234,19 @@ def _prepare(source: str, input_shapes: Sequence[str], workdir: Path, timed: _Ti
     notes = (converted.notes if converted else []) + notes
     return _Prepared(model_path, source_info, model, specs, fixed, dict(feeds), cleaned, cleaned_path, notes, converted,
                      records)
+
+
+def _check_dynamic(dynamic: dict, specs: list, feeds: Mapping[str, np.ndarray]) -> None:
+    """--dynamic names the model's symbolic dims, and the reference inputs lie in its ranges."""
+    symbolic = {d: np.shape(feeds[s.name])[axis] for s in specs for axis, d in enumerate(s.shape)
+                if isinstance(d, str)}
+    for name, bounds in dynamic.items():
+        if name not in symbolic:
+            known = ", ".join(symbolic) or "none"
+            raise InputError(f"--dynamic {name}: the model has no dim named {name!r}; its symbolic dims: {known}")
+        if bounds and not bounds[0] <= symbolic[name] <= bounds[1]:
+            raise InputError(f"--dynamic {name}={bounds[0]}..{bounds[1]}: the reference inputs have {name}="
+                             f"{symbolic[name]}; widen the range or give --input-shape inside it")
 
 
 def _reference(prepared: _Prepared) -> tuple[onnx_frontend.Reference, Optional[dict[str, np.ndarray]], Optional[str]]:
@@ -293,7 +311,9 @@ def compile(  # noqa: A001 - the verb users know
     artifacts.check_replaceable(final)
     with tempfile.TemporaryDirectory(prefix="mlc-compile-") as scratch:
         prepared = _prepare(source, input_shapes, Path(scratch), timed, framework=framework, dynamic=dynamic_dims,
-                            exporter=exporter, static=db is not None, steps=steps, dump_ir=pass_options.dump_ir)
+                            exporter=exporter, static=db is not None and not dynamic_dims, steps=steps,
+                            dump_ir=pass_options.dump_ir)
+        ranges = {name: bounds for name, bounds in (dynamic_dims or {}).items() if bounds}
         with timed("reference", "Computing reference outputs with ONNX Runtime"):
             reference = _reference(prepared)
         plan = bucketing.plan(requested_buckets, prepared.specs) if requested_buckets else None
@@ -312,7 +332,8 @@ def compile(  # noqa: A001 - the verb users know
                             cleaned_path, preset.tvm, library=staged / library, isolate=isolate,
                             cross_compiler=cross, kernels_dir=staged / KERNELS,
                             object_dir=staged / OBJECTS if macos else None, schedules=schedules,
-                            relax_passes=[s.to_json() for s in steps], dump_ir=pass_options.dump_ir)
+                            relax_passes=[s.to_json() for s in steps], dump_ir=pass_options.dump_ir,
+                            dim_upper_bounds={name: hi for name, (_, hi) in ranges.items()})
                     except CompilerError as e:
                         if reference[2] is None:
                             raise
@@ -330,12 +351,15 @@ def compile(  # noqa: A001 - the verb users know
             with timed("package", "Packaging the artifact"):
                 manifest = _package(staged, runtime, preset, prepared, reference, result, timed.timings,
                                     _recipe(source, target, framework, input_shapes, dynamic, exporter, db,
-                                            pass_options, buckets), bucket_info)
+                                            pass_options, buckets), bucket_info, ranges)
                 artifacts.publish(staged, final)
     check_result: Optional[CheckResult] = None
     arch = preset.runtime_arch
     prepared.notes.extend(runtime.notes)
     prepared.notes.extend(tuning.schedule_notes(result.get("schedules"), source, target, db))
+    if db is not None and dynamic_dims:
+        prepared.notes.append("tuning records match static kernels: the symbolic-shape kernels of --dynamic use "
+                              "mlc's default schedules; for tuned kernels per length use --buckets with --db")
     if preset.device != "cpu" and not thin_runtime.device_present(preset.device):
         prepared.notes.append(f"not verified: no {preset.device.upper()} device here; run `mlc check {final}` "
                               "(or `python run.py`) on a machine with one")
@@ -373,7 +397,7 @@ def _recipe(source: str, target: str, framework: str, input_shapes: Sequence[str
 
 def _package(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.Target, prepared: _Prepared,
              reference: tuple, result: dict, timings: dict, recipe: dict,
-             buckets: Optional[BucketInfo] = None) -> Manifest:
+             buckets: Optional[BucketInfo] = None, ranges: Optional[dict] = None) -> Manifest:
     (staged / "runtime").mkdir()
     runtime_library, ffi_library = f"runtime/{runtime.tvm_runtime.name}", f"runtime/{runtime.tvm_ffi.name}"
     shutil.copyfile(runtime.tvm_runtime, staged / runtime_library)
@@ -440,6 +464,7 @@ def _package(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.Targe
                             recipe=recipe["command"], onnx_nodes={"before": len(prepared.model.graph.node),
                                                           "after": len(prepared.cleaned.graph.node)}),
         buckets=buckets,
+        dynamic_ranges=ranges or {},
     )
     return artifacts.seal(staged, manifest)
 

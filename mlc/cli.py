@@ -109,8 +109,10 @@ _MODEL_HELP = ("A model: .onnx; PyTorch .pt2 (torch.export), TorchScript .pt or 
                "folder, .keras or .h5; Paddle jit.save prefix; or zoo:NAME (see `mlc models`).")
 _FRAMEWORK_OPTION = typer.Option(None, "--framework", "-f",
                                  help="onnx, torch, tensorflow or paddle [default: detected; for zoo:NAME its first]")
-_DYNAMIC_OPTION = typer.Option([], "--dynamic", help="Dims exported as dynamic: batch,seq or seq=1..512 "
-                                                     "(repeatable) [default: all the model's symbolic dims].")
+_DYNAMIC_OPTION = typer.Option([], "--dynamic", help="Dims kept symbolic, so one artifact serves every size: batch,seq "
+                                                     "or seq=1..512 (the runtime refuses sizes outside; repeatable) "
+                                                     "[default: framework models compile at the reference shapes; "
+                                                     "ONNX models keep their symbolic dims].")
 _EXPORTER_OPTION = typer.Option("auto", "--exporter", help="PyTorch ONNX exporter: auto (dynamo, falling back to "
                                                            "TorchScript), dynamo or torchscript.")
 

@@ -23,20 +23,20 @@ def test_cola_like_distribution():
 def test_tiny_lengths_run(tmp_path):
     out = tmp_path / "lengths.json"
     proc = run_mlc("bench", "--models", "bert-tiny", "--lengths", "cola-like", "--sentences", "3", "--buckets", "16",
-                   "--strategies", "buckets,static,ort,torch", "-o", out)
+                   "--strategies", "dynamic,buckets,static,ort,torch", "-o", out)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(out.read_text())
     run = doc["lengths"]
     assert doc["machine"]["cpu"] and run["lengths"] == lengths.cola_like(3)
     rows = {r["strategy"]: r for r in run["strategies"]}
-    assert list(rows) == ["buckets", "static", "ort", "torch"]
+    assert list(rows) == ["dynamic", "buckets", "static", "ort", "torch"]
     for name, row in rows.items():
         assert row["status"] == "ok", row
         assert row["accuracy"]["passed"] and len(row["run_ms"]) == 3 and row["run_total_s"] > 0
     distinct = sorted(set(run["lengths"]))
-    assert rows["static"]["compiles"] == len(distinct) and rows["buckets"]["compiles"] == 1
+    assert rows["static"]["compiles"] == len(distinct) and rows["buckets"]["compiles"] == rows["dynamic"]["compiles"] == 1
     assert rows["buckets"]["padding_waste_pct"] == lengths.padding_waste(run["lengths"], [16]) > 0
-    assert rows["static"]["padding_waste_pct"] == 0.0
+    assert rows["static"]["padding_waste_pct"] == rows["dynamic"]["padding_waste_pct"] == 0.0
     assert rows["buckets"]["artifact_bytes"] > 0 and rows["static"]["compile_s"] > 0
     page = tmp_path / "report.md"
     report.render([out], page)

@@ -125,5 +125,7 @@ class Manifest(_Strict):
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     compile: CompileInfo
+    # --dynamic NAME=MIN..MAX: the sizes a symbolic dim may take (the runtime refuses others)
+    dynamic_ranges: dict[str, tuple[int, int]] = Field(default_factory=dict)
     files: dict[str, str] = Field(default_factory=dict)  # path -> sha256, every file but the manifest
     buckets: Optional[BucketInfo] = None  # --buckets: then `library` is the largest bucket's

@@ -55,6 +55,7 @@ def compile_in_worker(
     schedules: Optional[dict[str, Any]] = None,
     relax_passes: Optional[list[dict]] = None,
     dump_ir: Optional[Path] = None,
+    dim_upper_bounds: Optional[dict[str, int]] = None,
 ) -> dict[str, Any]:
     """Import + build (+ export to `library`) (+ run on `run`=(inputs.npz, outputs.npz)) with TVM.
 
@@ -67,7 +68,8 @@ def compile_in_worker(
                "run": {"inputs": str(run[0]), "outputs": str(run[1])} if run else None,
                "cross_compiler": cross_compiler, "kernels_dir": str(kernels_dir) if kernels_dir else None,
                "object_dir": str(object_dir) if object_dir else None, "schedules": schedules,
-               "relax_passes": relax_passes or [], "dump_ir": str(dump_ir) if dump_ir else None}
+               "relax_passes": relax_passes or [], "dump_ir": str(dump_ir) if dump_ir else None,
+               "dim_upper_bounds": dim_upper_bounds or {}}
     if not isolate:
         return _check_result(worker.compile_request(request), None)
     request_path = onnx_path.with_name(onnx_path.stem + ".request.json")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import functools
 from collections import Counter
+from typing import Optional
 
 import onnx
 
@@ -50,8 +51,44 @@ def unsupported_ops(model: onnx.ModelProto) -> dict[str, dict]:
     return {op: {"count": n, "first_nodes": first[op]} for op, n in counts.most_common()}
 
 
-def to_relax(model: onnx.ModelProto):
+def to_relax(model: onnx.ModelProto, dim_upper_bounds: Optional[dict[str, int]] = None):
+    """The Relax module; `dim_upper_bounds` ({symbolic dim: largest size}) lets TVM plan memory
+    for symbolic shapes once, at the largest size, instead of allocating per call."""
     from tvm.relax.frontend.onnx import from_onnx
 
+    _keep_symbolic_range_lengths()
     # Weights become constants of the module so the compiled library is self-contained.
-    return from_onnx(model, keep_params_in_input=False)
+    mod = from_onnx(model, keep_params_in_input=False)
+    if dim_upper_bounds:
+        mod["main"] = mod["main"].with_attr("tir_var_upper_bound", dict(dim_upper_bounds))
+    return mod
+
+
+@functools.lru_cache(maxsize=1)
+def _keep_symbolic_range_lengths() -> None:
+    """TVM 0.27's ONNX Range, given a symbolic limit (`seq` from Shape->Gather), computes the
+    length through a tensor and names it afresh (`range_len`): the attention mask torch builds
+    from arange(seq) then has an unknown shape, and a later Reshape fails ("Reshape expects the
+    input tensor to have known shape"). When every input is a constant int or a symbolic dim,
+    relax's own arange keeps the length as an expression of the input dims."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    tvm_range = onnx_frontend.Range._impl_v12.__func__
+
+    def scalar(value):
+        if isinstance(value, tvm.ir.GenericConst):
+            array = value.value.numpy()
+            return array.item() if array.size == 1 and array.dtype.kind in "iu" else None
+        return value if tvm.ir.is_prim_expr(value) else None
+
+    def range_v12(cls, bb, inputs, attr, params):
+        values = [scalar(onnx_frontend.get_constant(x, params)) for x in inputs]
+        dtype = str(getattr(inputs[0], "ty", None) and inputs[0].ty.dtype or "int64")
+        if all(v is not None for v in values) and any(tvm.ir.is_prim_expr(v) for v in values) \
+                and dtype.startswith("int"):
+            return relax.op.arange(*values, dtype=dtype)
+        return tvm_range(cls, bb, inputs, attr, params)
+
+    onnx_frontend.Range._impl_v12 = classmethod(range_v12)

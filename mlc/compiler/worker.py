@@ -112,7 +112,7 @@ def compile_request(request: dict) -> dict:
         if missing:
             return {"ok": False, "kind": "unsupported", "ops": missing}
         start = time.perf_counter()
-        mod = importer.to_relax(model)
+        mod = importer.to_relax(model, request.get("dim_upper_bounds"))
         timings["relax_import"] = time.perf_counter() - start
         try:
             outputs = build.output_signature(mod)

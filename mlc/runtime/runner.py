@@ -253,9 +253,10 @@ def copy_tensor(tensor: Any, device: Any) -> Any:
     return out
 
 
-def validate_feeds(specs: list[dict[str, Any]], feeds: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], list[str]]:
-    """Check feeds against the manifest's input specs; returns the arrays in call order (C-order,
-    64-byte aligned) and warnings."""
+def validate_feeds(specs: list[dict[str, Any]], feeds: Mapping[str, np.ndarray],
+                   ranges: Mapping[str, Any] | None = None) -> tuple[list[np.ndarray], list[str]]:
+    """Check feeds against the manifest's input specs and the ranges of its symbolic dims;
+    returns the arrays in call order (C-order, 64-byte aligned) and warnings."""
     expected = [spec["name"] for spec in specs]
     unknown = [k for k in feeds if k not in expected]
     missing = [k for k in expected if k not in feeds]
@@ -283,6 +284,10 @@ def validate_feeds(specs: list[dict[str, Any]], feeds: Mapping[str, np.ndarray])
                     f"indexes a table with it and accepts only [{lo}, {hi}]"
                 )
         arrays.append(aligned(array))
+    for dim, (lo, hi) in (ranges or {}).items():
+        if dim in dims and not lo <= dims[dim] <= hi:
+            raise FeedError(f"dimension '{dim}' is {dims[dim]}, outside the compiled range {lo}..{hi}; "
+                            f"recompile with --dynamic {dim}={min(lo, dims[dim])}..{max(hi, dims[dim])}")
     return arrays, warnings
 
 
@@ -337,7 +342,7 @@ class _ArtifactRunner:
         self.last_bucket: tuple[int, int] | None = None  # (length, bucket) of the last bucketed run
 
     def prepare(self, feeds: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], list[str]]:
-        return validate_feeds(self.inputs, feeds)
+        return validate_feeds(self.inputs, feeds, self.manifest.get("dynamic_ranges"))
 
     def _measure(self, arrays: list[np.ndarray], warmup: int, repeat: int, bucket: int | None = None
                  ) -> tuple[dict[str, np.ndarray], list[float]]:

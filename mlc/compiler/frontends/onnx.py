@@ -206,8 +206,8 @@ def _fmt(shape: list) -> str:
     return "(" + ", ".join(str(d) for d in shape) + ")"
 
 
-def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> onnx.ModelProto:
-    """A copy of `model` whose named inputs have the given static shapes."""
+def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int | str]]) -> onnx.ModelProto:
+    """A copy of `model` whose named inputs have the given shapes (a str keeps the dim symbolic)."""
     if not shapes:
         return model
     fixed = onnx.ModelProto()
@@ -216,7 +216,10 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> on
         if value.name in shapes:
             for dim, size in zip(value.type.tensor_type.shape.dim, shapes[value.name]):
                 dim.Clear()
-                dim.dim_value = size
+                if isinstance(size, str):
+                    dim.dim_param = size
+                else:
+                    dim.dim_value = size
     # Intermediate shapes were inferred for the old input shapes; infer them again.
     del fixed.graph.value_info[:]
     return fixed
