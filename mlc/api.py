@@ -335,6 +335,10 @@ def compile(  # noqa: A001 - the verb users know
                             relax_passes=[s.to_json() for s in steps], dump_ir=pass_options.dump_ir,
                             dim_upper_bounds={name: hi for name, (_, hi) in ranges.items()})
                     except CompilerError as e:
+                        if dynamic_dims and "during import" in str(e):
+                            raise UnsupportedModelError(
+                                f"TVM cannot import this model with {', '.join(dynamic_dims)} symbolic ({e}); compile "
+                                "it without --dynamic (static shapes) or serve the lengths with --buckets") from None
                         if reference[2] is None:
                             raise
                         # ONNX Runtime failed on the export too: the export is broken, not TVM.

@@ -95,3 +95,18 @@ def test_range_of_a_symbolic_length_keeps_shapes_known(tmp_path):
     for length in (3, 11):
         feeds = {"x": np.random.default_rng(length).standard_normal((2, length)).astype(np.float32)}
         np.testing.assert_allclose(runner.run(feeds)["y"], session.run(None, feeds)[0], rtol=1e-6)
+
+
+def test_a_graph_tvm_cannot_import_with_symbolic_dims_says_what_to_do(tmp_path):
+    """paddle2onnx's BERT squeezes a slice of the seq axis: TVM cannot prove that extent is 1."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, "seq"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    const = lambda name, values: helper.make_tensor(name, TensorProto.INT64, [len(values)], values)  # noqa: E731
+    nodes = [helper.make_node("Slice", ["x", "start", "end", "axis"], ["first"]),
+             helper.make_node("Squeeze", ["first", "axis"], ["y"])]
+    graph = helper.make_graph(nodes, "squeeze", [x], [y], [const("start", [0]), const("end", [1]), const("axis", [1])])
+    path = tmp_path / "squeeze.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    proc = run_mlc("compile", path, "--dynamic", "seq=1..64", "-o", tmp_path / "out")
+    assert_clean_error(proc, 1, "TVM cannot import this model with seq symbolic", "without --dynamic", "--buckets")
+    assert not (tmp_path / "out").exists()
