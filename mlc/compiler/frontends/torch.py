@@ -121,19 +121,22 @@ def _export(module, examples: tuple, input_names: list[str], output_names, axes:
             dynamic_shapes = tuple({a: shared[d] for a, d in axes[name].items()} or None for name in input_names)
             if not any(dynamic_shapes):
                 dynamic_shapes = None
-            program = torch.onnx.export(module, examples, dynamo=True, input_names=input_names,
+            # torch.export fixes any dim whose example size is 1: give dynamic dims at least 2.
+            widened = tuple(_at_least_two(x, axes.get(name, {})) for x, name in zip(examples, input_names))
+            program = torch.onnx.export(module, widened, dynamo=True, input_names=input_names,
                                         output_names=output_names, dynamic_shapes=dynamic_shapes,
                                         opset_version=OPSET, verbose=False)
             program.save(str(path))
-            specialised = _specialised_dims(path, axes)
-            if not specialised:
-                return f"torch.onnx dynamo exporter (torch {torch.__version__}, opset {OPSET})"
-            # Silently, e.g. nn.LSTM at an example batch of 1: the export would not take other sizes.
-            failure = f"it fixed the dynamic dim(s) {', '.join(specialised)} to the example's size"
+            # A dim the model computes with (int(x.shape[1])) is fixed, silently: say so. Such an
+            # export is right at that size, where a TorchScript trace would be wrong at others.
+            fixed = _specialised_dims(path, axes)
+            note = f"; it fixed the dynamic dim(s) {', '.join(fixed)} to the example's size" if fixed else ""
+            return f"torch.onnx dynamo exporter (torch {torch.__version__}, opset {OPSET}{note})"
         except Exception as e:  # the exporter raises many kinds; the TorchScript exporter may still work
             failure = _first_line(e)
-        if exporter == "dynamo":
-            raise UnsupportedModelError(f"torch's dynamo ONNX exporter failed: {failure}; try --exporter torchscript")
+            if exporter == "dynamo":
+                raise UnsupportedModelError(f"torch's dynamo ONNX exporter failed: {failure}; "
+                                            "try --exporter torchscript") from None
     try:
         torch.onnx.export(module, examples, str(path), dynamo=False, input_names=input_names,
                           output_names=output_names, dynamic_axes={n: a for n, a in axes.items() if a},
@@ -143,6 +146,17 @@ def _export(module, examples: tuple, input_names: list[str], output_names, axes:
         raise UnsupportedModelError(f"{before}torch's TorchScript ONNX exporter failed: {_first_line(e)}") from None
     why = f"; the dynamo exporter failed: {failure}" if failure else ""
     return f"torch.onnx TorchScript exporter (torch {torch.__version__}, opset {TORCHSCRIPT_OPSET}{why})"
+
+
+def _at_least_two(example, axes: dict[int, str]):
+    import torch
+
+    if not isinstance(example, torch.Tensor):
+        return example
+    for axis in axes:
+        if example.shape[axis] == 1:
+            example = torch.cat([example, example], dim=axis)
+    return example
 
 
 def _specialised_dims(path: Path, axes: dict[str, dict[int, str]]) -> list[str]:
