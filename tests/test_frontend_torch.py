@@ -46,6 +46,23 @@ def two_inputs():
     return Gate(), (torch.randn(2, 4), torch.randn(2, 4))
 
 
+def stacked_lstm():
+    """Two LSTM layers: with a dynamic batch, torch.export reshapes between them with a shape it
+    computes at run time; a 37-wide head (not a multiple of the vector width)."""
+    torch.manual_seed(0)
+
+    class Stacked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(8, 16, num_layers=2, batch_first=True)
+            self.head = torch.nn.Linear(16, 37)
+
+        def forward(self, x):
+            return self.head(self.lstm(x)[0])
+
+    return Stacked(), (torch.randn(1, 6, 8),), {"x": ["batch", 6, 8]}
+
+
 def broken():
     raise RuntimeError("weights missing")
 
@@ -188,6 +205,15 @@ def test_torch_zoo_cnn_and_lstm_match_eager(name, tmp_path):
         assert any(r.name == "lower_rnn" and r.status == "applied" for r in result.manifest.compile.passes)
         proc = run_mlc("compile", "zoo:lstm", "--disable-pass", "lower_rnn", "-o", tmp_path / "no-lowering")
         assert_clean_error(proc, ExitCode.USER_ERROR, "LSTM")
+
+
+def test_stacked_lstm_with_dynamic_batch_is_lowered_and_matches_eager(factory_file, tmp_path):
+    """The second LSTM's input length is only known through a Reshape whose target torch.export
+    computes from Shape: lower_rnn must still find it (ONNX's own shape inference loses it)."""
+    result = api.compile(f"{factory_file}:stacked_lstm", "x86", output=tmp_path / "stacked",
+                         input_shapes=["x:3x6x8"])
+    assert result.check.passed, result.check.to_json()
+    assert any(r.name == "lower_rnn" and r.status == "applied" for r in result.manifest.compile.passes)
 
 
 def test_dynamo_keeps_size_one_dims_dynamic_and_names_the_ones_it_fixes(factory_file, tmp_path):

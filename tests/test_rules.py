@@ -126,3 +126,21 @@ def test_zoo_cnn_convs_get_the_default_conv_schedule_and_pass_the_check(tmp_path
     schedules = json.loads((out / "manifest.json").read_text())["compile"]["schedules"]
     assert [k for k in schedules["default"] if "conv2d" in k] and not schedules["unscheduled"], schedules
     assert run_mlc("check", out).returncode == 0
+
+
+def test_odd_width_matmul_is_padded_to_the_register_tile(tvm_tools):
+    """A 1001-wide dense layer (a vocabulary head) computes on a zero-padded width with the
+    register tile and a folded weight, not a predicated scalar tail; the write-back drops the
+    padding and applies the bias."""
+    tvm, relax, rules, schedules, target_json = tvm_tools
+    kernels = _scheduled_kernels(tvm, rules, schedules, _matmul_module(tvm, relax, 24, 32, 1001), target_json)
+    text = next(f for name, f in kernels.items() if "matmul" in name).script()
+    assert "_pad" in text and "meta_schedule.layout_rewrite_preproc" in text and 'scope="local"' in text, text
+    assert 'T.sblock("T_add"' not in text, text  # the bias runs in the write-back
+    mod = _matmul_module(tvm, relax, 24, 32, 1001)
+    x = RNG.standard_normal((24, 32)).astype(np.float32)
+    executable, report = schedules.build(mod, target_json, None, True)
+    assert report["default"] and not report["unscheduled"], report
+    np.testing.assert_allclose(_run(tvm, relax, executable, x), _run(tvm, relax, tvm.compile(mod, target="llvm"), x),
+                               rtol=1e-4, atol=1e-4)
+

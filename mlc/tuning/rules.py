@@ -8,7 +8,8 @@ give every kernel threads and SIMD:
   (CPU builds run conv2d in NHWC/HWIO for this, mlc.tuning.schedules): J tiles outermost, then a
   rows x 2 vectors accumulator tile in registers inside the reduction loops, the bias/residual/
   activation applied on the tile, constant weights repacked so each J tile is contiguous (folded at
-  compile time); a J that is no multiple of the vector width gets a 4 x vector-width tile with a tail;
+  compile time); a J that is no multiple of the vector width is zero-padded to one (dense layers)
+  or gets a 4 x vector-width tile with a tail (convs);
 - other reductions (softmax, layer norm, A x B^T): parallel over the spatial loops.
 
 Rules only restructure loops and buffers with TVM's schedule primitives, which keep semantics; a
@@ -100,22 +101,44 @@ def _pack_weights(sch, block, last, width: int) -> None:
     so each tile's J slice is contiguous: [.., J] -> [J/width, .., width]. Rows of a power-of-two
     stride otherwise land in a few cache sets and a 512-channel conv's slice misses L2 (3x
     slower). The repacking block is marked like MetaSchedule's layout rewrite, so the build
-    splits it out and folds it into the constant at compile time."""
+    splits it out and folds it into the constant at compile time. A weight that `_pad_width`
+    zero-padded is read through its padding block, which becomes the repacking block."""
     func_attrs = sch.mod["main"].attrs
     layout_free = {int(i) for i in func_attrs.get("layout_free_buffers", [])} if func_attrs else set()
     if not layout_free:
         return
     params = list(sch.mod["main"].params)
-    stmt = sch.get(block)
-    for index, region in enumerate(stmt.reads):
-        position = next((i for i, p in enumerate(params) if p.same_as(region.source)), None)
+    constant = [params[i] for i in sorted(layout_free)]
+
+    def is_constant(region) -> bool:
+        return any(region.source.same_as(c) for c in constant)
+
+    for index, region in enumerate(sch.get(block).reads):
         indices = [r.min for r in region.region]
-        if position not in layout_free or len(indices) < 2 or last not in _vars_in(indices[-1]):
+        if len(indices) < 2 or last not in _vars_in(indices[-1]):
             continue
-        cached = sch.cache_read(block, index, "global")
-        sch.annotate(cached, "meta_schedule.layout_rewrite_preproc", True)
+        if is_constant(region):
+            packer = sch.cache_read(block, index, "global")
+        else:
+            packer = next((p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(region.source)
+                           and all(is_constant(r) for r in sch.get(p).reads)), None)
+            if packer is None:
+                continue
+        sch.annotate(packer, "meta_schedule.layout_rewrite_preproc", True)
         sch.transform_layout(block, ("read", index),
                              lambda *idx: [idx[-1] // width, *idx[:-1], idx[-1] % width])
+
+
+def _pad_width(sch, block, n_spatial: int, n_reduction: int, multiple: int) -> bool:
+    """Zero-pad J (and the weight) to a multiple of the vector tile, so a 10001-wide vocabulary
+    head runs the register tile with no tail (a predicated tail makes LLVM emit scalar code:
+    80x slower). The padded columns are computed and dropped in the write-back. Needs an einsum
+    (plain-index) block: a conv, whose input index is h*stride+r, keeps the tail rule."""
+    try:
+        sch.pad_einsum(block, [1] * (n_spatial - 1) + [multiple] + [1] * n_reduction)
+        return True
+    except Exception:  # noqa: BLE001 - not an einsum
+        return False
 
 
 def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int) -> None:
@@ -163,10 +186,17 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int) -> None:
     spatial, reduction = loops[:n_spatial], loops[n_spatial:]
     last = stmt.iter_vars[n_spatial - 1].var
     j_extent = _extent(sch, spatial[-1])
-    if j_extent is not None and j_extent % lanes == 0 and _contiguous_last_axis(stmt, last):
+    contiguous = _contiguous_last_axis(stmt, last)
+    if (contiguous and j_extent is not None and j_extent % lanes and j_extent >= 2 * lanes
+            and _pad_width(sch, block, n_spatial, len(reduction), 2 * lanes if j_extent >= 8 * lanes else lanes)):
+        loops = sch.get_loops(block)
+        spatial, reduction = loops[:n_spatial], loops[n_spatial:]
+        last = sch.get(block).iter_vars[n_spatial - 1].var
+        j_extent = _extent(sch, spatial[-1])
+    if j_extent is not None and j_extent % lanes == 0 and contiguous:
         _schedule_register_tile(sch, block, spatial, reduction, last, lanes)
         return
-    if j_extent is not None and j_extent >= lanes and _contiguous_last_axis(stmt, last):
+    if j_extent is not None and j_extent >= lanes and contiguous:
         jo, ji = sch.split(spatial[-1], factors=[None, lanes])
         outer = list(spatial[:-1])
         rows = None

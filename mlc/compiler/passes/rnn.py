@@ -149,7 +149,15 @@ def _evaluate_constants(model: onnx.ModelProto, names: set[str], constants: dict
 
 
 def _dims(model: onnx.ModelProto) -> dict[str, list[Optional[int]]]:
-    inferred = onnx.shape_inference.infer_shapes(model)
+    # ONNX Runtime's symbolic inference follows the Shape->Slice->Concat->Reshape chains that
+    # torch.export puts between stacked LSTMs when batch is dynamic; ONNX's own loses the
+    # sequence length there (even with data propagation). It refuses some graphs: then ONNX's.
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    try:
+        inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+    except Exception:  # noqa: BLE001 - an op or pattern it does not know
+        inferred = onnx.shape_inference.infer_shapes(model)
     dims = {}
     for info in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
         t = info.type.tensor_type
