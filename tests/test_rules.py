@@ -144,3 +144,22 @@ def test_odd_width_matmul_is_padded_to_the_register_tile(tvm_tools):
     np.testing.assert_allclose(_run(tvm, relax, executable, x), _run(tvm, relax, tvm.compile(mod, target="llvm"), x),
                                rtol=1e-4, atol=1e-4)
 
+
+
+@pytest.mark.parametrize("rows", ["m", 13])
+def test_padded_matmul_writes_only_its_output(tvm_tools, rows):
+    """13 rows are no multiple of the 12-row register tile: the last tile must not write past
+    the output (TVM 0.27 drops the write-back's row bound when the unpadding block is inlined;
+    the overrun corrupted the heap and crashed later tests). The kernel writes into the first
+    13 rows of a 26-row tensor whose other rows must keep their sentinel."""
+    tvm, relax, rules, schedules, target_json = tvm_tools
+    kernels = _scheduled_kernels(tvm, rules, schedules, _matmul_module(tvm, relax, rows, 12, 50), target_json)
+    kernel = next(f for name, f in kernels.items() if "matmul" in name)
+    assert "_pad" in kernel.script()
+    library = tvm.compile(kernel.with_attr("global_symbol", "main"), target=tvm.target.Target(target_json))
+    x, w, b = (RNG.standard_normal(shape).astype(np.float32) for shape in [(13, 12), (12, 50), (50,)])
+    whole = tvm.runtime.tensor(np.full((26, 50), 7.0, np.float32))
+    library["main"](*(tvm.runtime.tensor(a) for a in (x, w, b)), whole._create_view((13, 50)))
+    written = whole.numpy()
+    np.testing.assert_allclose(written[:13], x @ w + b, rtol=1e-5, atol=1e-5)
+    assert (written[13:] == 7.0).all(), "the kernel wrote past its output"

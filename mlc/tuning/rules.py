@@ -129,13 +129,30 @@ def _pack_weights(sch, block, last, width: int) -> None:
                              lambda *idx: [idx[-1] // width, *idx[:-1], idx[-1] % width])
 
 
-def _pad_width(sch, block, n_spatial: int, n_reduction: int, multiple: int) -> bool:
+def _tile_shape(j_extent: int, row_extent, lanes: int) -> tuple[int, int]:
+    """(vectors, rows) of the register tile for a J that is a multiple of `lanes`."""
+    vectors = 2 if j_extent % (2 * lanes) == 0 else 1
+    return vectors, _divisor_at_most(row_extent, _registers(lanes) // vectors)
+
+
+def _pad_width(sch, block, spatial, n_reduction: int, lanes: int) -> bool:
     """Zero-pad J (and the weight) to a multiple of the vector tile, so a 10001-wide vocabulary
     head runs the register tile with no tail (a predicated tail makes LLVM emit scalar code:
-    80x slower). The padded columns are computed and dropped in the write-back. Needs an einsum
-    (plain-index) block: a conv, whose input index is h*stride+r, keeps the tail rule."""
+    80x slower). The padded columns are computed and dropped in the write-back. Rows are padded
+    to the row tile too where it would leave a tail: TVM 0.27's reverse_compute_inline replaces
+    the write-back's row bound with the unpadding block's column bound, so the last row tile
+    would write past the output (heap corruption, seen as crashes far from here). Needs an
+    einsum (plain-index) block: a conv, whose input index is h*stride+r, keeps the tail rule."""
+    j_extent = _extent(sch, spatial[-1])
+    multiple = 2 * lanes if j_extent >= 8 * lanes else lanes
+    factors = [1] * (len(spatial) - 1) + [multiple] + [1] * n_reduction
+    if len(spatial) > 1:
+        row_extent = _extent(sch, spatial[-2])
+        _, row_tile = _tile_shape(-(-j_extent // multiple) * multiple, row_extent, lanes)
+        if row_extent is None or row_extent % row_tile:
+            factors[len(spatial) - 2] = row_tile
     try:
-        sch.pad_einsum(block, [1] * (n_spatial - 1) + [multiple] + [1] * n_reduction)
+        sch.pad_einsum(block, factors)
         return True
     except Exception:  # noqa: BLE001 - not an einsum
         return False
@@ -145,8 +162,8 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int) ->
     """out[M, J] += ... with J contiguous: a (rows x vectors) accumulator tile in registers,
     the reduction loops around it, tiles over J outermost so a weight slice stays in cache while
     the rows stream past, epilogue applied on the tile."""
-    j_extent = _extent(sch, spatial[-1])
-    vectors = 2 if j_extent % (2 * lanes) == 0 else 1
+    vectors, row_tile = _tile_shape(_extent(sch, spatial[-1]), _extent(sch, spatial[-2]) if len(spatial) > 1 else 1,
+                                    lanes)
     jo, jv, ji = sch.split(spatial[-1], factors=[None, vectors, lanes])
     head = [jo]
     rows = None
@@ -155,7 +172,6 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int) ->
     # which LLVM can no longer keep in registers.
     if len(spatial) > 1:
         head += spatial[:-2]
-        row_tile = _divisor_at_most(_extent(sch, spatial[-2]), _registers(lanes) // vectors)
         if row_tile > 1:
             mo, rows = sch.split(spatial[-2], factors=[None, row_tile])
             head.append(mo)
@@ -188,7 +204,7 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int) -> None:
     j_extent = _extent(sch, spatial[-1])
     contiguous = _contiguous_last_axis(stmt, last)
     if (contiguous and j_extent is not None and j_extent % lanes and j_extent >= 2 * lanes
-            and _pad_width(sch, block, n_spatial, len(reduction), 2 * lanes if j_extent >= 8 * lanes else lanes)):
+            and _pad_width(sch, block, spatial, len(reduction), lanes)):
         loops = sch.get_loops(block)
         spatial, reduction = loops[:n_spatial], loops[n_spatial:]
         last = sch.get(block).iter_vars[n_spatial - 1].var
