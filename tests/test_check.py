@@ -32,6 +32,12 @@ def test_small_error_passes_large_error_fails_with_counts():
     assert stats.mismatch_fraction == 0.1
 
 
+def test_relative_error_ignores_references_below_atol():
+    ref = np.array([1e-30, 0.0, 2.0], np.float32)
+    stats = compare({"y": ref}, {"y": ref + np.float32(1e-7)}).outputs[0]
+    assert stats.passed and stats.max_rel_error < 1.0  # not 1e-7 / 1e-30
+
+
 def test_integers_are_exact():
     ref = np.arange(6, dtype=np.int64)
     assert compare({"i": ref}, {"i": ref.copy()}).passed

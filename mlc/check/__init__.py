@@ -47,7 +47,7 @@ class OutputStats:
     atol: float
     rtol: float
     max_abs_error: float
-    max_rel_error: float
+    max_rel_error: float  # |actual - ref| / max(|ref|, atol)
     cosine_similarity: float
     mismatch_fraction: float  # share of elements outside tolerance
     nonfinite_mismatch: int  # elements where NaN/Inf disagree between actual and reference
@@ -111,7 +111,9 @@ def compare_one(name: str, reference: np.ndarray, actual: np.ndarray, tol: Toler
     diff = np.abs(act - ref)
     within = np.where(both, diff <= tol.atol + tol.rtol * np.abs(ref), same_nonfinite)
     finite_diff = diff[both]
-    rel = finite_diff / np.maximum(np.abs(ref[both]), np.finfo(np.float64).tiny)
+    # Relative to |ref|, but never to less than atol: a reference of 1e-300 would otherwise report
+    # an error of 1e+299 for a difference the tolerance calls zero.
+    rel = finite_diff / np.maximum(np.abs(ref[both]), max(tol.atol, np.finfo(np.float64).tiny))
     mismatches = int(np.count_nonzero(~within))
     return OutputStats(
         name=name,
