@@ -244,9 +244,12 @@ def _evaluate(model: onnx.ModelProto) -> dict[str, object]:
             if len(a) != len(b):
                 a, b = (a * len(b), b) if len(a) == 1 else (a, b * len(a)) if len(b) == 1 else (None, None)
             pick = max if op == "Max" else min
-            # dims are only comparable when both are numbers or the same symbol
+            # dims compare when both are numbers or the same symbol; Max(dim, 1) is the dim, as mlc's
+            # dims are at least 1 (einsum exports broadcast with it)
             elems = [pick(x, y) if isinstance(x, (int, np.integer)) and isinstance(y, (int, np.integer))
-                     else x if x == y and x is not None else None for x, y in zip(a or [], b or [])]
+                     else x if x == y and x is not None
+                     else (y if isinstance(x, (int, np.integer)) else x) if op == "Max" and 1 in (x, y)
+                     and None not in (x, y) else None for x, y in zip(a or [], b or [])]
             if a is not None and all(e is not None for e in elems):
                 out = elems if any(isinstance(v, list) for v in ins) else elems[0]
         elif op == "Slice" and isinstance(ins[0], list) and len(ins) >= 3 and all(
@@ -463,36 +466,96 @@ def _ranges_over_dims(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return (_rewritten(model, nodes, {}, inits), changed) if changed else (model, 0)
 
 
+def _followable(name: str, producers: dict, constants: dict) -> bool:
+    """Whether TVM's importer sees this shape as a shape: a constant, a Shape, a Concat of those."""
+    node = producers.get(name)
+    return name in constants or node is not None and (
+        node.op_type == "Shape" or node.op_type == "Concat" and all(_followable(i, producers, constants) for i in node.input))
+
+
 def _without_shape_round_trips(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
-    """Cast(Cast(shape, int32), int64) -> shape (TVM: a Cast makes a shape a runtime tensor), and a
-    Reshape to its input's own dims (rebuilt from Shape pieces, or 0 = keep) is removed."""
+    """Shapes that went through Casts (tf2onnx computes them in int32) and Gathers are rebuilt from
+    Shape(x, start, end) pieces and constants (TVM: a Cast makes a shape a runtime tensor), and a
+    Reshape to its input's own dims (0 = keep) is removed."""
     model = _clone(model)
-    inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-    types, values, symbols = _elem_type(inferred), _evaluate(model), _dim_symbols(model)
+    constants, values, symbols = constant_values(model), _evaluate(model), _dim_symbols(model)
     producers = {o: n for n in model.graph.node for o in n.output}
     graph_outputs = {o.name for o in model.graph.output}
-    nodes, rename, changed = [], {}, 0
+    available = {i.name for i in model.graph.input} | set(constants)
+    nodes, rename, inits, changed = [], {}, [], 0
     for node in model.graph.node:
         out = node.output[0] if node.output else None
-        if out in graph_outputs or not node.input:
-            nodes.append(node)
-            continue
-        inner = producers.get(node.input[0])
-        if node.op_type == "Cast" and inner is not None and inner.op_type == "Cast" and isinstance(values.get(out), list) \
-                and types.get(inner.input[0]) == types.get(out) and types.get(out) in _INT_TYPES \
-                and types.get(inner.output[0]) in _INT_TYPES:
-            rename[out] = inner.input[0]  # values of dims fit in int32
-            changed += 1
-            continue
-        if node.op_type == "Reshape" and not any(a.name == "allowzero" and a.i for a in node.attribute):
+        if node.op_type == "Reshape" and out not in graph_outputs and not any(a.name == "allowzero" and a.i for a in node.attribute):
             target, dims = values.get(node.input[1]), symbols.get(node.input[0])
             if isinstance(target, list) and dims is not None and len(target) == len(dims) and all(
                     e is not None and (e == d or e == 0) for e, d in zip(target, dims)):
                 rename[out] = node.input[0]
                 changed += 1
                 continue
+        target = values.get(node.input[1]) if node.op_type in ("Reshape", "Expand") else None
+        if isinstance(target, list) and target and not _followable(node.input[1], producers, constants):
+            pieces = [("const", e) if isinstance(e, (int, np.integer)) else _dim_source(model, symbols, e, available)
+                      for e in target]
+            if all(p is not None for p in pieces):
+                names = []
+                for k, (source, index) in enumerate(pieces):
+                    names.append(f"{out}_shape{k}")
+                    if source == "const":
+                        inits.append(numpy_helper.from_array(np.array([index], np.int64), names[-1]))
+                    else:
+                        nodes.append(helper.make_node("Shape", [source], [names[-1]], start=index, end=index + 1))
+                nodes.append(helper.make_node("Concat", names, [f"{out}_shape"], axis=0))
+                node.input[1] = f"{out}_shape"
+                changed += 1
         nodes.append(node)
-    return (_rewritten(model, nodes, rename), changed) if changed else (model, 0)
+        available.update(node.output)
+    return (_rewritten(model, nodes, rename, inits), changed) if changed else (model, 0)
+
+
+def _dim_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """ReduceProd of dims -> Mul of scalar Gathers (TVM multiplies those symbolically, but has no
+    ReduceProd of a shape); Max/Min of dims equal to one of its inputs -> that input."""
+    model = _clone(model)
+    values, constants = _evaluate(model), constant_values(model)
+    producers = {o: n for n in model.graph.node for o in n.output}
+    graph_outputs = {o.name for o in model.graph.output}
+    nodes, rename, inits, changed = [], {}, [], 0
+    for node in model.graph.node:
+        out = node.output[0] if node.output else None
+        value = values.get(out)
+        source = producers.get(node.input[0]) if node.input else None
+        if out in graph_outputs or value is None or source is None or source.op_type != "Shape" \
+                or node.op_type not in ("ReduceProd", "Max", "Min"):
+            nodes.append(node)
+            continue
+        if node.op_type in ("Max", "Min"):
+            same = next((i for i in node.input if values.get(i) == value and i not in constants), None)
+            if same is not None:
+                rename[out] = same
+                changed += 1
+            else:
+                nodes.append(node)
+            continue
+        dims = values.get(node.input[0])
+        if not isinstance(dims, list) or not dims or None in dims:
+            nodes.append(node)
+            continue
+        factors = []
+        for k in range(len(dims)):
+            index = f"{out}_index{k}"
+            inits.append(numpy_helper.from_array(np.array(k, np.int64), index))
+            nodes.append(helper.make_node("Gather", [node.input[0], index], [f"{out}_dim{k}"], axis=0))
+            factors.append(f"{out}_dim{k}")
+        for k in range(1, len(factors)):
+            nodes.append(helper.make_node("Mul", [factors[k - 1], factors[k]], [f"{out}_prod{k}"]))
+            factors[k] = f"{out}_prod{k}"
+        if isinstance(value, list):  # keepdims
+            inits.append(numpy_helper.from_array(np.array([0], np.int64), f"{out}_axes"))
+            nodes.append(helper.make_node("Unsqueeze", [factors[-1], f"{out}_axes"], [out]))
+        else:
+            nodes.append(helper.make_node("Identity", [factors[-1]], [out]))
+        changed += 1
+    return (_rewritten(model, nodes, rename, inits), changed) if changed else (model, 0)
 
 
 def keep_symbolic_dims(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
@@ -502,7 +565,8 @@ def keep_symbolic_dims(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
     shapes removed. Repeated while something changes: each rewrite lets shape inference see more dims."""
     for _ in range(8):
         changed = 0
-        for rewrite in (_without_whole_slices, _gathers_for_one_index, _ranges_over_dims, _without_shape_round_trips):
+        for rewrite in (_without_whole_slices, _gathers_for_one_index, _ranges_over_dims, _without_shape_round_trips,
+                        _dim_arithmetic):
             model, count = rewrite(model)
             changed += count
         if not changed:
