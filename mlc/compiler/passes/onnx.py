@@ -403,13 +403,13 @@ def _gathers_for_one_index(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int
             rank = len(symbols.get(source.input[0], [])) or None
             attrs = {a.name: a.i for a in source.attribute}
             if index is not None and index.ndim == 1 and index.size and rank is not None:
-                offset = attrs.get("start", 0) % rank if "start" in attrs else 0
-                length = (attrs.get("end", rank) % (rank + 1) if attrs.get("end", rank) < 0 else min(attrs.get("end", rank), rank)) - offset
-                picked = [int(i) % length for i in index] if length > 0 else []
-                if picked and picked == list(range(picked[0], picked[0] + len(picked))):
+                begin, end = (max(0, min(v + rank if v < 0 else v, rank)) for v in (attrs.get("start", 0), attrs.get("end", rank)))
+                length = end - begin
+                picked = [int(i) + length if i < 0 else int(i) for i in index if -length <= i < length]
+                if len(picked) == index.size and picked == list(range(picked[0], picked[0] + len(picked))):
                     replacement = helper.make_node("Shape", [source.input[0]], [node.output[0]],
                                                    name=f"{node.name or node.output[0]}_dims",
-                                                   start=offset + picked[0], end=offset + picked[-1] + 1)
+                                                   start=begin + picked[0], end=begin + picked[-1] + 1)
         changed += replacement is not None
         nodes.append(replacement or node)
     return (_rewritten(model, nodes, {}, inits), changed) if changed else (model, 0)
