@@ -560,9 +560,10 @@ def _dim_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
 
 def keep_symbolic_dims(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
     """Exporters' shape subgraphs (tf2onnx, paddle2onnx) rewritten onto paths TVM's importer follows
-    symbolically: whole-axis Slices removed, Slice+Squeeze and Gather-from-Shape of one index made
-    Gathers and Shape slices, Ranges over a dim read it from a Shape, Cast and Reshape round trips of
-    shapes removed. Repeated while something changes: each rewrite lets shape inference see more dims."""
+    symbolically: whole-axis Slices removed, Slice+Squeeze of one index made a Gather, Gathers from a
+    Shape made Shape slices, Ranges over a dim read it from a Shape, Reshape/Expand targets computed
+    through Casts rebuilt from Shape slices, identity Reshapes removed, ReduceProd of dims made Muls.
+    Repeated while something changes: each rewrite lets shape inference see more dims."""
     for _ in range(8):
         changed = 0
         for rewrite in (_without_whole_slices, _gathers_for_one_index, _ranges_over_dims, _without_shape_round_trips,
