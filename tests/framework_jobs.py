@@ -5,8 +5,9 @@ imported together, and neither may enter the pytest process).
 
 JOBS_JSON is a list of jobs, each {"id", "kind", ...}:
   {"kind": "zoo", "framework": "tensorflow", "name": "cnn", "shapes": {...}, "dynamic": [...],
-      "vocab": {...}}  build a zoo model (the export keeps the dims in "dynamic" symbolic, by default all;
-      fixed input shapes with "shapes"; token inputs drawn from 0..vocab-1)
+      "vocab": {...}, "sizes": [[B, S], ...]}  build a zoo model (the export keeps the dims in "dynamic"
+      symbolic, by default all; fixed input shapes with "shapes"; token inputs drawn from 0..vocab-1;
+      "sizes" also runs it eagerly with every input BxS, the last row's mask half zeros: "ID BxS")
   {"kind": "save", "framework": ..., "name": "cnn", "path": ...}  save it as a file (see models' save())
   {"kind": "open", "framework": ..., "path": ...}  open_model() on a file
   {"kind": "truncate", "src": PATH, "path": PATH, "keep": 0.5}  copy the first part of a file saved earlier
@@ -37,7 +38,7 @@ FRONTENDS = {"tensorflow": "mlc.compiler.frontends.tensorflow", "paddle": "mlc.c
 
 
 def export_and_run(model, out: Path, job_id: str, shapes: dict, dynamic: list | None = None,
-                   vocab: dict | None = None) -> dict:
+                   vocab: dict | None = None, sizes: list | None = None) -> dict:
     onnx_path = out / f"{job_id}.onnx"
     exporter = model.export(onnx_path, set(model.symbolic_dims() if dynamic is None else dynamic))
     graph = onnx.load(str(onnx_path))
@@ -52,6 +53,14 @@ def export_and_run(model, out: Path, job_id: str, shapes: dict, dynamic: list | 
     assert len(outputs) == len(names), (len(outputs), names)
     np.savez(out / f"{job_id}.inputs.npz", **feeds)
     np.savez(out / f"{job_id}.eager.npz", **dict(zip(names, outputs)))
+    for batch, length in sizes or []:  # the same model at other sizes, for one artifact with dynamic dims
+        more = onnx_frontend.make_inputs(specs, {s.name: [batch, length] for s in specs}, seed=length)
+        for name, value in more.items():
+            if "mask" in name:
+                value[-1, length // 2 + 1:] = 0  # the last sentence padded, as users batch them
+        np.savez(out / f"{job_id} {batch}x{length}.inputs.npz", **more)
+        np.savez(out / f"{job_id} {batch}x{length}.eager.npz",
+                 **dict(zip(names, model.eager([more[s.name] for s in specs]))))
     return {"ok": True, "exporter": exporter, "inputs": [s.name for s in specs], "outputs": names,
             "dims": [list(d.dims) for d in model.inputs], "notes": model.notes}
 
@@ -60,7 +69,8 @@ def run(job: dict, out: Path) -> dict:
     framework = job.get("framework")
     if job["kind"] == "zoo":
         model = getattr(importlib.import_module(ZOO_MODULES[framework]), job["name"])()
-        return export_and_run(model, out, job["id"], job.get("shapes", {}), job.get("dynamic"), job.get("vocab"))
+        return export_and_run(model, out, job["id"], job.get("shapes", {}), job.get("dynamic"), job.get("vocab"),
+                              job.get("sizes"))
     if job["kind"] == "save":
         importlib.import_module(ZOO_MODULES[framework]).save(job["name"], job["path"])
         return {"ok": True}
@@ -150,16 +160,15 @@ def ort_outputs(out: Path, job_id: str) -> dict:
     return dict(zip(names, session.run(names, inputs)))
 
 
-def compiled_outputs(out: Path, job_id: str, artifact: Path, static: bool) -> dict:
-    """Compile the exported ONNX for x86 and run the artifact on the seeded inputs. `static` fixes the
-    input shapes to the inputs' (TVM's importer fails on BERT's dynamic seq dim; see TVM_NOTES)."""
+def compiled_outputs(out: Path, job_id: str, artifact: Path, dynamic: tuple = (), cases: tuple = ()) -> list[dict]:
+    """Compile the exported ONNX (its dims symbolic; ranges for them in `dynamic`, e.g. "seq=1..64") for
+    x86, then run the one artifact on the seeded inputs and on each of `cases` (ids of saved inputs)."""
     import mlc.api as api
 
-    _, inputs, _ = load_case(out, job_id)
-    shapes = [f"{name}:{'x'.join(map(str, value.shape))}" for name, value in inputs.items()] if static else []
-    result = api.compile(str(out / f"{job_id}.onnx"), "x86", output=artifact, input_shapes=shapes)
+    result = api.compile(str(out / f"{job_id}.onnx"), "x86", output=artifact, dynamic=list(dynamic))
     assert result.check is not None and result.check.passed, result.check
-    return api.run(result.path, inputs=inputs, warmup=0, repeat=0).outputs
+    return [api.run(result.path, inputs=dict(np.load(out / f"{case}.inputs.npz")), warmup=0, repeat=0).outputs
+            for case in (job_id, *cases)]
 
 
 if __name__ == "__main__":
@@ -183,6 +192,21 @@ def check_zoo_export(jobs, name: str, exporter: str) -> None:
     assert ops.count("LSTM") == LSTM_OPS.get(name, 0), sorted(set(ops))
     assert not {"Loop", "Scan"} & set(ops)
     assert_matches(ort_outputs(out, name), eager)
+
+
+# bert_tiny beyond the seeded batch 2 x seq 16: the lengths one artifact with dynamic dims must serve.
+BERT_SIZES = [[1, 5], [3, 33], [2, 64], [1, 1]]
+BERT_DYNAMIC = ("batch=1..4", "seq=1..64")
+
+
+def check_compiled(jobs, artifact: Path, name: str) -> None:
+    """The compiled zoo model matches the framework's eager outputs; bert_tiny, compiled once with batch
+    and seq dynamic (the keep_symbolic_dims pass), at every size in BERT_SIZES."""
+    out, _ = jobs
+    cases = tuple(f"{name} {b}x{s}" for b, s in BERT_SIZES) if name == "bert_tiny" else ()
+    outputs = compiled_outputs(out, name, artifact, BERT_DYNAMIC if cases else (), cases)
+    for case, actual in zip((name, *cases), outputs, strict=True):
+        assert_matches(actual, dict(np.load(out / f"{case}.eager.npz")))  # shapes too
 
 
 def check_fixed_seq(jobs) -> None:

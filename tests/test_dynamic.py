@@ -97,14 +97,38 @@ def test_range_of_a_symbolic_length_keeps_shapes_known(tmp_path):
         np.testing.assert_allclose(runner.run(feeds)["y"], session.run(None, feeds)[0], rtol=1e-6)
 
 
+def test_exporters_shape_subgraphs_keep_seq_symbolic(tmp_path):
+    """tf2onnx's and paddle2onnx's shape subgraphs (see test_passes.exporter_shapes_model): after
+    keep_symbolic_dims TVM imports them with batch and seq symbolic, and one artifact serves every size."""
+    from tests.test_passes import exporter_shapes_model
+
+    path = tmp_path / "shapes.onnx"
+    onnx.save(exporter_shapes_model(), path)
+    result = api.compile(str(path), output=tmp_path / "shapes", dynamic=["batch=1..4", "seq=1..64"])
+    assert result.check.passed
+    manifest = json.loads((result.path / "manifest.json").read_text())
+    assert manifest["inputs"][0]["shape"] == ["batch", "seq", 8]
+    assert [o["shape"] for o in manifest["outputs"]] == [["batch", 8], ["batch", "seq", 4, 2], ["batch * seq", 8]]
+    runner = thin_runtime.Runner(result.path)
+    session = ort.InferenceSession(str(path))
+    for batch, length in ((1, 1), (3, 9), (2, 64)):
+        feeds = {"x": np.random.default_rng(length).standard_normal((batch, length, 8)).astype(np.float32)}
+        got = runner.run(feeds)
+        for name, want in zip(("pooled", "y", "flat"), session.run(None, feeds)):
+            np.testing.assert_allclose(got[name], want, rtol=1e-6)
+
+
 def test_a_graph_tvm_cannot_import_with_symbolic_dims_says_what_to_do(tmp_path):
-    """paddle2onnx's BERT squeezes a slice of the seq axis: TVM cannot prove that extent is 1."""
+    """A Squeeze of a slice of the seq axis, the slice also read elsewhere (keep_symbolic_dims then
+    leaves it): TVM cannot prove that extent is 1."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, "seq"])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 1])
     const = lambda name, values: helper.make_tensor(name, TensorProto.INT64, [len(values)], values)  # noqa: E731
     nodes = [helper.make_node("Slice", ["x", "start", "end", "axis"], ["first"]),
-             helper.make_node("Squeeze", ["first", "axis"], ["y"])]
-    graph = helper.make_graph(nodes, "squeeze", [x], [y], [const("start", [0]), const("end", [1]), const("axis", [1])])
+             helper.make_node("Squeeze", ["first", "axis"], ["y"]),
+             helper.make_node("Neg", ["first"], ["z"])]
+    graph = helper.make_graph(nodes, "squeeze", [x], [y, z], [const("start", [0]), const("end", [1]), const("axis", [1])])
     path = tmp_path / "squeeze.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     proc = run_mlc("compile", path, "--dynamic", "seq=1..64", "-o", tmp_path / "out")

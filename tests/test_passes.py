@@ -285,6 +285,63 @@ def test_canonicalized_dynamic_reshape_compiles(tmp_path):
     assert result.check.passed and result.manifest.outputs[0].shape[0] == "batch"  # still dynamic
 
 
+def exporter_shapes_model() -> onnx.ModelProto:
+    """x [batch, seq, 8] through the shape subgraphs tf2onnx and paddle2onnx emit for BERT: positions
+    from Range over an int32 Slice+Squeeze of Shape(x), a whole-axis Slice (end 1e9), the first token
+    by Slice+Squeeze, a Reshape target built in int32 from a Gather of Shape then cast back, and
+    ReduceProd of [batch, seq] (einsum's reshapes)."""
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    i32 = lambda name, v: numpy_helper.from_array(np.array(v, np.int32), name)  # noqa: E731
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Cast", ["s"], ["s32"], to=TensorProto.INT32),
+        helper.make_node("Slice", ["s32", "one", "two", "zero"], ["seq1"]),
+        helper.make_node("Squeeze", ["seq1", "zero"], ["seq"]),
+        helper.make_node("Range", ["start32", "seq", "step32"], ["positions"]),
+        helper.make_node("Cast", ["positions"], ["positions_f"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["positions_f", "one"], ["column"]),
+        helper.make_node("Add", ["x", "column"], ["h"]),
+        helper.make_node("Slice", ["h", "zero", "big", "one"], ["whole"]),
+        helper.make_node("Slice", ["whole", "zero", "one", "one"], ["first"]),
+        helper.make_node("Squeeze", ["first", "one"], ["pooled"]),
+        helper.make_node("Gather", ["s32", "first_two"], ["bs"], axis=0),
+        helper.make_node("Concat", ["bs", "four_two"], ["target32"], axis=0),
+        helper.make_node("Cast", ["target32"], ["target"], to=TensorProto.INT64),
+        helper.make_node("Reshape", ["whole", "target"], ["y"]),
+        helper.make_node("Gather", ["s", "first_two"], ["bs64"], axis=0),
+        helper.make_node("ReduceProd", ["bs64"], ["rows"], keepdims=1),
+        helper.make_node("Concat", ["rows", "eight"], ["flat_shape"], axis=0),
+        helper.make_node("Reshape", ["whole", "flat_shape"], ["flat"]),
+    ]
+    inits = [i64("zero", [0]), i64("one", [1]), i64("two", [2]), i64("big", [1_000_000_000]), i64("first_two", [0, 1]),
+             i64("eight", [8]), i32("start32", 0), i32("step32", 1), i32("four_two", [4, 2])]
+    outputs = [helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", 8]),
+               helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 4, 2]),
+               helper.make_tensor_value_info("flat", TensorProto.FLOAT, ["rows", 8])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])], outputs, inits)
+
+
+def test_keep_symbolic_dims():
+    model = exporter_shapes_model()
+    out = onnx_passes.keep_symbolic_dims(model, {})
+    ops = [n.op_type for n in out.graph.node]
+    # what TVM's importer cannot follow symbolically is gone
+    assert not {"Slice", "Squeeze", "ReduceProd"} & set(ops), ops
+    assert not any(n.op_type == "Cast" and n.output[0] in ("s32", "target", "seq") for n in out.graph.node)
+    ranges = [n for n in out.graph.node if n.op_type == "Range"]
+    assert len(ranges) == 1 and ranges[0].input[0] not in ("start32",)  # int64, cast back after
+    for shape in ((1, 1, 8), (2, 5, 8), (3, 17, 8)):
+        _same_under_ort(model, out, {"x": RNG.standard_normal(shape).astype(np.float32)})
+    probe = onnx.ModelProto()
+    probe.CopyFrom(out)
+    for output in probe.graph.output:  # inferred, not declared
+        output.type.tensor_type.ClearField("shape")
+    inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
+    dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    assert dims["pooled"] == ["batch", 8] and dims["y"] == ["batch", "seq", 4, 2]
+
+
 def test_failing_pass_is_skipped_with_a_warning_unless_requested(monkeypatch):
     def broken(model, config):
         raise ValueError("cannot handle this graph\nsecond line")
@@ -432,7 +489,7 @@ def test_cli_passes_and_compile_options(tmp_path):
                    "--pass-config", "fuse_ops.fuse_opt_level=2", "--dump-ir", dump, "--json", check=True)
     report = json.loads(proc.stdout)
     ran = [p["name"] for p in report["passes"]]
-    assert ran == ["lower_rnn", "eliminate_dead_nodes", "canonicalize_shapes", "shape_inference",
+    assert ran == ["lower_rnn", "eliminate_dead_nodes", "keep_symbolic_dims", "canonicalize_shapes", "shape_inference",
                    "fold_constant", "dead_code_elimination", "fuse_ops"]
     assert (dump / "onnx_02_eliminate_dead_nodes.onnx").is_file() and (dump / "relax_00_import.py").is_file()
     assert "R.matmul" in (dump / "relax_02_dead_code_elimination.py").read_text()

@@ -75,6 +75,12 @@ PASSES: tuple[Pass, ...] = (
     Pass("eliminate_dead_nodes", "onnx",
          "drop Identity, inference Dropout, Casts to the same type and nodes no output depends on",
          1, f"{_ONNX}:eliminate_dead_nodes"),
+    Pass("keep_symbolic_dims", "onnx",
+         "exporters' shape subgraphs (tf2onnx, paddle2onnx) onto paths TVM's importer follows symbolically: "
+         "whole-axis Slices dropped, Slice+Squeeze of one index -> Gather, Gather from Shape -> Shape(start, end), "
+         "Range over a dim reads it from Shape, shapes computed through Casts rebuilt from Shape slices, "
+         "identity Reshapes removed, ReduceProd of dims -> Mul",
+         1, f"{_ONNX}:keep_symbolic_dims"),
     Pass("fold_batchnorm", "onnx",
          "fold an inference BatchNormalization into the Conv or Gemm before it (scaled weights and bias)",
          2, f"{_ONNX}:fold_batchnorm"),

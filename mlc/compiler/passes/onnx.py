@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from mlc.compiler.passes import REGISTRY, PassFailed, Step
 from mlc.errors import UnsupportedModelError
@@ -233,6 +233,25 @@ def _evaluate(model: onnx.ModelProto) -> dict[str, object]:
                 out = [_binary(op, x, y) for x, y in zip(a, b)] if len(a) == len(b) else None
             else:
                 out = _binary(op, a, b)
+        elif op == "ReduceProd" and isinstance(ins[0], list) and (len(ins) < 2 or ins[1] in (None, [0], [-1])) \
+                and attrs.get("axes", [0]) in ([0], [-1]) and not attrs.get("noop_with_empty_axes", 0):
+            product = 1
+            for e in ins[0]:
+                product = _binary("Mul", product, e)
+            out = [product] if attrs.get("keepdims", 1) else product
+        elif op in ("Max", "Min") and len(ins) == 2 and all(v is not None for v in ins):
+            a, b = ([v] if not isinstance(v, list) else v for v in ins)
+            if len(a) != len(b):
+                a, b = (a * len(b), b) if len(a) == 1 else (a, b * len(a)) if len(b) == 1 else (None, None)
+            pick = max if op == "Max" else min
+            # dims compare when both are numbers or the same symbol; Max(dim, 1) is the dim, as mlc's
+            # dims are at least 1 (einsum exports broadcast with it)
+            elems = [pick(x, y) if isinstance(x, (int, np.integer)) and isinstance(y, (int, np.integer))
+                     else x if x == y and x is not None
+                     else (y if isinstance(x, (int, np.integer)) else x) if op == "Max" and 1 in (x, y)
+                     and None not in (x, y) else None for x, y in zip(a or [], b or [])]
+            if a is not None and all(e is not None for e in elems):
+                out = elems if any(isinstance(v, list) for v in ins) else elems[0]
         elif op == "Slice" and isinstance(ins[0], list) and len(ins) >= 3 and all(
                 isinstance(v, list) and len(v) == 1 for v in ins[1:3]) and (len(ins) < 4 or ins[3] in (None, [0])) \
                 and (len(ins) < 5 or ins[4] in (None, [1])) and (len(node.input) < 4 or not node.input[3] or ins[3] == [0]):
@@ -275,6 +294,285 @@ def canonicalize_shapes(model: onnx.ModelProto, config: dict) -> onnx.ModelProto
         return model
     model.graph.initializer.extend(new_inits)
     return eliminate_dead_nodes(model, {})  # the Shape arithmetic that fed them is dead now
+
+
+# --- keep_symbolic_dims: TVM's importer follows a shape symbolically only through Shape, a Gather of
+# one scalar index, Slice/Concat/Squeeze/Unsqueeze of shapes and Range over such scalars; a Cast, a
+# Gather of a 1-D index or a Slice that may be shorter than its axis turns the dims into runtime
+# values and everything after them has an unknown shape. These rewrites keep exporters' shape
+# computations on the paths TVM follows.
+
+_WHOLE_AXIS = 1_000_000_000  # a Slice end at or past this takes the whole axis (tf2onnx: 1e9, INT_MAX)
+_INT_TYPES = (TensorProto.INT32, TensorProto.INT64)
+
+
+def _rewritten(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto], rename: dict[str, str],
+               inits: Sequence[onnx.TensorProto] = ()) -> onnx.ModelProto:
+    """The model with `nodes`, every read of a key of `rename` reading its value, and `inits` added."""
+    for node in nodes:
+        node.input[:] = [rename.get(i, i) for i in node.input]
+    out = _copy_with_nodes(model, nodes)
+    out.graph.initializer.extend(inits)
+    return out
+
+
+def _ints(constants: dict, name: str) -> Optional[list[int]]:
+    value = constants.get(name) if name else None
+    return None if value is None or value.dtype.kind not in "iu" else [int(v) for v in value.reshape(-1)]
+
+
+def _slice_params(node: onnx.NodeProto, constants: dict) -> Optional[tuple[list, list, Optional[list], list]]:
+    """(starts, ends, axes or None, steps) of a Slice whose parameters are all constants."""
+    starts, ends = _ints(constants, node.input[1]), _ints(constants, node.input[2])
+    axes = _ints(constants, node.input[3]) if len(node.input) > 3 and node.input[3] else None
+    steps = _ints(constants, node.input[4]) if len(node.input) > 4 and node.input[4] else [1] * len(starts or [])
+    if starts is None or ends is None or steps is None or (len(node.input) > 3 and node.input[3] and axes is None):
+        return None
+    return starts, ends, axes, steps
+
+
+def _without_whole_slices(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """Slice axes taken whole (start 0, step 1, end past any size) are dropped, and a Slice left with
+    none is removed: TVM cannot prove min(end, dim) == dim, so the sliced dim became a new unknown."""
+    model = _clone(model)
+    constants, symbols = constant_values(model), _dim_symbols(model)
+    graph_outputs = {o.name for o in model.graph.output}
+    nodes, rename, inits, changed = [], {}, [], 0
+    for node in model.graph.node:
+        params = _slice_params(node, constants) if node.op_type == "Slice" and len(node.input) >= 3 else None
+        if params is None or node.output[0] in graph_outputs:
+            nodes.append(node)
+            continue
+        starts, ends, axes, steps = params
+        dims = symbols.get(node.input[0])
+        axes = axes if axes is not None else list(range(len(starts)))
+        keep = [k for k, (s, e, a, st) in enumerate(zip(starts, ends, axes, steps)) if not (
+            s == 0 and st == 1 and (e >= _WHOLE_AXIS or (dims is not None and -len(dims) <= a < len(dims)
+                                                          and isinstance(dims[a], int) and e >= dims[a])))]
+        if len(keep) == len(starts):
+            nodes.append(node)
+            continue
+        changed += 1
+        if not keep:
+            rename[node.output[0]] = node.input[0]
+            continue
+        names = []
+        for label, values in (("starts", starts), ("ends", ends), ("axes", axes), ("steps", steps)):
+            names.append(f"{node.output[0]}_{label}")
+            inits.append(numpy_helper.from_array(np.array([values[k] for k in keep], np.int64), names[-1]))
+        node.input[:] = [node.input[0]] + names
+        nodes.append(node)
+    return (_rewritten(model, nodes, rename, inits), changed) if changed else (model, 0)
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def _gathers_for_one_index(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """Slice of one index then Squeeze of that axis -> Gather of a scalar index (TVM: a Squeeze of a
+    symbolic extent fails, and of a sliced shape it is a runtime tensor); Gather of a 1-D run of
+    indices out of Shape(x) -> Shape(x, start, end) (TVM: a shape expression, not a runtime tensor)."""
+    model = _clone(model)
+    constants, symbols = constant_values(model), _dim_symbols(model)
+    producers = {o: n for n in model.graph.node for o in n.output}
+    readers = Counter(i for n in model.graph.node for i in n.input)
+    nodes, inits, changed = [], [], 0
+    for node in model.graph.node:
+        replacement = None
+        source = producers.get(node.input[0]) if node.input else None
+        if node.op_type == "Squeeze" and source is not None and source.op_type == "Slice" \
+                and readers[source.output[0]] == 1 and len(source.input) >= 3:
+            params = _slice_params(source, constants)
+            axes = _ints(constants, node.input[1]) if len(node.input) > 1 else \
+                next((list(a.ints) for a in node.attribute if a.name == "axes"), None)
+            rank = len(symbols.get(source.input[0], [])) or None
+            if params is not None and axes is not None and len(params[0]) == 1 and params[3] == [1]:
+                (start,), (end,), slice_axes, _ = params
+                axis = (slice_axes or [0])[0]
+                one = end == start + 1 if start != -1 else end >= _WHOLE_AXIS
+                same_axis = axes == [axis] or (rank is not None and [a % rank for a in axes] == [axis % rank])
+                if one and same_axis:
+                    index = f"{node.output[0]}_index"
+                    inits.append(numpy_helper.from_array(np.array(start, np.int64), index))
+                    replacement = helper.make_node("Gather", [source.input[0], index], [node.output[0]],
+                                                   name=f"{node.name or node.output[0]}_gather", axis=axis)
+        elif node.op_type == "Gather" and source is not None and source.op_type == "Shape" and _opset(model) >= 15 \
+                and next((a.i for a in node.attribute if a.name == "axis"), 0) == 0:
+            index = constants.get(node.input[1])
+            rank = len(symbols.get(source.input[0], [])) or None
+            attrs = {a.name: a.i for a in source.attribute}
+            if index is not None and index.ndim == 1 and index.size and rank is not None:
+                begin, end = (max(0, min(v + rank if v < 0 else v, rank)) for v in (attrs.get("start", 0), attrs.get("end", rank)))
+                length = end - begin
+                picked = [int(i) + length if i < 0 else int(i) for i in index if -length <= i < length]
+                if len(picked) == index.size and picked == list(range(picked[0], picked[0] + len(picked))):
+                    replacement = helper.make_node("Shape", [source.input[0]], [node.output[0]],
+                                                   name=f"{node.name or node.output[0]}_dims",
+                                                   start=begin + picked[0], end=begin + picked[-1] + 1)
+        changed += replacement is not None
+        nodes.append(replacement or node)
+    return (_rewritten(model, nodes, {}, inits), changed) if changed else (model, 0)
+
+
+def _dim_source(model: onnx.ModelProto, symbols: dict[str, list], symbol, before: set[str]) -> Optional[tuple[str, int]]:
+    """A tensor available at this point (in `before`) and the axis where it has dim `symbol`."""
+    if isinstance(symbol, tuple) and symbol[0] == "dim" and symbol[1] in before:
+        return symbol[1], symbol[2]
+    if not (isinstance(symbol, tuple) and symbol[0] == "param"):
+        return None
+    for name in [i.name for i in model.graph.input] + [n for n in symbols if n in before]:
+        dims = symbols.get(name, [])
+        if name in before and symbol in dims:
+            return name, dims.index(symbol)
+    return None
+
+
+def _ranges_over_dims(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """Range(start, <a dim of some tensor, computed>, delta) -> Range over Gather(Shape(t), k), int64
+    (cast back after): TVM's Range keeps a symbolic length only for a scalar taken from a shape."""
+    model = _clone(model)
+    constants, values, symbols = constant_values(model), _evaluate(model), _dim_symbols(model)
+    producers = {o: n for n in model.graph.node for o in n.output}
+    available = {i.name for i in model.graph.input} | set(constants)
+    nodes, inits, changed = [], [], 0
+    for node in model.graph.node:
+        source = None
+        if node.op_type == "Range" and _ints(constants, node.input[0]) and _ints(constants, node.input[2]):
+            source = _dim_source(model, symbols, values.get(node.input[1]), available)
+            gather = producers.get(node.input[1])
+            shape = producers.get(gather.input[0]) if gather is not None and gather.op_type == "Gather" else None
+            if shape is not None and shape.op_type == "Shape" and constants[node.input[0]].dtype == np.int64 \
+                    and constants.get(gather.input[1]) is not None and constants[gather.input[1]].ndim == 0:
+                source = None  # already the form TVM follows
+        if source is None:
+            nodes.append(node)
+            available.update(node.output)
+            continue
+        start, delta = _ints(constants, node.input[0]), _ints(constants, node.input[2])
+        out, dtype = node.output[0], constants[node.input[0]].dtype
+        names = [f"{out}_dims", f"{out}_axis", f"{out}_limit", f"{out}_start", f"{out}_delta"]
+        inits += [numpy_helper.from_array(np.array(source[1], np.int64), names[1]),
+                  numpy_helper.from_array(np.array(start[0], np.int64), names[3]),
+                  numpy_helper.from_array(np.array(delta[0], np.int64), names[4])]
+        ranged = out if dtype == np.int64 else f"{out}_int64"
+        nodes += [helper.make_node("Shape", [source[0]], [names[0]]),
+                  helper.make_node("Gather", [names[0], names[1]], [names[2]], axis=0),
+                  helper.make_node("Range", [names[3], names[2], names[4]], [ranged], name=node.name)]
+        if ranged != out:
+            nodes.append(helper.make_node("Cast", [ranged], [out], to=helper.np_dtype_to_tensor_dtype(dtype)))
+        available.update(node.output)
+        changed += 1
+    return (_rewritten(model, nodes, {}, inits), changed) if changed else (model, 0)
+
+
+def _followable(name: str, producers: dict, constants: dict) -> bool:
+    """Whether TVM's importer sees this shape as a shape: a constant, a Shape, a Concat of those."""
+    node = producers.get(name)
+    return name in constants or node is not None and (
+        node.op_type == "Shape" or node.op_type == "Concat" and all(_followable(i, producers, constants) for i in node.input))
+
+
+def _without_shape_round_trips(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """Shapes that went through Casts (tf2onnx computes them in int32) and Gathers are rebuilt from
+    Shape(x, start, end) pieces and constants (TVM: a Cast makes a shape a runtime tensor), and a
+    Reshape to its input's own dims (0 = keep) is removed."""
+    model = _clone(model)
+    constants, values, symbols = constant_values(model), _evaluate(model), _dim_symbols(model)
+    producers = {o: n for n in model.graph.node for o in n.output}
+    graph_outputs = {o.name for o in model.graph.output}
+    available = {i.name for i in model.graph.input} | set(constants)
+    nodes, rename, inits, changed = [], {}, [], 0
+    for node in model.graph.node:
+        out = node.output[0] if node.output else None
+        if node.op_type == "Reshape" and out not in graph_outputs and not any(a.name == "allowzero" and a.i for a in node.attribute):
+            target, dims = values.get(node.input[1]), symbols.get(node.input[0])
+            if isinstance(target, list) and dims is not None and len(target) == len(dims) and all(
+                    e is not None and (e == d or e == 0) for e, d in zip(target, dims)):
+                rename[out] = node.input[0]
+                changed += 1
+                continue
+        target = values.get(node.input[1]) if node.op_type in ("Reshape", "Expand") else None
+        if isinstance(target, list) and target and not _followable(node.input[1], producers, constants):
+            pieces = [("const", e) if isinstance(e, (int, np.integer)) else _dim_source(model, symbols, e, available)
+                      for e in target]
+            if all(p is not None for p in pieces):
+                names = []
+                for k, (source, index) in enumerate(pieces):
+                    names.append(f"{out}_shape{k}")
+                    if source == "const":
+                        inits.append(numpy_helper.from_array(np.array([index], np.int64), names[-1]))
+                    else:
+                        nodes.append(helper.make_node("Shape", [source], [names[-1]], start=index, end=index + 1))
+                nodes.append(helper.make_node("Concat", names, [f"{out}_shape"], axis=0))
+                node.input[1] = f"{out}_shape"
+                changed += 1
+        nodes.append(node)
+        available.update(node.output)
+    return (_rewritten(model, nodes, rename, inits), changed) if changed else (model, 0)
+
+
+def _dim_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """ReduceProd of dims -> Mul of scalar Gathers (TVM multiplies those symbolically, but has no
+    ReduceProd of a shape); Max/Min of dims equal to one of its inputs -> that input."""
+    model = _clone(model)
+    values, constants = _evaluate(model), constant_values(model)
+    producers = {o: n for n in model.graph.node for o in n.output}
+    graph_outputs = {o.name for o in model.graph.output}
+    nodes, rename, inits, changed = [], {}, [], 0
+    for node in model.graph.node:
+        out = node.output[0] if node.output else None
+        value = values.get(out)
+        source = producers.get(node.input[0]) if node.input else None
+        if out in graph_outputs or value is None or source is None or source.op_type != "Shape" \
+                or node.op_type not in ("ReduceProd", "Max", "Min"):
+            nodes.append(node)
+            continue
+        if node.op_type in ("Max", "Min"):
+            same = next((i for i in node.input if values.get(i) == value and i not in constants), None)
+            if same is not None:
+                rename[out] = same
+                changed += 1
+            else:
+                nodes.append(node)
+            continue
+        dims = values.get(node.input[0])
+        if not isinstance(dims, list) or not dims or None in dims:
+            nodes.append(node)
+            continue
+        factors = []
+        for k in range(len(dims)):
+            index = f"{out}_index{k}"
+            inits.append(numpy_helper.from_array(np.array(k, np.int64), index))
+            nodes.append(helper.make_node("Gather", [node.input[0], index], [f"{out}_dim{k}"], axis=0))
+            factors.append(f"{out}_dim{k}")
+        for k in range(1, len(factors)):
+            nodes.append(helper.make_node("Mul", [factors[k - 1], factors[k]], [f"{out}_prod{k}"]))
+            factors[k] = f"{out}_prod{k}"
+        if isinstance(value, list):  # keepdims
+            inits.append(numpy_helper.from_array(np.array([0], np.int64), f"{out}_axes"))
+            nodes.append(helper.make_node("Unsqueeze", [factors[-1], f"{out}_axes"], [out]))
+        else:
+            nodes.append(helper.make_node("Identity", [factors[-1]], [out]))
+        changed += 1
+    return (_rewritten(model, nodes, rename, inits), changed) if changed else (model, 0)
+
+
+def keep_symbolic_dims(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
+    """Exporters' shape subgraphs (tf2onnx, paddle2onnx) rewritten onto paths TVM's importer follows
+    symbolically: whole-axis Slices removed, Slice+Squeeze of one index made a Gather, Gathers from a
+    Shape made Shape slices, Ranges over a dim read it from a Shape, Reshape/Expand targets computed
+    through Casts rebuilt from Shape slices, identity Reshapes removed, ReduceProd of dims made Muls.
+    Repeated while something changes: each rewrite lets shape inference see more dims."""
+    for _ in range(8):
+        changed = 0
+        for rewrite in (_without_whole_slices, _gathers_for_one_index, _ranges_over_dims, _without_shape_round_trips,
+                        _dim_arithmetic):
+            model, count = rewrite(model)
+            changed += count
+        if not changed:
+            break
+    return eliminate_dead_nodes(model, {})
 
 
 # --- the runner
