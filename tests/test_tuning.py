@@ -66,6 +66,12 @@ def test_tune_resume_and_compile_with_db(tmp_path):
     assert summary["tasks"] >= 2 and summary["trials"] == summary["tasks"], summary
     assert all(k["best_us"] and k["best_us"] > 0 and k["trials"] == 2 for k in summary["kernels"]), summary
     assert len(_records(db)) == summary["records"] == 2 * summary["tasks"]
+    # A dense layer's default is measured as the build runs it: reading its constant weight
+    # repacked per register tile ([K, N] -> [N/16, K, 16]), the repacking folded away.
+    seeds = {}
+    for workload, record in _records(db):
+        seeds.setdefault(workload, record)
+    assert any(len(shape) == 3 for record in seeds.values() for _, _, shape in record[3]), seeds
 
     # Same target count: nothing to do. A higher one: continues from the records already there.
     again = json.loads(run_mlc("tune", model, "--db", db, "--trials", "2", "--json", check=True).stdout)

@@ -276,12 +276,12 @@ def default_rule():
     return _SafeRule(_rule())
 
 
-def _mark_constant_inputs(mod):
+def mark_constant_inputs(mod):
     """Set "layout_free_buffers" (the PrimFunc parameters that every call passes a constant) on
     kernels not yet scheduled, so the rule may repack those. TVM's AttachAttrLayoutFreeBuffers
     does the same but renames the kernels, and the build reports kernels by name. Build only:
-    tuning tasks stay unmarked (with the attribute, TVM 0.27's ArgInfo.from_prim_func fails), so
-    the default schedule `mlc tune` seeds its database with does not repack."""
+    tuning tasks stay unmarked (with the attribute, TVM 0.27's ArgInfo.from_prim_func fails); the
+    default schedule `mlc tune` seeds its database with is made from a marked copy."""
     import tvm
     from tvm import relax
 
@@ -313,7 +313,7 @@ def apply_default_schedules(mod, target):
     from tvm.s_tir import dlight as dl
 
     with target:
-        mod = dl.ApplyDefaultSchedule(default_rule())(_mark_constant_inputs(mod))
+        mod = dl.ApplyDefaultSchedule(default_rule())(mark_constant_inputs(mod))
     return mod
 
 

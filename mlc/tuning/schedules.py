@@ -37,6 +37,16 @@ def extract_tasks(mod, target):
             not t.dispatched[0]["main"].attrs.get(SCHEDULED, False)]
 
 
+def constant_inputs(mod, target) -> dict[str, list[int]]:
+    """Kernel name -> the parameters every call passes a constant (the weights the default rule
+    repacks), for the kernels `extract_tasks` returns."""
+    from mlc.tuning import rules
+
+    marked = rules.mark_constant_inputs(_legalize_and_fuse(mod, target))
+    return {gv.name_hint: [int(i) for i in f.attrs["layout_free_buffers"]] for gv, f in marked.functions_items()
+            if f.attrs and "layout_free_buffers" in f.attrs}
+
+
 def _kernels(mod) -> dict[str, bool]:
     import tvm
 

@@ -216,10 +216,13 @@ def database_best(database, tasks) -> dict[int, float]:
     return best
 
 
-def seed_default_schedules(database, tasks, target, builder, runner, events: Events) -> None:
+def seed_default_schedules(database, tasks, target, builder, runner, events: Events,
+                           constant_inputs: dict[str, list[int]]) -> None:
     """Measure mlc's default schedule of each kernel the database has never seen and store it as
     a record: the search then has to beat it, and compiling with the database never picks a
-    tuned schedule slower than the default it replaces."""
+    tuned schedule slower than the default it replaces. The default repacks constant weights
+    (`constant_inputs`, by kernel name) as the build does; the builder drops the repacking block,
+    so the record times the kernel alone, as it runs once the build has folded the repacking."""
     from tvm.s_tir import meta_schedule as ms
 
     from mlc.tuning import rules
@@ -229,13 +232,17 @@ def seed_default_schedules(database, tasks, target, builder, runner, events: Eve
         mod = task.dispatched[0]
         if database.has_workload(mod):
             continue
+        func = mod["main"]
+        if constant_inputs.get(task.task_name):
+            func = func.with_attr("layout_free_buffers", constant_inputs[task.task_name])
         try:
-            sch = rule.apply(mod["main"], target, False)
+            sch = rule.apply(func, target, False)
         except Exception:  # the rule does not know this kernel: the search starts from nothing
             continue
         if sch is None or sch.trace is None:
             continue
-        args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+        # The repacked weight's shape: the builder drops the repacking block, the kernel reads it packed.
+        args_info = ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)
         built = builder.build([ms.builder.BuilderInput(sch.mod, target)])[0]
         if built.error_msg is not None:
             continue
@@ -282,6 +289,7 @@ def tune_request(request: dict) -> dict:
     mod = importer.to_relax(onnx.load(request["onnx"]))
     mod, _ = relax_passes.run(mod, request.get("relax_passes") or [], request["target"], None, fused_by_build=True)
     tasks = schedules.extract_tasks(mod, target)
+    constant_inputs = schedules.constant_inputs(mod, target)
     names = [t.task_name for t in tasks]
     database = ms.database.JSONDatabase(work_dir=request["db"], module_equality="structural")
     builder = make_builder(keep_in_memory=not request.get("rpc"))
@@ -289,7 +297,7 @@ def tune_request(request: dict) -> dict:
         runner = make_rpc_runner(request["rpc"]["tracker"], request["rpc"]["key"], request["rpc"].get("timeout", 60))
     else:
         runner = make_runner(builder)
-    seed_default_schedules(database, tasks, target, builder, runner, events)
+    seed_default_schedules(database, tasks, target, builder, runner, events, constant_inputs)
     done = count_records(database, tasks)
     prior_best = database_best(database, tasks)
     events.emit("tasks", tasks=[{"name": t.task_name, "weight": int(t.weight), "key": task_key(t),
