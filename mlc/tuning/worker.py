@@ -223,8 +223,6 @@ def seed_default_schedules(database, tasks, target, builder, runner, events: Eve
     tuned schedule slower than the default it replaces. The default repacks constant weights
     (`constant_inputs`, by kernel name) as the build does; the builder drops the repacking block,
     so the record times the kernel alone, as it runs once the build has folded the repacking."""
-    from tvm.s_tir import meta_schedule as ms
-
     from mlc.tuning import rules
 
     rule = rules.default_rule()
@@ -232,25 +230,36 @@ def seed_default_schedules(database, tasks, target, builder, runner, events: Eve
         mod = task.dispatched[0]
         if database.has_workload(mod):
             continue
-        func = mod["main"]
+        candidates = [mod["main"]]
         if constant_inputs.get(task.task_name):
-            func = func.with_attr("layout_free_buffers", constant_inputs[task.task_name])
-        try:
-            sch = rule.apply(func, target, False)
-        except Exception:  # the rule does not know this kernel: the search starts from nothing
-            continue
-        if sch is None or sch.trace is None:
-            continue
-        # The repacked weight's shape: the builder drops the repacking block, the kernel reads it packed.
-        args_info = ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)
-        built = builder.build([ms.builder.BuilderInput(sch.mod, target)])[0]
-        if built.error_msg is not None:
-            continue
-        result = runner.run([ms.runner.RunnerInput(built.artifact_path, "cpu", args_info)])[0].result()
-        if result.error_msg is None and result.run_secs:
-            database.commit_tuning_record(ms.database.TuningRecord(
-                sch.trace, database.commit_workload(mod), result.run_secs, target, args_info))
+            # Unpacked where TVM cannot drop the repacking block (a zero-padded weight: "Check failed: (load)").
+            candidates.insert(0, mod["main"].with_attr("layout_free_buffers", constant_inputs[task.task_name]))
+        for func in candidates:
+            try:
+                record = _measure_default(rule, func, mod, target, builder, runner, database)
+            except Exception:  # noqa: BLE001 - the rule or TVM does not handle this kernel this way
+                continue
+            if record is not None:
+                database.commit_tuning_record(record)
+                break
     events.emit("seeded")
+
+
+def _measure_default(rule, func, mod, target, builder, runner, database):
+    from tvm.s_tir import meta_schedule as ms
+
+    sch = rule.apply(func, target, False)
+    if sch is None or sch.trace is None:
+        return None
+    # The repacked weight's shape: the builder drops the repacking block, the kernel reads it packed.
+    args_info = ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)
+    built = builder.build([ms.builder.BuilderInput(sch.mod, target)])[0]
+    if built.error_msg is not None:
+        return None
+    result = runner.run([ms.runner.RunnerInput(built.artifact_path, "cpu", args_info)])[0].result()
+    if result.error_msg is not None or not result.run_secs:
+        return None
+    return ms.database.TuningRecord(sch.trace, database.commit_workload(mod), result.run_secs, target, args_info)
 
 
 def count_records(database, tasks) -> dict[int, int]:
