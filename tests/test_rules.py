@@ -145,7 +145,6 @@ def test_odd_width_matmul_is_padded_to_the_register_tile(tvm_tools):
                                rtol=1e-4, atol=1e-4)
 
 
-
 @pytest.mark.parametrize("rows", ["m", 13])
 def test_padded_matmul_writes_only_its_output(tvm_tools, rows):
     """13 rows are no multiple of the 12-row register tile: the last tile must not write past

@@ -29,22 +29,20 @@ def _legalize_and_fuse(mod, target):
 
 
 def extract_tasks(mod, target):
-    """The kernels to tune, as `build` will see them (so database keys match)."""
+    """The kernels to tune, as `build` will see them (so database keys match), and kernel name ->
+    the parameters every call passes a constant (the weights the default rule repacks)."""
     from tvm.s_tir import meta_schedule as ms
 
-    tasks = ms.relax_integration.extract_tasks(_legalize_and_fuse(mod, target), target, module_equality="structural")
-    return [t for t in tasks if not t.dispatched[0]["main"].attrs or
-            not t.dispatched[0]["main"].attrs.get(SCHEDULED, False)]
-
-
-def constant_inputs(mod, target) -> dict[str, list[int]]:
-    """Kernel name -> the parameters every call passes a constant (the weights the default rule
-    repacks), for the kernels `extract_tasks` returns."""
     from mlc.tuning import rules
 
-    marked = rules.mark_constant_inputs(_legalize_and_fuse(mod, target))
-    return {gv.name_hint: [int(i) for i in f.attrs["layout_free_buffers"]] for gv, f in marked.functions_items()
-            if f.attrs and "layout_free_buffers" in f.attrs}
+    fused = _legalize_and_fuse(mod, target)
+    tasks = ms.relax_integration.extract_tasks(fused, target, module_equality="structural")
+    tasks = [t for t in tasks if not t.dispatched[0]["main"].attrs or
+             not t.dispatched[0]["main"].attrs.get(SCHEDULED, False)]
+    constant_inputs = {gv.name_hint: [int(i) for i in f.attrs["layout_free_buffers"]]
+                       for gv, f in rules.mark_constant_inputs(fused).functions_items()
+                       if f.attrs and "layout_free_buffers" in f.attrs}
+    return tasks, constant_inputs
 
 
 def _kernels(mod) -> dict[str, bool]:

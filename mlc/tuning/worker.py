@@ -297,8 +297,7 @@ def tune_request(request: dict) -> dict:
 
     mod = importer.to_relax(onnx.load(request["onnx"]))
     mod, _ = relax_passes.run(mod, request.get("relax_passes") or [], request["target"], None, fused_by_build=True)
-    tasks = schedules.extract_tasks(mod, target)
-    constant_inputs = schedules.constant_inputs(mod, target)
+    tasks, constant_inputs = schedules.extract_tasks(mod, target)
     names = [t.task_name for t in tasks]
     database = ms.database.JSONDatabase(work_dir=request["db"], module_equality="structural")
     builder = make_builder(keep_in_memory=not request.get("rpc"))
