@@ -108,11 +108,11 @@ def _latency_line(stats: dict) -> str:
 _MODEL_HELP = ("A model: .onnx; PyTorch .pt2 (torch.export), TorchScript .pt or file.py:factory; TensorFlow SavedModel "
                "folder, .keras or .h5; Paddle jit.save prefix; or zoo:NAME (see `mlc models`).")
 _FRAMEWORK_OPTION = typer.Option(None, "--framework", "-f",
-                                 help="onnx, torch, tensorflow or paddle [default: detected; for zoo:NAME its first]")
+                                 help="onnx, torch, tensorflow or paddle (default: detected; for zoo:NAME its first)")
 _DYNAMIC_OPTION = typer.Option([], "--dynamic", help="Dims kept symbolic, so one artifact serves every size: batch,seq "
                                                      "or seq=1..512 (the runtime refuses sizes outside; repeatable) "
-                                                     "[default: framework models compile at the reference shapes; "
-                                                     "ONNX models keep their symbolic dims].")
+                                                     "(default: framework models compile at the reference shapes; "
+                                                     "ONNX models keep their symbolic dims).")
 _EXPORTER_OPTION = typer.Option("auto", "--exporter", help="PyTorch ONNX exporter: auto (dynamo, falling back to "
                                                            "TorchScript), dynamo or torchscript.")
 
@@ -125,8 +125,8 @@ def export_cmd(
     framework: Optional[str] = _FRAMEWORK_OPTION,
     dynamic: List[str] = _DYNAMIC_OPTION,
     exporter: str = _EXPORTER_OPTION,
-    atol: Optional[float] = typer.Option(None, help="Absolute tolerance for the comparison [default: by dtype]."),
-    rtol: Optional[float] = typer.Option(None, help="Relative tolerance for the comparison [default: by dtype]."),
+    atol: Optional[float] = typer.Option(None, help="Absolute tolerance for the comparison (default: by dtype)."),
+    rtol: Optional[float] = typer.Option(None, help="Relative tolerance for the comparison (default: by dtype)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Convert a framework model to ONNX (stop before TVM) and compare ONNX Runtime with the framework."""
@@ -161,15 +161,15 @@ def compile_cmd(
     target: List[str] = typer.Option(["x86"], "--target", "-t",
                                      help="Target preset (see `mlc targets`) or TVM target JSON; repeat for several."),
     output: Optional[Path] = typer.Option(None, "--output", "-o",
-                                          help="Artifact directory [default: artifacts/MODEL-TARGET]; with several targets, "
+                                          help="Artifact directory (default: artifacts/MODEL-TARGET); with several targets, "
                                                "the folder that receives MODEL-TARGET for each."),
     input_shape: List[str] = typer.Option([], "--input-shape", help="Fix an input's shape, NAME:1x128 (repeatable)."),
     framework: Optional[str] = _FRAMEWORK_OPTION,
     dynamic: List[str] = _DYNAMIC_OPTION,
     exporter: str = _EXPORTER_OPTION,
     archive: bool = typer.Option(False, "--archive", help="Also write the artifact as DIR.tar.gz."),
-    atol: Optional[float] = typer.Option(None, help="Absolute tolerance for the check [default: by dtype]."),
-    rtol: Optional[float] = typer.Option(None, help="Relative tolerance for the check [default: by dtype]."),
+    atol: Optional[float] = typer.Option(None, help="Absolute tolerance for the check (default: by dtype)."),
+    rtol: Optional[float] = typer.Option(None, help="Relative tolerance for the check (default: by dtype)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     db: Optional[Path] = typer.Option(None, "--db", help="Tuning database written by `mlc tune` (CPU targets)."),
     opt_level: int = typer.Option(2, "-O", help="Optimisation level 0-3: which graph passes run by default (see `mlc passes`)."),
@@ -246,7 +246,7 @@ def tune_cmd(
     model: str = typer.Argument(..., help="An .onnx file, or zoo:NAME for a built-in model."),
     target: str = typer.Option("x86", "--target", "-t", help="CPU target preset (see `mlc targets`) or TVM target JSON."),
     db: Path = typer.Option(..., "--db", help="Tuning database folder (created; a rerun continues it)."),
-    trials: Optional[int] = typer.Option(None, "--trials", help="Trials per kernel the database should hold [default: 64]."),
+    trials: Optional[int] = typer.Option(None, "--trials", help="Trials per kernel the database should hold (default: 64)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Wall-time limit for this run, e.g. 90s, 20m, 1h30m."),
     input_shape: List[str] = typer.Option([], "--input-shape", help="Fix an input's shape, NAME:1x128 (repeatable)."),
     rpc_tracker: Optional[str] = typer.Option(None, "--rpc-tracker", help="HOST:PORT of a TVM RPC tracker: measure on its devices."),
@@ -327,7 +327,7 @@ def passes_cmd(as_json: bool = typer.Option(False, "--json", help="Print the reg
 @app.command("run")
 def run_cmd(
     artifact: Path = typer.Argument(..., help="Artifact directory written by `mlc compile`."),
-    inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help=".npz with one array per input [default: reference inputs]."),
+    inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help=".npz with one array per input (default: reference inputs)."),
     outputs: Optional[Path] = typer.Option(None, "--outputs", "-o", help="Write the outputs to this .npz."),
     warmup: int = typer.Option(3, help="Untimed runs first."),
     repeat: int = typer.Option(50, help="Timed runs (0: run once, no timing)."),
@@ -359,8 +359,8 @@ def run_cmd(
 @app.command("check")
 def check_cmd(
     artifact: Path = typer.Argument(..., help="Artifact directory written by `mlc compile`."),
-    atol: Optional[float] = typer.Option(None, help="Absolute tolerance [default: by dtype: fp32 1e-4, fp16 1e-2, ints exact]."),
-    rtol: Optional[float] = typer.Option(None, help="Relative tolerance [default: by dtype: fp32 1e-3, fp16 5e-2, ints exact]."),
+    atol: Optional[float] = typer.Option(None, help="Absolute tolerance (default: by dtype: fp32 1e-4, fp16 1e-2, ints exact)."),
+    rtol: Optional[float] = typer.Option(None, help="Relative tolerance (default: by dtype: fp32 1e-3, fp16 5e-2, ints exact)."),
     as_json: bool = typer.Option(False, "--json", help="Print per-output statistics as JSON."),
 ) -> None:
     """Run the artifact on its reference inputs and compare with the reference outputs (exit 3 on mismatch)."""
@@ -429,11 +429,11 @@ def _print_debug(report) -> None:
 @app.command("debug")
 def debug_cmd(
     model: str = typer.Argument(..., help="A model (as for compile) or an artifact directory (reuses its model, target, shapes, inputs)."),
-    target: Optional[str] = typer.Option(None, "--target", "-t", help="Target preset [default: the artifact's, else x86]."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="Target preset (default: the artifact's, else x86)."),
     input_shape: List[str] = typer.Option([], "--input-shape", help="Fix an input's shape, NAME:1x128 (repeatable)."),
-    inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help=".npz of model inputs [default: seeded reference inputs]."),
-    atol: Optional[float] = typer.Option(None, help="Absolute tolerance [default: by dtype]."),
-    rtol: Optional[float] = typer.Option(None, help="Relative tolerance [default: by dtype]."),
+    inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help=".npz of model inputs (default: seeded reference inputs)."),
+    atol: Optional[float] = typer.Option(None, help="Absolute tolerance (default: by dtype)."),
+    rtol: Optional[float] = typer.Option(None, help="Relative tolerance (default: by dtype)."),
     extract: Optional[Path] = typer.Option(None, "--extract", help="Write the first diverging node as a small ONNX model with its data here."),
     method: str = typer.Option("auto", help="auto | exposed (one build, every value an output) | bisect (prefix builds)."),
     framework: Optional[str] = _FRAMEWORK_OPTION,
@@ -492,7 +492,7 @@ def bench_cmd(
     warmup: int = typer.Option(3, help="Untimed runs per cell."),
     repeat: int = typer.Option(20, help="Timed runs per cell."),
     framework: Optional[str] = typer.Option(None, "--framework", "-f",
-                                            help="Framework mlc and ort take the model from [default: torch where the model has it]."),
+                                            help="Framework mlc and ort take the model from (default: torch where the model has it)."),
     db: Optional[str] = typer.Option(None, "--db", help="Tuning database for mlc's compiles (needs `mlc tune`)."),
     cell_timeout: Optional[float] = typer.Option(None, "--cell-timeout",
                                                  help="Seconds a cell may run; a slower one is stopped and recorded as failed."),
@@ -502,7 +502,7 @@ def bench_cmd(
     sentences: int = typer.Option(200, "--sentences", help="With --lengths: how many sentences."),
     buckets: str = typer.Option("8,16,32,64", "--buckets", help="With --lengths: the buckets strategy's sizes."),
     strategies: Optional[str] = typer.Option(None, "--strategies", help="With --lengths: which of dynamic, buckets, "
-                                             "static, ort, torch [default: all]."),
+                                             "static, ort, torch (default: all)."),
 ) -> None:
     """Benchmark zoo models: mlc per target side by side with framework baselines, per shape and thread count.
 

@@ -127,6 +127,8 @@ def test_version_targets_help():
     targets = run_mlc("targets")
     assert targets.returncode == 0 and "x86-avx512" in targets.stdout
     assert "compile" in run_mlc("--help").stdout
+    # Help text is rich markup: a literal "[default: 64]" would be swallowed as a tag.
+    assert "(default: 64)" in " ".join(run_mlc("tune", "--help").stdout.split())
 
 
 def test_unaligned_inputs_are_safe(tmp_path):

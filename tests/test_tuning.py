@@ -52,6 +52,9 @@ def test_bad_options_give_clean_errors(tmp_path):
     assert_clean_error(run_mlc("tune", model, "--db", tmp_path / "db", "--trials", "0"), 1, "--trials must be at least 1")
     assert_clean_error(run_mlc("tune", model, "--db", tmp_path / "db", "--rpc-tracker", "localhost:9190"), 1,
                        "--rpc-tracker and --rpc-key go together")
+    nobody = f"127.0.0.1:{_free_port()}"
+    assert_clean_error(run_mlc("tune", model, "--db", tmp_path / "db", "--rpc-tracker", nobody, "--rpc-key", "pi"), 1,
+                       f"cannot reach an RPC tracker at {nobody}")
     assert_clean_error(run_mlc("compile", model, "--db", tmp_path / "missing", "-o", tmp_path / "out"), 1,
                        "does not exist")
     assert not (tmp_path / "out").exists()
@@ -165,6 +168,8 @@ def test_loopback_rpc_measures_a_kernel(loopback_rpc):
 @pytest.mark.tune
 def test_tune_through_loopback_rpc(loopback_rpc, tmp_path):
     model = mlp_onnx(tmp_path / "mlp.onnx")
+    assert_clean_error(run_mlc("tune", model, "--db", tmp_path / "db", "--rpc-tracker", loopback_rpc, "--rpc-key", "pi"),
+                       1, "under key 'pi' (registered: loop)")
     proc = run_mlc("tune", model, "--db", tmp_path / "db", "--trials", "1", "--rpc-tracker", loopback_rpc,
                    "--rpc-key", "loop", "--json", check=True)
     summary = json.loads(proc.stdout)

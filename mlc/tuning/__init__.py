@@ -138,13 +138,13 @@ def tune(
     if (rpc_tracker is None) != (rpc_key is None):
         raise InputError("--rpc-tracker and --rpc-key go together")
     if rpc_tracker is not None:
-        from mlc.tuning.rpc import parse_address
+        from mlc.tuning.rpc import check_tracker
 
-        parse_address(rpc_tracker, "--rpc-tracker")
+        check_tracker(rpc_tracker, rpc_key)
     preset = targets.resolve(target)
     if preset.tvm.get("kind") != "llvm":
-        raise TargetError(f"mlc tune measures CPU (llvm) targets; {preset.name} is {preset.tvm.get('kind')} "
-                          "(its builds use rule-based GPU schedules)")
+        raise TargetError(f"mlc tune measures CPU (llvm) targets; {preset.name} is a {preset.tvm.get('kind')} target, "
+                          "whose builds use rule-based GPU schedules")
     if preset.runtime_arch != api.runtimes.HOST_ARCH and rpc_tracker is None:
         raise TargetError(f"{preset.name} code cannot run on this {api.runtimes.HOST_ARCH} machine to be measured; "
                           "tune on the device through --rpc-tracker HOST:PORT --rpc-key KEY (see `mlc rpc-server`)")

@@ -17,6 +17,31 @@ def parse_address(text: str, option: str) -> tuple[str, int]:
     return match.group(1), int(match.group(2))
 
 
+def check_tracker(tracker: str, key: str, timeout_s: float = 5.0) -> None:
+    """Fail fast when the tracker is unreachable or has no server under `key`: TVM's client retries a
+    refused connection for a minute and the tuner then waits on a request no device will take."""
+    import socket
+
+    from tvm.rpc.client import TrackerSession
+
+    host, port = parse_address(tracker, "--rpc-tracker")
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+        session = TrackerSession((host, port))
+        summary = session.summary()
+        session.close()
+    except (OSError, RuntimeError) as err:
+        raise InputError(f"cannot reach an RPC tracker at {tracker} ({err}); start one with "
+                         f"`python -m tvm.exec.rpc_tracker --port {port}`") from None
+    # Servers register as "server:KEY"; clients that only asked for a key leave it in queue_info too.
+    registered = sorted({info["key"].split(":", 1)[1] for info in summary.get("server_info", [])
+                         if info.get("key", "").startswith("server:")})
+    if key not in registered:
+        raise InputError(f"no device is registered with the tracker at {tracker} under key {key!r} "
+                         f"(registered: {', '.join(registered) or 'none'}); start one on the device with "
+                         f"`mlc rpc-server --tracker {tracker} --key {key}`")
+
+
 def alloc_argument(session, device, args_info, alloc_repeat):
     """Random floats, zero integers: integer arguments are often indices, which TVM's gather does
     not bounds-check (random ones crash the device's server). Runs in the RPCRunner's worker."""
