@@ -147,7 +147,9 @@ def _compile_mlc(source: str, framework: str, target: str, shapes: dict[str, lis
     timings = dict(result.manifest.compile.timings_s)
     tuning = sum(v for k, v in timings.items() if k.startswith("tun"))
     return {"artifact": str(result.path), "compile_s": round(wall, 3), "compile_breakdown_s": timings,
-            "tuning_s": round(tuning, 3) if tuning else None, "artifact_bytes": _dir_size(result.path)}
+            "tuning_s": round(tuning, 3) if tuning else None, "artifact_bytes": _dir_size(result.path),
+            # How many kernels came from --db, from mlc's default rules, or from neither.
+            "kernels": {k: len(v) for k, v in (result.manifest.compile.schedules or {}).items()}}
 
 
 def run(config: BenchConfig, output: Optional[Path] = None, progress: Optional[Progress] = None) -> dict:
@@ -258,7 +260,7 @@ def _cell(config: BenchConfig, model: str, source: str, source_fw: str, backend:
         compiled = artifacts[target]
         failure = compiled.get("error")
         if not failure:
-            cell.update({k: compiled[k] for k in ("compile_s", "compile_breakdown_s", "tuning_s", "artifact_bytes")})
+            cell.update({k: compiled[k] for k in ("compile_s", "compile_breakdown_s", "tuning_s", "artifact_bytes", "kernels")})
             cell["target_emulated"] = targets.resolve(target).runtime_arch != targets.HOST_ARCH
     if failure:
         return {**cell, "status": "failed", "error": failure}

@@ -2,12 +2,15 @@
 
     python -m mlc.bench.worker REQUEST.json
 
-Two jobs, one per process:
+Jobs, one per process:
 - "prepare": build a zoo model in one framework, export it to ONNX (batch and seq dynamic), and
   for every benchmark shape write seeded inputs and the framework's eager outputs (the reference
   every cell is checked against);
 - "measure": one cell, one backend (a registered baseline, or an mlc artifact) at one thread
-  count: compile/setup, warm-up, timed repeats, outputs compared with the reference, peak RSS.
+  count: compile/setup, warm-up, timed repeats, outputs compared with the reference, peak RSS;
+- "sequence": one --lengths strategy over a list of sentence lengths;
+- "compile": one `mlc compile` (--lengths compiles each in a fresh process: a process that compiled
+  bert-base 20 times held 15 GB, memory that ONNX/TVM's native code keeps, and was OOM-killed).
 
 Thread limits go into the environment before numpy or any framework is imported (OpenMP, MKL,
 OpenBLAS and TVM's pool read them when they start). Writes the result beside the request as
@@ -227,11 +230,19 @@ def peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 1)
 
 
+def compile_job(request: dict) -> dict:
+    from mlc import api
+
+    result = api.compile(request["source"], target=request["target"], output=request["output"],
+                         **request.get("options", {}))
+    return {"ok": True, "path": str(result.path)}
+
+
 def _handle(request: dict) -> dict:
     if request.get("threads"):  # before numpy or any framework starts its thread pool
         for name in THREAD_VARIABLES:
             os.environ[name] = str(request["threads"])
-    jobs = {"prepare": prepare, "measure": measure, "sequence": sequence}
+    jobs = {"prepare": prepare, "measure": measure, "sequence": sequence, "compile": compile_job}
     return jobs[request["job"]](request)
 
 

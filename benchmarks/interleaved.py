@@ -1,0 +1,92 @@
+"""mlc artifact vs ONNX Runtime, interleaved call by call in one process at a fixed thread count.
+
+`mlc bench` times each backend in a process of its own, one after the other: on a shared VM whose
+speed drifts by 20-30% over minutes, a ratio between two cells can be mostly drift. Here every
+round times one ORT call and one mlc call back to back (the order alternating), so both see the
+same machine; the result is each side's p50 and the median of the per-round ratios.
+
+    mlc export zoo:bert-base -o bert-base.onnx
+    mlc compile zoo:bert-base --input-shape input_ids:1x128 --input-shape attention_mask:1x128 --db DB -o art
+    .venv/bin/python benchmarks/interleaved.py --artifact art --onnx bert-base.onnx --label "bert-base b1 s128" \
+        -o benchmarks/results/interleaved.json        # appends a row
+
+ORT runs on the artifact's reference inputs (its static shapes); the ONNX may have dynamic dims."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--artifact", type=Path, required=True)
+    parser.add_argument("--onnx", type=Path, required=True)
+    parser.add_argument("--label", required=True)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("-o", "--output", type=Path, required=True)
+    args = parser.parse_args()
+    for name in ("OMP_NUM_THREADS", "TVM_NUM_THREADS"):  # before TVM's or ORT's thread pools start
+        os.environ[name] = str(args.threads)
+
+    import onnxruntime as ort
+
+    from mlc.bench.machine import load_average, machine_info
+    from mlc.runtime.runner import Runner
+
+    runner = Runner(args.artifact)
+    manifest = runner.manifest
+    with np.load(args.artifact / manifest["reference"]["inputs"]) as npz:
+        feeds = {k: npz[k] for k in npz.files}
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = args.threads
+    session = ort.InferenceSession(str(args.onnx), options, providers=["CPUExecutionProvider"])
+    ort_feeds = {i.name: feeds[i.name] for i in session.get_inputs()}
+
+    def time_ort() -> float:
+        start = time.perf_counter()
+        session.run(None, ort_feeds)
+        return time.perf_counter() - start
+
+    def time_mlc() -> float:
+        return runner.measure(feeds, warmup=0, repeat=1)[1]["mean_ms"] / 1e3
+
+    for _ in range(args.warmup):
+        time_ort(), time_mlc()
+    ort_s, mlc_s = [], []
+    load_start = load_average()
+    for i in range(args.rounds):
+        if i % 2:
+            ort_s.append(time_ort())
+            mlc_s.append(time_mlc())
+        else:
+            mlc_s.append(time_mlc())
+            ort_s.append(time_ort())
+    ratios = np.array(mlc_s) / np.array(ort_s)
+    row = {"label": args.label, "artifact_inputs": {i["name"]: i["shape"] for i in manifest["inputs"]},
+           "tuned_kernels": len((manifest["compile"].get("schedules") or {}).get("tuned", [])),
+           "threads": args.threads, "rounds": args.rounds,
+           "ort_p50_ms": round(float(np.median(ort_s)) * 1e3, 3), "mlc_p50_ms": round(float(np.median(mlc_s)) * 1e3, 3),
+           "ort_min_ms": round(min(ort_s) * 1e3, 3), "mlc_min_ms": round(min(mlc_s) * 1e3, 3),
+           "mlc_over_ort_median": round(float(np.median(ratios)), 3),
+           "mlc_over_ort_p10_p90": [round(float(np.percentile(ratios, q)), 3) for q in (10, 90)],
+           "load_average": [load_start, load_average()]}
+    doc = json.loads(args.output.read_text()) if args.output.exists() else {"benchmark": "interleaved", "rows": []}
+    doc["machine"] = machine_info()
+    doc["rows"] = [r for r in doc["rows"] if r["label"] != args.label] + [row]
+    args.output.write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
