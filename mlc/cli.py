@@ -268,7 +268,8 @@ def tune_cmd(
         err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     summary = {"db": str(result.db), "tasks": len(result.tasks), "trials": result.trials, "failed_trials": result.errors,
                "records": result.records, "seconds": round(result.seconds, 1), "stopped_by": result.reason,
-               "kernels": [{"name": t.name, "weight": t.weight, "trials": t.trials, "best_us": t.best_us} for t in result.tasks]}
+               "kernels": [{"name": t.name, "weight": t.weight, "trials": t.trials, "best_us": t.best_us} for t in result.tasks],
+               "left_to_default": result.left_to_default}
     if as_json:
         out.print_json(json.dumps(summary))
         return

@@ -10,7 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from conftest import assert_clean_error, mlp_onnx, run_mlc
 from mlc import tuning
@@ -175,3 +178,27 @@ def test_tune_through_loopback_rpc(loopback_rpc, tmp_path):
     summary = json.loads(proc.stdout)
     assert summary["records"] == summary["tasks"] and summary["failed_trials"] == 0, summary  # the measured defaults
     assert all(k["best_us"] > 0 for k in summary["kernels"])
+
+
+def test_kernel_with_zero_padded_weight_keeps_the_default(tmp_path):
+    """A dense layer 100 wide pads its weight to the vector tile; TVM cannot measure that repacked
+    default, and a search measured against the unpacked one made lstm-lm's --db build slower than
+    the untuned build. Such kernels are not tuned: --db builds use mlc's default for them."""
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "b"], ["z"])], "wide",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [8, 100])],
+        [numpy_helper.from_array(rng.standard_normal((64, 100)).astype(np.float32), "w"),
+         numpy_helper.from_array(rng.standard_normal(100).astype(np.float32), "b")])
+    model = tmp_path / "wide.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), model)
+    db = tmp_path / "db"
+    summary = json.loads(run_mlc("tune", model, "--db", db, "--trials", "1", "--json", check=True).stdout)
+    assert len(summary["left_to_default"]) == 1 and "matmul" in summary["left_to_default"][0], summary
+    assert summary["left_to_default"][0] not in {k["name"] for k in summary["kernels"]}
+    out = tmp_path / "tuned"
+    assert run_mlc("compile", model, "--db", db, "-o", out).returncode == 0
+    schedules = json.loads((out / "manifest.json").read_text())["compile"]["schedules"]
+    assert summary["left_to_default"][0] in schedules["default"], schedules
+    assert run_mlc("check", out).returncode == 0

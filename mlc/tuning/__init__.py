@@ -111,6 +111,7 @@ class TuneResult:
     reason: str  # "trials", "budget", "interrupted", "already tuned"
     errors: int = 0
     notes: list[str] = field(default_factory=list)
+    left_to_default: list[str] = field(default_factory=list)  # kernels not tuned: builds use mlc's default
 
 
 def tune(
@@ -172,11 +173,14 @@ def tune(
         raise CompilerError(f"tuning failed: {result.get('message', 'the tuning process died')} (full log: {log_path})")
     log_path.unlink(missing_ok=True)
     notes = list(prepared.notes)
+    if result.get("left_to_default"):
+        notes.append(f"{len(result['left_to_default'])} kernel(s) keep mlc's default schedule (their repacked weights "
+                     f"cannot be measured by MetaSchedule): {', '.join(result['left_to_default'])}")
     if any(isinstance(d, str) for spec in prepared.specs for d in spec.shape):
         shapes = ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in prepared.fixed.items())
         notes.append(f"tuned for static input shapes {shapes}; compile with the same shapes to use the records")
     return TuneResult(db, tasks, result.get("trials", 0), record_count(db), time.time() - start,
-                      result.get("reason", "trials"), errors, notes)
+                      result.get("reason", "trials"), errors, notes, result.get("left_to_default", []))
 
 
 def _run_child(request_path: Path, events_path: Path, log_path: Path, on_event) -> tuple[dict, list[TaskState], int]:

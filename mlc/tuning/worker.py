@@ -222,27 +222,33 @@ def seed_default_schedules(database, tasks, target, builder, runner, events: Eve
     a record: the search then has to beat it, and compiling with the database never picks a
     tuned schedule slower than the default it replaces. The default repacks constant weights
     (`constant_inputs`, by kernel name) as the build does; the builder drops the repacking block,
-    so the record times the kernel alone, as it runs once the build has folded the repacking."""
+    so the record times the kernel alone, as it runs once the build has folded the repacking.
+
+    Returns the names of the kernels left to the default rule: those whose repacked default TVM
+    cannot measure (a zero-padded weight: RemoveWeightLayoutRewriteBlock's "Check failed: (load)").
+    The search would only have to beat the slower unpacked default, and did: lstm-lm's 10001-wide
+    head tuned that way made a --db build 1.5x slower than the untuned one."""
     from mlc.tuning import rules
 
     rule = rules.default_rule()
+    left_to_default = []
     for task in tasks:
         mod = task.dispatched[0]
         if database.has_workload(mod):
             continue
-        candidates = [mod["main"]]
+        func = mod["main"]
         if constant_inputs.get(task.task_name):
-            # Unpacked where TVM cannot drop the repacking block (a zero-padded weight: "Check failed: (load)").
-            candidates.insert(0, mod["main"].with_attr("layout_free_buffers", constant_inputs[task.task_name]))
-        for func in candidates:
-            try:
-                record = _measure_default(rule, func, mod, target, builder, runner, database)
-            except Exception:  # noqa: BLE001 - the rule or TVM does not handle this kernel this way
-                continue
-            if record is not None:
-                database.commit_tuning_record(record)
-                break
+            func = func.with_attr("layout_free_buffers", constant_inputs[task.task_name])
+        try:
+            record = _measure_default(rule, func, mod, target, builder, runner, database)
+        except Exception:  # noqa: BLE001 - the rule or TVM does not handle this kernel this way
+            record = None
+        if record is not None:
+            database.commit_tuning_record(record)
+        elif constant_inputs.get(task.task_name):
+            left_to_default.append(task.task_name)
     events.emit("seeded")
+    return left_to_default
 
 
 def _measure_default(rule, func, mod, target, builder, runner, database):
@@ -298,28 +304,29 @@ def tune_request(request: dict) -> dict:
     mod = importer.to_relax(onnx.load(request["onnx"]))
     mod, _ = relax_passes.run(mod, request.get("relax_passes") or [], request["target"], None, fused_by_build=True)
     tasks, constant_inputs = schedules.extract_tasks(mod, target)
-    names = [t.task_name for t in tasks]
     database = ms.database.JSONDatabase(work_dir=request["db"], module_equality="structural")
     builder = make_builder(keep_in_memory=not request.get("rpc"))
     if request.get("rpc"):
         runner = make_rpc_runner(request["rpc"]["tracker"], request["rpc"]["key"], request["rpc"].get("timeout", 60))
     else:
         runner = make_runner(builder)
-    seed_default_schedules(database, tasks, target, builder, runner, events, constant_inputs)
+    left_to_default = seed_default_schedules(database, tasks, target, builder, runner, events, constant_inputs)
+    tasks = [t for t in tasks if t.task_name not in left_to_default]
+    names = [t.task_name for t in tasks]
     done = count_records(database, tasks)
     prior_best = database_best(database, tasks)
     events.emit("tasks", tasks=[{"name": t.task_name, "weight": int(t.weight), "key": task_key(t),
                                  "trials_done": done.get(i, 0), "best_us": prior_best.get(i)}
                                 for i, t in enumerate(tasks)], setup_s=time.time() - start)
     if not tasks:
-        return {"ok": True, "tasks": 0, "trials": 0}
+        return {"ok": True, "tasks": 0, "trials": 0, "left_to_default": left_to_default}
     # --trials is the total the database should hold for this model: a rerun continues from there.
     per_task = request["trials_per_task"]
     remaining = [max(0, per_task - done.get(i, 0)) for i in range(len(tasks))]
     todo = [i for i, r in enumerate(remaining) if r > 0]
     if not todo:
         events.emit("finished", trials=0, reason="already tuned")
-        return {"ok": True, "tasks": len(tasks), "trials": 0, "reason": "already tuned"}
+        return {"ok": True, "tasks": len(tasks), "trials": 0, "reason": "already tuned", "left_to_default": left_to_default}
     # Smaller than MetaSchedule's defaults (population 512, 4 generations): on 2 cores the
     # defaults spend minutes per batch searching before anything is measured.
     population = request.get("population", 128)
@@ -343,7 +350,7 @@ def tune_request(request: dict) -> dict:
     reason = "interrupted" if _stop["requested"] else (
         "budget" if request.get("budget_s") and time.time() - start >= request["budget_s"] else "trials")
     events.emit("finished", trials=progress.trials, errors=progress.errors, reason=reason)
-    return {"ok": True, "tasks": len(tasks), "trials": progress.trials, "reason": reason}
+    return {"ok": True, "tasks": len(tasks), "trials": progress.trials, "reason": reason, "left_to_default": left_to_default}
 
 
 def main(argv: list[str]) -> int:
