@@ -44,6 +44,11 @@ def test_tiny_lengths_run(tmp_path):
     for name in rows:
         assert f"| {name} | ok |" in text
     assert "cola-like lengths, 3 sentences" in text and list(tmp_path.glob("report-lengths-bert-tiny-*.png"))
+    # Two runs of one model on one machine (e.g. strategies split over two runs): a plot each.
+    both = tmp_path / "both.md"
+    report.render([out, out], both)
+    links = {line.partition("](")[2] for line in both.read_text().splitlines() if line.startswith("![")}
+    assert len(links) == 2 and len(list(tmp_path.glob("both-lengths-*.png"))) == 2
 
 
 def test_lengths_errors(tmp_path):

@@ -516,6 +516,10 @@ def to_markdown(sections: list[Section], title: str, image_prefix: str) -> tuple
                 out.append("")
             else:
                 name = f"{image_prefix}{part.name}.png"
+                copy = 2
+                while name in images:  # two runs of one model on one machine: one file each
+                    name = f"{image_prefix}{part.name}-{copy}.png"
+                    copy += 1
                 images[name] = part.png
                 out += [f"![{part.caption}]({name})", "", f"*{part.caption}*", ""]
     return "\n".join(out) + "\n", images
