@@ -35,6 +35,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("-o", "--output", type=Path, required=True)
+    parser.add_argument("--plot", type=Path, help="Also draw every row of --output: mlc/ORT ratio per row (PNG).")
     args = parser.parse_args()
     for name in ("OMP_NUM_THREADS", "TVM_NUM_THREADS"):  # before TVM's or ORT's thread pools start
         os.environ[name] = str(args.threads)
@@ -86,6 +87,33 @@ def main() -> None:
     doc["rows"] = [r for r in doc["rows"] if r["label"] != args.label] + [row]
     args.output.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(row))
+    if args.plot:
+        plot(doc, args.plot)
+
+
+def plot(doc: dict, path: Path) -> None:
+    """Horizontal bars: each row's median mlc/ORT ratio with its p10-p90 range; left of 1 is faster."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = doc["rows"]
+    ratios = [r["mlc_over_ort_median"] for r in rows]
+    spread = np.array([[m - r["mlc_over_ort_p10_p90"][0], r["mlc_over_ort_p10_p90"][1] - m] for m, r in zip(ratios, rows)]).T
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
+    ax.barh(range(len(rows)), ratios, xerr=spread, color=["tab:green" if x <= 1 else "tab:orange" for x in ratios],
+            capsize=3)
+    ax.axvline(1.0, color="black", linewidth=1)
+    ax.set_yticks(range(len(rows)), [r["label"] for r in rows])
+    ax.invert_yaxis()
+    machine = doc["machine"]
+    ax.set_xlabel("mlc / ORT latency: median per-round ratio, p10-p90 (< 1: mlc faster)")
+    isa = f" ({machine['llvm_cpu']})" if machine.get("llvm_cpu") else ""
+    ax.set_title(f"{machine['cpu']}{isa}, {rows[0]['threads']} thread, interleaved call by call", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

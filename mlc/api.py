@@ -12,7 +12,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager, Mapping, Optional, Sequence
+from typing import Any, Callable, ContextManager, Mapping, Optional, Sequence
 
 import numpy as np
 import onnx
@@ -610,17 +610,22 @@ class RunResult:
     outputs: dict[str, np.ndarray]
     latency: Optional[dict[str, float]]
     warnings: list[str]
+    profile: Optional[list[dict[str, Any]]] = None
 
 
-def run(artifact: str | Path, inputs=None, warmup: int = 3, repeat: int = 50) -> RunResult:
-    """Run an artifact on inputs (an .npz path, a dict, or None for its reference inputs)."""
+def run(artifact: str | Path, inputs=None, warmup: int = 3, repeat: int = 50, profile: bool = False) -> RunResult:
+    """Run an artifact on inputs (an .npz path, a dict, or None for its reference inputs);
+    `profile` also times each kernel call (Runner.profile)."""
     if warmup < 0 or repeat < 0:
         raise InputError("--warmup and --repeat must be >= 0")
     runner = open_runner(artifact)
+    if profile and not isinstance(runner, thin_runtime.Runner):
+        raise InputError(f"--profile needs an artifact built for this machine; {artifact} runs under emulation here")
     feeds = load_inputs(runner, inputs)
     with _runtime_errors():
         outputs, latency, warnings = runner.measure(feeds, warmup, repeat)
-    return RunResult(outputs, latency, warnings)
+        kernels = runner.profile(feeds) if profile else None
+    return RunResult(outputs, latency, warnings, kernels)
 
 
 def save_outputs(path: str | Path, outputs: Mapping[str, np.ndarray]) -> None:

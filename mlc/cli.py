@@ -332,12 +332,14 @@ def run_cmd(
     outputs: Optional[Path] = typer.Option(None, "--outputs", "-o", help="Write the outputs to this .npz."),
     warmup: int = typer.Option(3, help="Untimed runs first."),
     repeat: int = typer.Option(50, help="Timed runs (0: run once, no timing)."),
+    profile: bool = typer.Option(False, "--profile", help="Also time every kernel call (3 runs) and list the "
+                                                          "slowest kernels: where the time goes."),
     as_json: bool = typer.Option(False, "--json", help="Print latency and output shapes as JSON."),
 ) -> None:
     """Run an artifact and report latency (mean, p50, p90, p99, throughput)."""
     from mlc import api
 
-    result = api.run(artifact, inputs, warmup=warmup, repeat=repeat)
+    result = api.run(artifact, inputs, warmup=warmup, repeat=repeat, profile=profile)
     for warning in result.warnings:
         err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
     if outputs:
@@ -347,6 +349,7 @@ def run_cmd(
             "artifact": str(artifact),
             "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in result.outputs.items()},
             "latency": result.latency,
+            **({"profile": result.profile} if profile else {}),
         }))
         return
     for name, value in result.outputs.items():
@@ -355,6 +358,21 @@ def run_cmd(
         out.print(f"outputs written to {outputs}")
     if result.latency:
         out.print(_latency_line(result.latency))
+    if result.profile:
+        _print_profile(result.profile)
+
+
+def _print_profile(rows: list[dict], shown: int = 15) -> None:
+    table = Table(title="time per run, by kernel (each call timed alone)", title_justify="left")
+    for column in ("kernel", "calls", "ms", "share"):
+        table.add_column(column, justify="left" if column == "kernel" else "right", overflow="fold")
+    for row in rows[:shown]:
+        name = row["name"] if len(row["name"]) <= 80 else row["name"][:77] + "..."
+        table.add_row(escape(name), str(row["calls"]), f"{row['ms']:.3f}", f"{row['share']:.1%}")
+    out.print(table)
+    if len(rows) > shown:
+        rest = rows[shown:]
+        out.print(f"... {len(rest)} more, {sum(r['ms'] for r in rest):.3f} ms together (--json lists all)")
 
 
 @app.command("check")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_clean_error, run_mlc
-from mlc import bench
+from mlc import bench, targets
 from mlc.bench import report
 
 
@@ -31,6 +31,7 @@ def test_bench_json_has_a_row_per_cell(results):
     assert doc["schema"] == bench.SCHEMA
     machine = doc["machine"]
     assert machine["cpu"] and machine["cores_usable"] >= 1 and machine["versions"]["apache-tvm"]
+    assert machine["llvm_cpu"] == targets.resolve("x86").tvm["mcpu"]  # the ISA the model names often hide
     cells = {c["backend"]: c for c in doc["cells"]}
     assert set(cells) == {"torch", "ort", "mlc"} and len(doc["cells"]) == 3
     for cell in cells.values():

@@ -68,6 +68,19 @@ def test_run_reads_and_writes_npz(mlp_artifact, tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "out.npz")["y"], expected)
 
 
+def test_run_profile_times_every_kernel(mlp_artifact):
+    proc = run_mlc("run", mlp_artifact, "--repeat", "2", "--profile", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)["profile"]
+    kernels = json.loads((mlp_artifact / "manifest.json").read_text())["compile"]["schedules"]["default"]
+    assert any(row["name"].startswith(tuple(kernels)) for row in rows), (rows, kernels)
+    assert all(row["calls"] >= 1 and row["ms"] >= 0 for row in rows)
+    assert [row["ms"] for row in rows] == sorted((row["ms"] for row in rows), reverse=True)
+    assert abs(sum(row["share"] for row in rows) - 1) < 1e-6
+    table = run_mlc("run", mlp_artifact, "--repeat", "0", "--profile")
+    assert table.returncode == 0 and "by kernel" in table.stdout, table.stdout + table.stderr
+
+
 def test_perturbed_reference_fails_check_with_exit_3(mlp_artifact, tmp_path):
     art = tmp_path / "perturbed"
     shutil.copytree(mlp_artifact, art)

@@ -93,9 +93,10 @@ def test_default_schedules_keep_conv_results(tvm_tools, case):
 
 
 @pytest.mark.parametrize("m,k,n,transposed", [(32, 64, 128, False), (5, 32, 1000, False), (16, 32, 48, True),
-                                              ("rows", 32, 64, False)])
+                                              ("rows", 32, 64, False), (20, 512, 224, False)])
 def test_default_schedules_keep_matmul_results(tvm_tools, m, k, n, transposed):
-    """Dense layers: register tile, odd widths (tail), B transposed (fallback), symbolic rows."""
+    """Dense layers: register tile, odd widths (tail), B transposed (fallback), symbolic rows,
+    J tiles visited in blocks with a partial last block (7 tiles of 512-deep weights: blocks of 4)."""
     tvm, relax, rules, schedules, target_json = tvm_tools
     mod = _matmul_module(tvm, relax, m, k, n, transposed)
     x = RNG.standard_normal((m if isinstance(m, int) else 13, k)).astype(np.float32)
@@ -162,3 +163,35 @@ def test_padded_matmul_writes_only_its_output(tvm_tools, rows):
     written = whole.numpy()
     np.testing.assert_allclose(written[:13], x @ w + b, rtol=1e-5, atol=1e-5)
     assert (written[13:] == 7.0).all(), "the kernel wrote past its output"
+
+
+def test_computed_input_of_a_concatenation_is_not_recomputed_per_element(tvm_tools):
+    """An LSTM's last step (sigmoid * tanh of its gates) fused with the concatenation of all its
+    steps: inlined into the concatenation it would be evaluated for every output element. It stays
+    a block of its own; the copies (expand_dims) are inlined."""
+    tvm, relax, rules, schedules, target_json = tvm_tools
+    steps, batch, hidden = 6, 8, 32
+    bb = relax.BlockBuilder()
+    states = [relax.Var(f"h{i}", relax.TensorType((batch, hidden), "float32")) for i in range(steps - 1)]
+    gates = relax.Var("gates", relax.TensorType((batch, 2 * hidden), "float32"))
+    op = relax.op
+    with bb.function("main", states + [gates]):
+        with bb.dataflow():
+            i_gate = op.sigmoid(op.strided_slice(gates, [1], [0], [hidden]))
+            last = bb.emit(op.multiply(i_gate, op.tanh(op.strided_slice(gates, [1], [hidden], [2 * hidden]))))
+            stacked = bb.emit(op.concat([op.expand_dims(h, [0]) for h in states + [last]], axis=0))
+            out = bb.emit_output(op.reshape(op.permute_dims(stacked, [1, 0, 2]), (batch * steps, hidden)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    kernel = next(f for f in _scheduled_kernels(tvm, rules, schedules, mod, target_json).values()
+                  if f.attrs and f.attrs.get(rules.SCHEDULED, False))
+    blocks = [line for line in kernel.script().splitlines() if "with T.sblock(" in line and "root" not in line]
+    assert len(blocks) == 2, kernel.script()  # the last step's cell, then the concatenation (copies inlined)
+    arrays = [RNG.standard_normal((batch, hidden)).astype(np.float32) for _ in states]
+    gate_values = RNG.standard_normal((batch, 2 * hidden)).astype(np.float32)
+    executable, report = schedules.build(mod, target_json, None, True)
+    assert not report["unscheduled"], report
+    result = relax.VirtualMachine(executable, tvm.cpu())["main"](
+        *(tvm.runtime.tensor(a) for a in arrays + [gate_values])).numpy()
+    cell = 1 / (1 + np.exp(-gate_values[:, :hidden])) * np.tanh(gate_values[:, hidden:])
+    np.testing.assert_allclose(result, np.stack(arrays + [cell], 1).reshape(batch * steps, hidden), rtol=1e-5, atol=1e-6)

@@ -8,7 +8,8 @@ import platform
 import socket
 from importlib import metadata
 
-from mlc.targets import host_cpu_name, usable_cores
+from mlc.errors import TargetError
+from mlc.targets import host_cpu_name, resolve, usable_cores
 
 # Settings that change how thread pools behave; recorded when set (children inherit them).
 ENVIRONMENT = ("OMP_WAIT_POLICY", "KMP_BLOCKTIME", "OMP_PROC_BIND", "GOMP_SPINCOUNT", "TVM_BIND_THREADS",
@@ -39,11 +40,21 @@ def load_average() -> list[float] | None:
         return None
 
 
+def _llvm_cpu() -> str | None:
+    """The instruction set the host target compiles for (haswell: AVX2, cooperlake: AVX-512 ...):
+    VM model names ("Intel(R) Xeon(R) Processor") often hide it."""
+    try:
+        return resolve("x86").tvm["mcpu"]
+    except TargetError:  # not an x86 host
+        return None
+
+
 def machine_info() -> dict:
     return {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
         "cpu": host_cpu_name(),
+        "llvm_cpu": _llvm_cpu(),
         "machine": platform.machine(),
         "system": f"{platform.system()} {platform.release()}",
         "cores_usable": usable_cores(),

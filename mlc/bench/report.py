@@ -138,7 +138,8 @@ def _machines_section(docs: list[dict]) -> Section:
         versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items()
                              if k in ("mlc", "apache-tvm", "torch", "onnxruntime", "tensorflow", "tensorflow-cpu",
                                       "paddlepaddle"))
-        table.rows.append([machine_label(m), m.get("cpu", "?"), f"{m.get('cores_usable')}/{m.get('cpu_count')}",
+        cpu = m.get("cpu", "?") + (f" ({m['llvm_cpu']})" if m.get("llvm_cpu") else "")
+        table.rows.append([machine_label(m), cpu, f"{m.get('cores_usable')}/{m.get('cpu_count')}",
                            str(m.get("memory_gib", "?")), m.get("date", "?"), _load(m), versions, doc["file"]])
     config = docs[0]["config"]
     text = [f"Warm-up {config.get('warmup')} runs, then {config.get('repeat')} timed runs per cell; each cell runs in "

@@ -388,17 +388,53 @@ class Runner(_ArtifactRunner):
         libraries = {None: self.manifest["library"]}
         if self.buckets:  # one static library per bucket
             libraries = {int(size): rel for size, rel in self.buckets["libraries"].items()}
-        self._mains = {bucket: self._load_main(rel, runtime, _DEVICE_TYPES[device]) for bucket, rel in libraries.items()}
+        self._vms = {bucket: self._load_vm(rel, runtime, _DEVICE_TYPES[device]) for bucket, rel in libraries.items()}
+        self._mains = {bucket: vm["main"] for bucket, vm in self._vms.items()}
         self.device = tvm_ffi.device(device, 0)
 
-    def _load_main(self, rel: str, runtime: Mapping[str, Any], code: int) -> Any:
+    def _load_vm(self, rel: str, runtime: Mapping[str, Any], code: int) -> Any:
         library_path = safe_member(self.root, rel)
         if not library_path.is_file() and runtime.get("link"):
             raise ArtifactError(f"{library_path.name} is not linked yet: run ./{runtime['link']} in the artifact once")
         vm = self._tvm_ffi.load_module(str(library_path))["vm_load_executable"]()
         # (device type, id, allocator) for the compute device, then the same for the host.
         vm["vm_initialization"](code, 0, _POOLED_ALLOCATOR, 1, 0, _POOLED_ALLOCATOR)
-        return vm["main"]
+        return vm
+
+    def profile(self, feeds: Mapping[str, np.ndarray], runs: int = 3) -> list[dict[str, Any]]:
+        """Where the time goes: every call the model makes (kernels, the VM's allocations), timed
+        one by one over `runs` runs after a warm-up, summed per callee, slowest first. The device
+        is synchronised around each call, so GPU kernels are timed, not just launched."""
+        arrays, _ = self.prepare(feeds)
+        bucket = None
+        if self.buckets:
+            arrays, _, bucket = pad_to_bucket(self.buckets, self.inputs, arrays)
+        vm, main = self._vms[bucket], self._mains[bucket]
+        tensors = [self._to_device(a) for a in arrays]
+        main(*tensors)
+        totals: dict[str, list[float]] = {}
+        started = [0.0]
+
+        def instrument(_func, symbol, before, _result, *_args) -> int:
+            self._sync()
+            if before:
+                started[0] = time.perf_counter()
+            else:
+                entry = totals.setdefault(str(symbol), [0, 0.0])
+                entry[0] += 1
+                entry[1] += time.perf_counter() - started[0]
+            return 0  # VMInstrumentReturnKind.NoOp: run the call
+
+        vm["set_instrument"](instrument)
+        try:
+            for _ in range(runs):
+                main(*tensors)
+        finally:
+            vm["set_instrument"](lambda *_: 0)
+        whole = sum(seconds for _, seconds in totals.values()) or 1.0
+        rows = [{"name": name, "calls": calls // runs, "ms": seconds * 1e3 / runs, "share": seconds / whole}
+                for name, (calls, seconds) in totals.items()]
+        return sorted(rows, key=lambda row: -row["ms"])
 
     def _to_device(self, array: np.ndarray) -> Any:
         host = self._tvm_ffi.from_dlpack(array)

@@ -97,20 +97,43 @@ def convert_layout(mod, config: dict, target):
     return relax.transform.ConvertLayout({"relax.nn.conv2d": [layout, _KERNEL_LAYOUT[layout]]})(mod)
 
 
-def fast_erf(mod, config: dict, target):
-    """erf (GELU) -> topi.fast_erf. TVM lowers erf to libm's scalar erff, which keeps the loop
-    from vectorizing: 25 ns per element here against 0.5 ns, for a max abs error of 3.3e-7
-    (erff: 4.7e-8). TVM's FastMathTransform also swaps exp, tanh and softmax; this only erf."""
+def _fast_sigmoid(x):
+    from tvm import topi
+
+    return topi.divide(1.0, topi.add(1.0, topi.fast_exp(topi.negative(x))))
+
+
+def _fast_softmax(x, axis):
+    from tvm import topi
+
+    return topi.nn.fast_softmax(x, axis)
+
+
+def fast_math(mod, config: dict, target):
+    """erf, tanh, sigmoid, exp and softmax on float32 -> TVM's polynomial versions (topi.fast_*).
+    TVM's LLVM codegen calls libm's scalar erff/expf for these (tanh and sigmoid through expf),
+    which keeps the loop from vectorizing: an LSTM cell's sigmoid*tanh runs 17x faster here, GELU's
+    erf 50x. Measured against float64 on [-20, 20]: max abs error 3.9e-7 (libm 9e-8), exp's relative
+    error 4e-6 (libm 6e-8). inf and NaN give libm's results, except erf(NaN), which gives 1."""
     import tvm
     from tvm import relax, topi
     from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    unary = {"relax.erf": topi.fast_erf, "relax.tanh": topi.fast_tanh, "relax.exp": topi.fast_exp,
+             "relax.sigmoid": _fast_sigmoid}
 
     @mutator
     class Rewrite(PyExprMutator):
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.erf":
-                return self.builder_.call_te(topi.fast_erf, call.args[0], primfunc_name_hint="fast_erf")
+            if not isinstance(call.op, tvm.ir.Op) or str(getattr(call.ty, "dtype", "")) != "float32":
+                return call
+            name = call.op.name
+            if name in unary:
+                return self.builder_.call_te(unary[name], call.args[0], primfunc_name_hint=f"fast_{name[6:]}")
+            if name == "relax.nn.softmax":
+                return self.builder_.call_te(_fast_softmax, call.args[0], int(call.attrs.axis),
+                                             primfunc_name_hint="fast_softmax")
             return call
 
     rewrite = Rewrite(mod)
