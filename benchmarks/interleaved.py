@@ -101,7 +101,8 @@ def plot(doc: dict, path: Path) -> None:
     rows = doc["rows"]
     ratios = [r["mlc_over_ort_median"] for r in rows]
     spread = np.array([[m - r["mlc_over_ort_p10_p90"][0], r["mlc_over_ort_p10_p90"][1] - m] for m, r in zip(ratios, rows)]).T
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
+    longest = max(len(r["label"]) for r in rows)  # room for the labels left of the bars
+    fig, ax = plt.subplots(figsize=(6 + 0.075 * longest, 0.45 * len(rows) + 1.2))
     ax.barh(range(len(rows)), ratios, xerr=spread, color=["tab:green" if x <= 1 else "tab:orange" for x in ratios],
             capsize=3)
     ax.axvline(1.0, color="black", linewidth=1)

@@ -251,6 +251,7 @@ def tune_cmd(
     input_shape: List[str] = typer.Option([], "--input-shape", help="Fix an input's shape, NAME:1x128 (repeatable)."),
     rpc_tracker: Optional[str] = typer.Option(None, "--rpc-tracker", help="HOST:PORT of a TVM RPC tracker: measure on its devices."),
     rpc_key: Optional[str] = typer.Option(None, "--rpc-key", help="Device key registered with the tracker."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Threads to measure with: the count the model will run with (default: TVM's own choice, as at run time)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Autotune the model's kernels with MetaSchedule into a resumable database (Ctrl-C keeps every record)."""
@@ -262,19 +263,21 @@ def tune_cmd(
     display = contextlib.nullcontext() if as_json else TuneProgress(err, per_task, budget_s)
     with display as progress:
         result = tuning.tune(model, target=target, db=db, trials=trials, budget=budget, input_shapes=input_shape,
-                             rpc_tracker=rpc_tracker, rpc_key=rpc_key,
+                             rpc_tracker=rpc_tracker, rpc_key=rpc_key, threads=threads,
                              on_event=progress.update if progress else (lambda e, t: None))
     for note in result.notes:
         err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     summary = {"db": str(result.db), "tasks": len(result.tasks), "trials": result.trials, "failed_trials": result.errors,
                "records": result.records, "seconds": round(result.seconds, 1), "stopped_by": result.reason,
+               "threads": result.threads,
                "kernels": [{"name": t.name, "weight": t.weight, "trials": t.trials, "best_us": t.best_us} for t in result.tasks],
                "left_to_default": result.left_to_default}
     if as_json:
         out.print_json(json.dumps(summary))
         return
+    measured = f", measured with {result.threads} thread(s)" if result.threads else ""
     out.print(f"tuned {len(result.tasks)} kernels: {result.trials} trials this run ({result.errors} failed) in "
-              f"{result.seconds:.0f} s, stopped by {result.reason}; {result.records} records in {result.db}")
+              f"{result.seconds:.0f} s{measured}, stopped by {result.reason}; {result.records} records in {result.db}")
     out.print(f"use them: mlc compile {model} --target {target} --db {db}")
 
 

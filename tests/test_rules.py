@@ -195,3 +195,34 @@ def test_computed_input_of_a_concatenation_is_not_recomputed_per_element(tvm_too
         *(tvm.runtime.tensor(a) for a in arrays + [gate_values])).numpy()
     cell = 1 / (1 + np.exp(-gate_values[:, :hidden])) * np.tanh(gate_values[:, hidden:])
     np.testing.assert_allclose(result, np.stack(arrays + [cell], 1).reshape(batch * steps, hidden), rtol=1e-5, atol=1e-6)
+
+
+def _library_asm(module) -> str:
+    """Assembly of every LLVM module under `module` (an executable's library and its imports)."""
+    pending, text = [module], []
+    while pending:
+        current = pending.pop()
+        pending += list(current.imports)
+        try:
+            text.append(current.inspect_source("asm"))
+        except Exception:  # noqa: BLE001 - a module with no LLVM source (the VM's own)
+            continue
+    return "\n".join(text)
+
+
+def test_register_tile_accumulators_live_on_the_stack(tvm_tools, monkeypatch):
+    """A conv's accumulator tile (8 rows x 32 floats: 1 KB, "local") is a stack buffer that LLVM
+    keeps in registers; TVM's own lowering allocates it from the workspace pool, zeroes it and frees
+    it once per output tile (a 64-deep 1x1 conv: 70 GFLOP/s instead of 100)."""
+    tvm, relax, rules, schedules, target_json = tvm_tools
+    from mlc.compiler import tir_pipeline
+
+    mod = _conv_module(relax, x_shape=(1, 16, 16, 16), out_channels=32, kernel=1, padding=0)
+    x = RNG.standard_normal((1, 16, 16, 16)).astype(np.float32)
+    expected = _run(tvm, relax, tvm.compile(mod, target="llvm"), x)
+    ours, _ = schedules.build(mod, target_json, None, True)
+    monkeypatch.setattr(tir_pipeline, "register", lambda: "default")
+    tvms, _ = schedules.build(mod, target_json, None, True)
+    assert "TVMBackendAllocWorkspace" in _library_asm(tvms.mod)  # the control: TVM's lowering
+    assert "TVMBackendAllocWorkspace" not in _library_asm(ours.mod)
+    np.testing.assert_allclose(_run(tvm, relax, ours, x), expected, rtol=1e-4, atol=1e-4)

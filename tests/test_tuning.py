@@ -53,6 +53,7 @@ def test_bad_options_give_clean_errors(tmp_path):
     a_file.write_text("x")
     assert_clean_error(run_mlc("tune", model, "--db", a_file, "--trials", "2"), 1, "is a file")
     assert_clean_error(run_mlc("tune", model, "--db", tmp_path / "db", "--trials", "0"), 1, "--trials must be at least 1")
+    assert_clean_error(run_mlc("tune", model, "--db", tmp_path / "db", "--threads", "0"), 1, "--threads must be between 1")
     assert_clean_error(run_mlc("tune", model, "--db", tmp_path / "db", "--rpc-tracker", "localhost:9190"), 1,
                        "--rpc-tracker and --rpc-key go together")
     nobody = f"127.0.0.1:{_free_port()}"
@@ -66,8 +67,9 @@ def test_bad_options_give_clean_errors(tmp_path):
 def test_tune_resume_and_compile_with_db(tmp_path):
     model = mlp_onnx(tmp_path / "mlp.onnx")
     db = tmp_path / "db"
-    first = run_mlc("tune", model, "--db", db, "--trials", "2", "--json", check=True)
+    first = run_mlc("tune", model, "--db", db, "--trials", "2", "--threads", "1", "--json", check=True)
     summary = json.loads(first.stdout)
+    assert summary["threads"] == 1, summary  # read back from the measuring process's thread pool
     # Each kernel's first record is mlc's default schedule, measured; the search adds the rest.
     assert summary["tasks"] >= 2 and summary["trials"] == summary["tasks"], summary
     assert all(k["best_us"] and k["best_us"] > 0 and k["trials"] == 2 for k in summary["kernels"]), summary
@@ -132,6 +134,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _wait_until_registered(tracker: str, key: str, timeout_s: float = 60) -> None:
+    """The server registers with the tracker after it starts listening, in its own time (seconds
+    on a loaded machine): a tune started before that finds no device under the key."""
+    from mlc.errors import InputError
+    from mlc.tuning.rpc import check_tracker
+
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            return check_tracker(tracker, key)
+        except InputError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 @pytest.fixture
 def loopback_rpc():
     """A TVM RPC tracker and an `mlc rpc-server` registered with it as 'loop', on 127.0.0.1."""
@@ -146,6 +164,7 @@ def loopback_rpc():
     try:
         line = server.stderr.readline()  # blocks until the server listens (or dies)
         assert "RPC server listening" in line, line
+        _wait_until_registered(f"127.0.0.1:{port}", "loop")
         children = psutil.Process(server.pid).children(recursive=True)
         yield f"127.0.0.1:{port}"
     finally:

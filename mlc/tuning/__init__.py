@@ -112,6 +112,7 @@ class TuneResult:
     errors: int = 0
     notes: list[str] = field(default_factory=list)
     left_to_default: list[str] = field(default_factory=list)  # kernels not tuned: builds use mlc's default
+    threads: Optional[int] = None  # kernels were measured with this many threads (None: on an RPC device)
 
 
 def tune(
@@ -125,11 +126,15 @@ def tune(
     rpc_key: Optional[str] = None,
     on_event: Callable[[dict, list[TaskState]], None] = lambda event, tasks: None,
     seed: Optional[int] = None,
+    threads: Optional[int] = None,
 ) -> TuneResult:
     """Tune `source`'s kernels for `target` into the database folder `db`.
 
     `trials`: trials per kernel the database should hold (a rerun continues up to it);
-    `budget`: wall time for this run ('20m'). Either or both; neither means 64 per kernel."""
+    `budget`: wall time for this run ('20m'). Either or both; neither means 64 per kernel.
+    `threads`: the thread count kernels are measured with; make it the count the model will run with
+    (default: TVM's own choice, as the runtime's; the result reports it). A schedule searched at one
+    count can lose at another."""
     from mlc import api, targets
     from mlc.compiler import passes as graph_passes
 
@@ -138,6 +143,13 @@ def tune(
     budget_s = parse_budget(budget) if budget is not None else None
     if (rpc_tracker is None) != (rpc_key is None):
         raise InputError("--rpc-tracker and --rpc-key go together")
+    if threads is not None:
+        if rpc_tracker is not None:
+            raise InputError("--threads sets local measurement; on an RPC device start `mlc rpc-server` with "
+                             "TVM_NUM_THREADS=N instead")
+        if not 1 <= threads <= targets.usable_cores():
+            raise InputError(f"--threads must be between 1 and this machine's {targets.usable_cores()} usable cores, "
+                             f"got {threads}")
     if rpc_tracker is not None:
         from mlc.tuning.rpc import check_tracker
 
@@ -168,7 +180,7 @@ def tune(
         request_path = work / "request.json"
         request_path.write_text(json.dumps(request))
         log_path = Path(tempfile.mkstemp(prefix="mlc-tune-", suffix=".log")[1])
-        result, tasks, errors = _run_child(request_path, Path(request["events"]), log_path, on_event)
+        result, tasks, errors = _run_child(request_path, Path(request["events"]), log_path, on_event, threads)
     if not result.get("ok"):
         raise CompilerError(f"tuning failed: {result.get('message', 'the tuning process died')} (full log: {log_path})")
     log_path.unlink(missing_ok=True)
@@ -180,10 +192,12 @@ def tune(
         shapes = ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in prepared.fixed.items())
         notes.append(f"tuned for static input shapes {shapes}; compile with the same shapes to use the records")
     return TuneResult(db, tasks, result.get("trials", 0), record_count(db), time.time() - start,
-                      result.get("reason", "trials"), errors, notes, result.get("left_to_default", []))
+                      result.get("reason", "trials"), errors, notes, result.get("left_to_default", []),
+                      None if rpc_tracker else result.get("threads"))
 
 
-def _run_child(request_path: Path, events_path: Path, log_path: Path, on_event) -> tuple[dict, list[TaskState], int]:
+def _run_child(request_path: Path, events_path: Path, log_path: Path, on_event,
+               threads: Optional[int]) -> tuple[dict, list[TaskState], int]:
     tasks: list[TaskState] = []
     errors = 0
     offset = 0
@@ -214,8 +228,11 @@ def _run_child(request_path: Path, events_path: Path, log_path: Path, on_event) 
 
     with open(log_path, "w") as log:
         # Own session: the terminal's Ctrl-C goes to mlc only, which asks the child to stop cleanly.
+        env = dict(os.environ)
+        if threads:  # TVM's thread pool reads these when it starts: the measurements use `threads`
+            env.update(TVM_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
         proc = subprocess.Popen([sys.executable, "-m", "mlc.tuning.worker", str(request_path)], stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
         try:
             while proc.poll() is None:
                 drain()

@@ -3,7 +3,8 @@ for the rest. Imports tvm (used by the compile and tuning workers only).
 
 The pipeline is TVM's CPU pipeline split in two: legalize + fuse (the same preparation MetaSchedule's
 task extraction does, so database keys match), then the database, then default rules for kernels
-the database does not cover, then lowering."""
+the database does not cover, then lowering (TIR through mlc.compiler.tir_pipeline: TVM's, with tile
+accumulators on the stack)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool
     from tvm.relax.backend.cpu_generic import pipeline as cpu
     from tvm.s_tir import meta_schedule as ms
 
+    from mlc.compiler import tir_pipeline
     from mlc.tuning import rules
 
     target = tvm.target.Target(target_json)
@@ -83,5 +85,5 @@ def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool
             mod = rules.fold_weight_packing(mod, target)
             return tvm.transform.Sequential(cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target))(mod)
 
-    executable = tvm.compile(mod, target=target, relax_pipeline=pipeline)
+    executable = tvm.compile(mod, target=target, relax_pipeline=pipeline, tir_pipeline=tir_pipeline.register())
     return executable, report
