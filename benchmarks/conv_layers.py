@@ -3,8 +3,9 @@ the conv kernel's time and GFLOP/s per layer from each one's profiler (layout co
 whole model does once, left out), to see which layer shapes a schedule rule leaves behind.
 
     mlc export zoo:resnet50 -o resnet50.onnx
-    .venv/bin/python benchmarks/conv_layers.py resnet50.onnx -o benchmarks/results/conv-layers.json --label "after X"
-    .venv/bin/python benchmarks/conv_layers.py --plot conv-layers.png results/conv-layers-a.json results/conv-layers-b.json
+    .venv/bin/python benchmarks/conv_layers.py resnet50.onnx -o results/conv-layers-b.json --label "after X"
+    .venv/bin/python benchmarks/conv_layers.py --plot conv-layers.png results/conv-layers-a.json \
+        results/conv-layers-b.json
 
 Each layer is Conv(+bias) -> Relu on seeded random data, batch 1, with the model's shapes, strides,
 pads and groups. The model's own dims are read by ONNX shape inference (a dynamic batch takes 1)."""
@@ -16,7 +17,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -131,15 +131,16 @@ def main() -> None:
                    "mlc_over_ort": round(mlc_ms / ort_ms, 3)}
             rows.append(row)
             print(f"{str(layer['input']):>20} w{str(layer['weight']):>20} s{layer['strides'][0]} x{layer['count']}: "
-                  f"mlc {row['mlc_gflops']:6.1f} GFLOP/s  ORT {row['ort_gflops']:6.1f}  ratio {row['mlc_over_ort']:.2f}",
+                  f"mlc {row['mlc_gflops']:6.1f} GFLOP/s  ORT {row['ort_gflops']:6.1f}  "
+                  f"ratio {row['mlc_over_ort']:.2f}",
                   flush=True)
     total_mlc = sum(r["mlc_ms"] * r["count"] for r in rows)
     total_ort = sum(r["ort_ms"] * r["count"] for r in rows)
-    print(f"all convs, weighted by count: mlc {total_mlc:.1f} ms, ORT {total_ort:.1f} ms, ratio {total_mlc / total_ort:.3f}")
-    args.output.write_text(json.dumps({"benchmark": "conv_layers", "label": args.label, "model": args.model.name, "target": args.target,
-                                       "machine": machine_info(), "rows": rows,
-                                       "total_mlc_ms": round(total_mlc, 3), "total_ort_ms": round(total_ort, 3)},
-                                      indent=1) + "\n")
+    print(f"all convs, weighted by count: mlc {total_mlc:.1f} ms, ORT {total_ort:.1f} ms, "
+          f"ratio {total_mlc / total_ort:.3f}")
+    doc = {"benchmark": "conv_layers", "label": args.label, "model": args.model.name, "target": args.target,
+           "machine": machine_info(), "rows": rows, "total_mlc_ms": round(total_mlc, 3), "total_ort_ms": round(total_ort, 3)}
+    args.output.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def plot(paths: list[Path], output: Path) -> None:

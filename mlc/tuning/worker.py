@@ -78,7 +78,7 @@ def make_builder(keep_in_memory: bool):
 # How candidates are timed: each run alone with the weights and output flushed from the caches, as a
 # model runs them (the previous kernels evicted them). Timed hot, back to back, schedules that read
 # their weights strided "won" by 1-5% over mlc's defaults (which stream repacked weights) and then ran
-# up to 70% slower in the model: resnet50 with such records took 1.17x ORT's time, untuned 1.00x.
+# up to 70% slower in the model: resnet50 with such records took 1.06-1.17x ORT's time, untuned 1.00x.
 COLD_RUNS = 10
 
 
@@ -341,8 +341,8 @@ def tune_request(request: dict) -> dict:
     todo = [i for i, r in enumerate(remaining) if r > 0]
     if not todo:
         events.emit("finished", trials=0, reason="already tuned")
-        return {"ok": True, "tasks": len(tasks), "trials": 0, "reason": "already tuned", "left_to_default": left_to_default,
-                "threads": threads}
+        return {"ok": True, "tasks": len(tasks), "trials": 0, "reason": "already tuned",
+                "left_to_default": left_to_default, "threads": threads}
     # Smaller than MetaSchedule's defaults (population 512, 4 generations): on 2 cores the
     # defaults spend minutes per batch searching before anything is measured.
     population = request.get("population", 128)
@@ -366,8 +366,8 @@ def tune_request(request: dict) -> dict:
     reason = "interrupted" if _stop["requested"] else (
         "budget" if request.get("budget_s") and time.time() - start >= request["budget_s"] else "trials")
     events.emit("finished", trials=progress.trials, errors=progress.errors, reason=reason)
-    return {"ok": True, "tasks": len(tasks), "trials": progress.trials, "reason": reason, "left_to_default": left_to_default,
-            "threads": threads}
+    return {"ok": True, "tasks": len(tasks), "trials": progress.trials, "reason": reason,
+            "left_to_default": left_to_default, "threads": threads}
 
 
 def main(argv: list[str]) -> int:
