@@ -3,8 +3,8 @@
 TVM 0.27's LowerTVMBuiltin turns every CPU allocation that is not a "global" buffer under 1 KB into
 a TVMBackendAllocWorkspace/FreeWorkspace pair. A register tile's accumulator (up to 12 rows x 32
 floats, "local") was therefore allocated, zeroed with memset and freed once per output tile, and
-spilled to it at the end: 64-deep 1x1 convs ran at 59 GFLOP/s instead of 103. Marked with TVM's own
-`disable_lower_builtin` annotation, such a buffer becomes an LLVM alloca, which LLVM promotes to
+spilled to it at the end: resnet50's 64 -> 256 channel 1x1 conv ran at 59 GFLOP/s instead of 103. With TVM's
+own `disable_lower_builtin` annotation, such a buffer becomes an LLVM alloca, which LLVM promotes to
 registers. Imports tvm."""
 
 from __future__ import annotations
