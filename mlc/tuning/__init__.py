@@ -147,9 +147,9 @@ def tune(
         if rpc_tracker is not None:
             raise InputError("--threads sets local measurement; on an RPC device start `mlc rpc-server` with "
                              "TVM_NUM_THREADS=N instead")
-        if not 1 <= threads <= targets.usable_cores():
-            raise InputError(f"--threads must be between 1 and this machine's {targets.usable_cores()} usable cores, "
-                             f"got {threads}")
+        cores = targets.usable_cores()
+        if not 1 <= threads <= cores:
+            raise InputError(f"--threads must be between 1 and this machine's {cores} usable cores, got {threads}")
     if rpc_tracker is not None:
         from mlc.tuning.rpc import check_tracker
 
