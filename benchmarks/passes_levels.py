@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mlc.bench.machine import machine_info  # noqa: E402
 
 import mlc.api as api  # noqa: E402
-from mlc.compiler import passes  # noqa: E402
+from mlc import passes  # noqa: E402
 
 
 def main() -> None:

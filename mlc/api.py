@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from mlc import __version__, artifacts, compiler, models, targets, tuning
-from mlc import buckets as bucketing
+from mlc.pipeline import buckets as bucketing
 from mlc.artifacts.manifest import (
     BucketCheck,
     BucketInfo,
@@ -31,10 +31,11 @@ from mlc.artifacts.manifest import (
     TensorSpec,
 )
 from mlc.check import CheckResult, compare, compare_one, localize, tolerance_for
-from mlc.compiler import frontends, runtimes
-from mlc.compiler import passes as graph_passes
-from mlc.compiler.frontends import onnx as onnx_frontend
-from mlc.compiler.passes import onnx as onnx_passes
+from mlc import frontends
+from mlc.compiler import runtimes
+from mlc import passes as graph_passes
+from mlc.frontends import onnx as onnx_frontend
+from mlc.passes import onnx as onnx_passes
 from mlc.errors import (AccuracyError, CompilerError, InputError, IntegrityError, MissingDependencyError, TargetError,
                         UnsupportedModelError)
 from mlc.runtime import runner as thin_runtime
@@ -209,7 +210,7 @@ def _prepare(source: str, input_shapes: Sequence[str], workdir: Path, timed: _Ti
         source_info.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
         if steps is None:
             steps = graph_passes.plan(device="cpu")
-        onnx_passes.check_importable(model, pending=steps)  # ops no pass rewrites fail here, before any work
+        compiler.check_supported(model, rewritten=graph_passes.RNN_OPS if any(s.name == "lower_rnn" for s in steps) else ())  # ops no pass rewrites fail here, before any work
         specs = onnx_frontend.input_specs(model)
         fixed = onnx_frontend.resolve_input_shapes(specs, list(input_shapes))
         if static:  # tuning records match static kernels only: symbolic dims take the reference sizes
@@ -228,7 +229,7 @@ def _prepare(source: str, input_shapes: Sequence[str], workdir: Path, timed: _Ti
     with timed("onnx_passes", "Running ONNX graph passes"):
         cleaned, records, notes = onnx_passes.run(onnx_frontend.fix_input_shapes(model, fixed), steps,
                                                   Path(dump_ir) if dump_ir else None)
-        onnx_passes.check_importable(cleaned, notes)  # after the passes: lower_rnn makes LSTMs importable
+        compiler.check_supported(cleaned, notes=notes)  # after the passes: lower_rnn makes LSTMs importable
         cleaned_path = workdir / "cleaned.onnx"
         onnx.save(cleaned, str(cleaned_path))
     notes = (converted.notes if converted else []) + notes

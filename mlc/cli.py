@@ -187,7 +187,7 @@ def compile_cmd(
     Models from PyTorch, TensorFlow and Paddle are exported to ONNX and checked against the
     framework's own eager outputs."""
     from mlc import api, targets
-    from mlc.compiler import passes as graph_passes
+    from mlc import passes as graph_passes
 
     pass_options = graph_passes.Options(opt_level, tuple(passes.split(",")) if passes is not None else None,
                                         tuple(disable_pass), tuple(enable_pass), tuple(pass_config),
@@ -289,7 +289,7 @@ def rpc_server_cmd(
     port: int = typer.Option(9090, "--port", help="First port to try (up to +100)."),
 ) -> None:
     """Serve this device to `mlc tune --rpc-tracker` (TVM RPC; needs apache-tvm on the device). Ctrl-C stops it."""
-    from mlc.tuning import rpc
+    from mlc.compiler import rpc
 
     def ready(server) -> None:
         where = f", registered with {tracker} as '{key}'" if tracker else ""
@@ -314,7 +314,7 @@ def _passes_table(records) -> Table:
 @app.command("passes")
 def passes_cmd(as_json: bool = typer.Option(False, "--json", help="Print the registry as JSON.")) -> None:
     """List the graph passes: level, what each does, the -O level that enables it, targets, settings."""
-    from mlc.compiler import passes as graph_passes
+    from mlc import passes as graph_passes
 
     rows = graph_passes.describe_all()
     if as_json:

@@ -30,11 +30,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from mlc.compiler.frontends import onnx as onnx_frontend
+from mlc.frontends import onnx as onnx_frontend
 from mlc.errors import MlcError
 
 ZOO_MODULES = {"tensorflow": "mlc.models.keras_models", "paddle": "mlc.models.paddle_models"}
-FRONTENDS = {"tensorflow": "mlc.compiler.frontends.tensorflow", "paddle": "mlc.compiler.frontends.paddle"}
+FRONTENDS = {"tensorflow": "mlc.frontends.tensorflow", "paddle": "mlc.frontends.paddle"}
 
 
 def export_and_run(model, out: Path, job_id: str, shapes: dict, dynamic: list | None = None,

@@ -184,7 +184,7 @@ def test_matrix_records_failures_and_goes_on(monkeypatch, tmp_path):
                     "shapes": [{"batch": b, "seq": s, "key": f"b{b}" + (f"-s{s}" if s else ""), "shapes": {"x": [b]}}
                                for b in job["batch"] for s in seq]}
         if job["backend"] == "torch" and job["threads"] == 2:
-            raise bench._CellError("torch crashed")
+            raise bench.CellError("torch crashed")
         return {"ok": True, "latency_ms": {"p50": 1.0}, "accuracy": {"passed": True}, "peak_rss_mb": 1.0}
 
     def fake_compile(source, framework, target, shapes, dest, db):
@@ -193,7 +193,7 @@ def test_matrix_records_failures_and_goes_on(monkeypatch, tmp_path):
         return {"artifact": str(dest), "compile_s": 1.0, "compile_breakdown_s": {}, "tuning_s": None,
                 "artifact_bytes": 1, "kernels": {"default": 1}}
 
-    monkeypatch.setattr(bench, "_run_child", fake_child)
+    monkeypatch.setattr(bench, "run_child", fake_child)
     monkeypatch.setattr(bench, "_compile_mlc", fake_compile)
     config = bench.BenchConfig(models=["mlp", "bert-tiny"], batch=[1, 4], seq=[32, 128], threads=[1, 2],
                                baselines=["torch"], targets=["x86"])
@@ -242,7 +242,7 @@ import sys, tempfile
 from pathlib import Path
 import numpy as np
 from mlc.bench import baselines
-from mlc.compiler.frontends.base import FrameworkModel, InputDecl
+from mlc.frontends.base import FrameworkModel, InputDecl
 
 framework = sys.argv[1]
 baselines.limit_threads(framework, 1)
@@ -306,7 +306,7 @@ def baselines_of(framework: str) -> list[str]:
 
 def test_baseline_registry_names_known_frameworks():
     from mlc.bench import baselines
-    from mlc.compiler.frontends.base import FRAMEWORKS
+    from mlc.frontends.base import FRAMEWORKS
 
     assert {"torch", "torch-compile", "torchscript", "ort", "tf", "tf-graph", "paddle", "paddle-static"} <= set(baselines.BASELINES)
     for b in baselines.BASELINES.values():

@@ -78,7 +78,7 @@ def test_first_nan_is_reported(patch_converter):
 
 
 def test_wrong_clean_up_pass_is_blamed_not_tvm(monkeypatch):
-    from mlc.compiler.passes import onnx as onnx_passes
+    from mlc.passes import onnx as onnx_passes
 
     real_folding = onnx_passes.constant_folding
 

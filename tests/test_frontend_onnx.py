@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mlc.compiler.frontends import onnx as frontend
+from mlc.frontends import onnx as frontend
 from mlc.errors import InputError
 from mlc.models import ZOO
 

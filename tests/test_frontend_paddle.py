@@ -11,8 +11,8 @@ import pytest
 from framework_jobs import (BERT_SIZES, assert_matches, check_compiled, check_fixed_seq, check_zoo_export, load_case,
                             ort_outputs, run_jobs)
 
-from mlc.compiler.frontends import onnx as onnx_frontend
-from mlc.compiler.frontends import paddle as frontend
+from mlc.frontends import onnx as onnx_frontend
+from mlc.frontends import paddle as frontend
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("paddle") is None
                                 or importlib.util.find_spec("paddle2onnx") is None, reason="needs mlc[paddle]")

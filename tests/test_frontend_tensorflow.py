@@ -12,7 +12,7 @@ import pytest
 from framework_jobs import (BERT_SIZES, assert_matches, check_compiled, check_fixed_seq, check_zoo_export, load_case,
                             ort_outputs, run_jobs)
 
-from mlc.compiler.frontends import tensorflow as frontend
+from mlc.frontends import tensorflow as frontend
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None
                                 or importlib.util.find_spec("tf2onnx") is None, reason="needs mlc[tf]")

@@ -188,7 +188,7 @@ def test_bad_framework_options(tmp_path):
 
 
 def test_missing_framework_is_exit_4(monkeypatch, tmp_path):
-    from mlc.compiler.frontends import base
+    from mlc.frontends import base
 
     real = base.importlib.util.find_spec
     monkeypatch.setattr(base.importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))

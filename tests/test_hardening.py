@@ -183,7 +183,7 @@ def test_mutated_model_bytes_fail_cleanly(tmp_path_factory, data):
 def test_arbitrary_option_values_fail_cleanly(shape, target):
     """Any --input-shape or --target string is accepted or refused with a one-line MlcError."""
     from mlc import targets
-    from mlc.compiler.frontends import onnx as frontend
+    from mlc.frontends import onnx as frontend
     from mlc.models import ZOO
 
     specs = frontend.input_specs(ZOO["mlp"].build())

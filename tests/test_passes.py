@@ -11,9 +11,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mlc.api as api
-from mlc.compiler import passes
-from mlc.compiler.passes import onnx as onnx_passes
-from mlc.compiler.passes import rnn
+from mlc import passes
+from mlc.passes import onnx as onnx_passes
+from mlc.passes import rnn
 from mlc.errors import InputError, UnsupportedModelError
 from tests.conftest import assert_clean_error, run_mlc
 
@@ -375,7 +375,7 @@ def relax_tools():
     tvm = pytest.importorskip("tvm")
     from tvm import relax
 
-    from mlc.compiler.passes import relax as relax_passes
+    from mlc.passes import relax as relax_passes
 
     return tvm, relax, relax_passes
 

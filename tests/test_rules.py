@@ -1,4 +1,4 @@
-"""Default CPU schedules (mlc/tuning/rules.py): the conv/matmul register-tile rule applies where it
+"""Default CPU schedules (mlc/compiler/schedule_rules.py): the conv/matmul register-tile rule applies where it
 should, falls back where it cannot, and never changes results. Builds tiny Relax modules in
 process (~40 s here, most of it `import tvm` and LLVM)."""
 
@@ -20,7 +20,7 @@ def tvm_tools():
     from tvm import relax
 
     from mlc import targets
-    from mlc.tuning import rules, schedules
+    from mlc.compiler import schedule_rules as rules, schedules
 
     return tvm, relax, rules, schedules, targets.resolve("x86").tvm
 

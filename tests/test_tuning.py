@@ -138,7 +138,7 @@ def _wait_until_registered(tracker: str, key: str, timeout_s: float = 60) -> Non
     """The server registers with the tracker after it starts listening, in its own time (seconds
     on a loaded machine): a tune started before that finds no device under the key."""
     from mlc.errors import InputError
-    from mlc.tuning.rpc import check_tracker
+    from mlc.compiler.rpc import check_tracker
 
     deadline = time.time() + timeout_s
     while True:
@@ -181,7 +181,7 @@ def loopback_rpc():
 
 @pytest.mark.tune  # ~60 s, most of it two `import tvm`s: kept out of CI's time
 def test_loopback_rpc_measures_a_kernel(loopback_rpc):
-    code = f"from mlc.tuning import rpc; print(rpc.measure_once({loopback_rpc!r}, 'loop'))"
+    code = f"from mlc.compiler import rpc; print(rpc.measure_once({loopback_rpc!r}, 'loop'))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert 0 < float(proc.stdout.strip().splitlines()[-1]) < 10

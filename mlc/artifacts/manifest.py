@@ -67,7 +67,7 @@ class ReferenceInfo(_Strict):
 
 
 class PassRecord(_Strict):
-    """What one graph pass did (mlc/compiler/passes): ONNX node or Relax operator-call counts."""
+    """What one graph pass did (mlc/passes): ONNX node or Relax operator-call counts."""
 
     name: str
     level: str  # onnx or relax

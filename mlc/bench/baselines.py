@@ -99,7 +99,7 @@ def _native(ctx: Context, what: str):
 def _torch_call(module, ctx: Context) -> Callable[[], list[np.ndarray]]:
     import torch
 
-    from mlc.compiler.frontends.torch import _flatten
+    from mlc.frontends.torch import _flatten
 
     args = [torch.from_numpy(np.ascontiguousarray(a)) for a in ctx.inputs]
 

@@ -23,6 +23,7 @@ from typing import Optional
 import numpy as np
 
 from mlc import models
+from mlc.bench.cells import SCHEMA, dir_size, error_text, run_child, source_framework, write_json
 from mlc.bench.machine import load_average, machine_info
 from mlc.errors import InputError
 
@@ -63,7 +64,6 @@ def padding_waste(lengths: list[int], sizes: list[int]) -> float:
 
 def run(config, output: Optional[Path] = None, progress=None) -> dict:
     """config: a BenchConfig with lengths set (one model, its first target, its first thread count)."""
-    from mlc.bench import SCHEMA, _dir_size, _error_text, _run_child, _source_framework, write_json
 
     if len(config.models) != 1:
         raise InputError("--lengths runs one model; give one --models entry")
@@ -77,7 +77,7 @@ def run(config, output: Optional[Path] = None, progress=None) -> dict:
         raise InputError(f"the longest sentence has {max(lengths)} tokens, more than the largest bucket {sizes[-1]}")
     zoo = models.get(config.models[0])
     source = f"{models.ZOO_PREFIX}{zoo.name}"
-    framework = _source_framework(zoo, config.framework)
+    framework = source_framework(zoo, config.framework)
     if framework != "torch":
         raise InputError(f"--lengths compares with PyTorch eager: give a model with a torch build ({zoo.name} "
                          f"has {', '.join(zoo.frameworks)})")
@@ -100,7 +100,7 @@ def run(config, output: Optional[Path] = None, progress=None) -> dict:
         prep_dir = workdir / "prepared"
         tell(0, len(strategies), f"{zoo.name}: exporting (dynamic seq) and running eagerly at {len(distinct)} lengths")
         start = time.perf_counter()
-        prepared = _run_child({"job": "prepare", "source": source, "framework": framework, "out_dir": str(prep_dir),
+        prepared = run_child({"job": "prepare", "source": source, "framework": framework, "out_dir": str(prep_dir),
                                "batch": [1], "seq": distinct}, workdir, "prepare", "the torch benchmark process")
         doc["lengths"]["export_s"] = round(time.perf_counter() - start, 3)
         failed = [e for e in prepared["shapes"] if "error" in e]
@@ -117,7 +117,7 @@ def run(config, output: Optional[Path] = None, progress=None) -> dict:
             `mlc compile` would): 20 bert-base compiles in one process grew it to 15 GB."""
             job = {"job": "compile", "source": str(onnx_path), "target": target, "output": str(workdir / name),
                    "options": options}
-            return _run_child(job, workdir, f"compile-{name}", f"compiling {what}")["path"]
+            return run_child(job, workdir, f"compile-{name}", f"compiling {what}")["path"]
 
         for index, strategy in enumerate(strategies):
             tell(index, len(strategies), f"{zoo.name}: {strategy}")
@@ -139,9 +139,9 @@ def run(config, output: Optional[Path] = None, progress=None) -> dict:
                 row["compile_s"] = round(time.perf_counter() - start, 3) if artifacts else None
                 row["compiles"] = len(distinct) if strategy == "static" else int(bool(artifacts))
                 if artifacts:
-                    row["artifact_bytes"] = sum(_dir_size(Path(p)) for p in artifacts.values())
+                    row["artifact_bytes"] = sum(dir_size(Path(p)) for p in artifacts.values())
                 row.setdefault("padding_waste_pct", 0.0)
-                measured = _run_child({"job": "sequence", "backend": "mlc" if artifacts else strategy,
+                measured = run_child({"job": "sequence", "backend": "mlc" if artifacts else strategy,
                                        "artifacts": artifacts, "dir": str(prep_dir), "lengths": lengths,
                                        "inputs": prepared["inputs"], "outputs": prepared["outputs"],
                                        "source": source, "threads": threads},
@@ -153,7 +153,7 @@ def run(config, output: Optional[Path] = None, progress=None) -> dict:
                             "run_ms": [round(t, 4) for t in measured["run_ms"]], "accuracy": measured["accuracy"],
                             "peak_rss_mb": measured["peak_rss_mb"], "load_average": measured["load_average"]})
             except Exception as e:  # noqa: BLE001 - recorded; the other strategies go on
-                row.update({"status": "failed", "error": _error_text(e)})
+                row.update({"status": "failed", "error": error_text(e)})
             finally:
                 for path in artifacts.values():
                     shutil.rmtree(path, ignore_errors=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from mlc.bench.cells import SCHEMA
 from mlc.errors import InputError
 
 EMULATED = "emulated"
@@ -44,8 +45,6 @@ class Section:
 # Loading and merging -----------------------------------------------------------------------------
 
 def load(paths: Sequence[Path]) -> list[dict]:
-    from mlc.bench import SCHEMA
-
     docs = []
     for path in paths:
         path = Path(path)

@@ -33,7 +33,7 @@ def shape_key(batch: int, seq: int | None) -> str:
 
 
 def _framework_model(source: str, framework: str):
-    from mlc.compiler.frontends import worker as frontend_worker
+    from mlc.frontends import worker as frontend_worker
 
     return frontend_worker._framework_model({"source": source, "framework": framework})
 
@@ -44,7 +44,7 @@ def prepare(request: dict) -> dict:
 
     from mlc import models
     from mlc.compiler import one_line
-    from mlc.compiler.frontends import onnx as onnx_frontend
+    from mlc.frontends import onnx as onnx_frontend
     from mlc.runtime.runner import save_npz
 
     out = Path(request["out_dir"])
@@ -57,7 +57,7 @@ def prepare(request: dict) -> dict:
     else:
         fm = _framework_model(source, framework)
         exporter = fm.export(out / MODEL, set(fm.symbolic_dims()))
-        from mlc.compiler.frontends.worker import _version
+        from mlc.frontends.worker import _version
 
         version = f"{framework} {_version(framework)} eager"
     model = onnx_frontend.load(out / MODEL)
@@ -187,7 +187,7 @@ def sequence(request: dict) -> dict:
         import torch
 
         from mlc.bench import baselines
-        from mlc.compiler.frontends.torch import _flatten
+        from mlc.frontends.torch import _flatten
 
         baselines.limit_threads("torch", request["threads"])
         module = _framework_model(request["source"], "torch").native
@@ -247,7 +247,7 @@ def _handle(request: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from mlc.compiler import serve
+    from mlc.compiler.client import serve
 
     return serve(argv, _handle)
 

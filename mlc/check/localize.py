@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from mlc.check import OutputStats, compare_one, tolerance_for
+from mlc.check.compare import OutputStats, compare_one, tolerance_for
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Optional
 
 import onnx
 
-from mlc.compiler import tvm_package_dir
+from mlc.compiler.client import tvm_package_dir
 
 STANDARD_DOMAINS = {"", "ai.onnx"}
 _FRONTEND_SOURCE = "relax/frontend/onnx/onnx_frontend.py"

@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
-from mlc.compiler import tvm_package_dir
+from mlc.compiler.client import tvm_package_dir
 from mlc.errors import MissingDependencyError
 from mlc.runtime.runner import HOST_ARCH
 

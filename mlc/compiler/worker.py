@@ -119,7 +119,7 @@ def compile_request(request: dict) -> dict:
         except TypeError as e:  # e.g. an output that is a shape, not a tensor
             return {"ok": False, "kind": "unsupported_output", "message": str(e)}
         stage = "passes"
-        from mlc.compiler.passes import relax as relax_passes
+        from mlc.passes import relax as relax_passes
 
         # mlc.tuning's CPU build legalizes and fuses itself (its tuning keys are the kernels it fuses)
         mod, passes = relax_passes.run(mod, request.get("relax_passes") or [], request["target"], request.get("dump_ir"),
@@ -130,7 +130,7 @@ def compile_request(request: dict) -> dict:
         start = time.perf_counter()
         schedule_report = None
         if request.get("schedules"):  # CPU: tuning records and/or default schedules (mlc.tuning)
-            from mlc.tuning import schedules
+            from mlc.compiler import schedules
 
             executable, schedule_report = schedules.build(mod, request["target"], request["schedules"].get("db"),
                                                           request["schedules"].get("default", True))
@@ -164,7 +164,7 @@ def compile_request(request: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from mlc.compiler import write_result
+    from mlc.compiler.client import write_result
 
     request_path = Path(argv[0])
     write_result(request_path, compile_request(json.loads(request_path.read_text())))

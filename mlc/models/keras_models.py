@@ -4,8 +4,8 @@ frontend worker: this imports tensorflow."""
 
 from __future__ import annotations
 
-from mlc.compiler.frontends import tensorflow as tf_frontend
-from mlc.compiler.frontends.base import FrameworkModel, InputDecl
+from mlc.frontends import tensorflow as tf_frontend
+from mlc.frontends.base import FrameworkModel, InputDecl
 
 SEED = 0
 

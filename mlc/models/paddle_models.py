@@ -4,9 +4,9 @@ imports paddle. Every forward names its first argument `self`: paddle.jit.save r
 
 from __future__ import annotations
 
-from mlc.compiler.frontends import paddle as paddle_frontend
-from mlc.compiler.frontends.base import FrameworkModel, InputDecl
-from mlc.compiler.frontends.onnx_export import trace_shape
+from mlc.frontends import paddle as paddle_frontend
+from mlc.frontends.base import FrameworkModel, InputDecl
+from mlc.frontends.onnx_export import trace_shape
 
 SEED = 0
 

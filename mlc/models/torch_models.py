@@ -4,8 +4,8 @@ Each builder returns a FrameworkModel; they run only inside the frontend worker 
 
 from __future__ import annotations
 
-from mlc.compiler.frontends.base import FrameworkModel
-from mlc.compiler.frontends.torch import from_module
+from mlc.frontends.base import FrameworkModel
+from mlc.frontends.torch import from_module
 
 SEED = 0
 

@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from mlc.compiler.frontends.base import FrameworkModel, InputDecl, dim_axes
+from mlc.frontends.base import FrameworkModel, InputDecl, dim_axes
 from mlc.errors import InputError, UnsupportedModelError
 
 EXPORTED_PROGRAM = (".pt2",)
@@ -250,7 +250,7 @@ def _load_exported_program(path: Path) -> FrameworkModel:
 def _load_torchscript(path: Path, input_shapes: Sequence[str], exporter: Optional[str]) -> FrameworkModel:
     import torch
 
-    from mlc.compiler.frontends.onnx import parse_input_shape
+    from mlc.frontends.onnx import parse_input_shape
 
     try:
         module = torch.jit.load(str(path), map_location="cpu")

@@ -1,7 +1,7 @@
 """The frontend worker: loads a model in its own framework, exports it to ONNX and records the
 framework's eager outputs on seeded inputs. Run as
 
-    python -m mlc.compiler.frontends.worker REQUEST.json
+    python -m mlc.frontends.worker REQUEST.json
 
 One framework per process (tensorflow and paddle crash when imported together), and a framework
 crash cannot take mlc down. Writes RESULT (the request path with .result.json) for the parent."""
@@ -20,11 +20,11 @@ EAGER = "eager.npz"
 
 def _framework_model(request: dict):
     from mlc import models
-    from mlc.compiler.frontends.base import FRAMEWORKS
+    from mlc.frontends.base import FRAMEWORKS
 
     source, framework = request["source"], request["framework"]
     if framework == "torch":
-        from mlc.compiler.frontends import torch as torch_frontend
+        from mlc.frontends import torch as torch_frontend
 
         torch_frontend.default_exporter = request.get("options", {}).get("exporter", "auto")
     if models.is_zoo(source):
@@ -36,7 +36,7 @@ def _framework_model(request: dict):
 
 
 def _version(framework: str) -> str:
-    from mlc.compiler.frontends.base import FRAMEWORKS
+    from mlc.frontends.base import FRAMEWORKS
 
     package = importlib.import_module(FRAMEWORKS[framework].package)
     return getattr(package, "__version__", "unknown")
@@ -46,7 +46,7 @@ def convert(request: dict) -> dict:
     import numpy as np
     import onnx
 
-    from mlc.compiler.frontends import onnx as onnx_frontend
+    from mlc.frontends import onnx as onnx_frontend
     from mlc.errors import InputError
     from mlc.runtime.runner import save_npz
 
@@ -78,7 +78,7 @@ def convert(request: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from mlc.compiler import serve
+    from mlc.compiler.client import serve
 
     return serve(argv, convert)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from mlc.tuning.rules import SCHEDULED
+from mlc.compiler.schedule_rules import SCHEDULED
 
 
 # conv2d in NHWC with HWIO weights: output channels become the contiguous axis that the default
@@ -34,7 +34,7 @@ def extract_tasks(mod, target):
     the parameters every call passes a constant (the weights the default rule repacks)."""
     from tvm.s_tir import meta_schedule as ms
 
-    from mlc.tuning import rules
+    from mlc.compiler import schedule_rules as rules
 
     fused = _legalize_and_fuse(mod, target)
     tasks = ms.relax_integration.extract_tasks(fused, target, module_equality="structural")
@@ -61,7 +61,7 @@ def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool
     from tvm.s_tir import meta_schedule as ms
 
     from mlc.compiler import tir_pipeline
-    from mlc.tuning import rules
+    from mlc.compiler import schedule_rules as rules
 
     target = tvm.target.Target(target_json)
     report: dict[str, list[str]] = {"tuned": [], "default": [], "unscheduled": []}

@@ -12,7 +12,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
-from mlc.compiler.passes import REGISTRY
+from mlc.passes.onnx import changes
+from mlc.passes.registry import REGISTRY
 
 
 def _lift_matmul_weights(func):
@@ -189,7 +190,6 @@ def run(mod, steps: list[dict[str, Any]], target_json: dict, dump_dir: Optional[
     is recorded as left to it instead of fusing twice."""
     import tvm
 
-    from mlc.compiler.passes.onnx import changes
 
     report: dict[str, Any] = {"records": [], "notes": [], "error": None}
     target = tvm.target.Target(target_json)

@@ -16,6 +16,7 @@ LEVELS = ("onnx", "relax")
 OPT_LEVELS = (0, 1, 2, 3)
 DEFAULT_OPT_LEVEL = 2
 GPU_DEVICES = ("cuda", "metal")
+RNN_OPS = ("LSTM", "GRU", "RNN")  # lowered by the lower_rnn pass (TVM has no converter for them)
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,9 @@ class Pass:
         return getattr(importlib.import_module(module), function)
 
 
-_ONNX = "mlc.compiler.passes.onnx"
-_RNN = "mlc.compiler.passes.rnn"
-_RELAX = "mlc.compiler.passes.relax"
+_ONNX = "mlc.passes.onnx"
+_RNN = "mlc.passes.rnn"
+_RELAX = "mlc.passes.relax"
 
 # Declaration order is execution order within each level.
 PASSES: tuple[Pass, ...] = (

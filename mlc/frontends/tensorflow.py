@@ -14,8 +14,8 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from mlc.compiler.frontends.base import FrameworkModel, InputDecl
-from mlc.compiler.frontends.onnx_export import OPSET, example_sizes_for, finalize, trace_shape
+from mlc.frontends.base import FrameworkModel, InputDecl
+from mlc.frontends.onnx_export import OPSET, example_sizes_for, finalize, trace_shape
 from mlc.errors import InputError, MissingDependencyError, UnsupportedModelError
 
 KERAS_SUFFIXES = (".keras", ".h5", ".hdf5")

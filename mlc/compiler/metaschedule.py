@@ -1,4 +1,4 @@
-"""The tuning worker: runs MetaSchedule in a child process (`python -m mlc.tuning.worker REQUEST.json`).
+"""The tuning worker: runs MetaSchedule in a child process (`python -m mlc.compiler.metaschedule REQUEST.json`).
 
 Why in-process builds and measurements: MetaSchedule's LocalBuilder starts fresh worker processes
 for every batch of candidates, and each imports tvm (~10 s) and `tvm.s_tir.tensor_intrin` (1-3 min
@@ -150,7 +150,7 @@ def make_rpc_runner(tracker: str, key: str, timeout: int):
 
     host, port = tracker.rsplit(":", 1)
     config = ms.runner.RPCConfig(tracker_host=host, tracker_port=int(port), tracker_key=key, session_timeout_sec=timeout)
-    from mlc.tuning import rpc
+    from mlc.compiler import rpc
 
     return ms.runner.RPCRunner(rpc_config=config, evaluator_config=evaluator_config(), max_workers=1,
                                f_alloc_argument=rpc.alloc_argument)
@@ -242,7 +242,7 @@ def seed_default_schedules(database, tasks, target, builder, runner, events: Eve
     cannot measure (a zero-padded weight: RemoveWeightLayoutRewriteBlock's "Check failed: (load)").
     The search would only have to beat the slower unpacked default, and did: lstm-lm's 10001-wide
     head tuned that way made a --db build 1.5x slower than the untuned one."""
-    from mlc.tuning import rules
+    from mlc.compiler import schedule_rules as rules
 
     rule = rules.default_rule()
     left_to_default = []
@@ -307,13 +307,13 @@ def tune_request(request: dict) -> dict:
     from tvm.s_tir import meta_schedule as ms
 
     from mlc.compiler import importer
-    from mlc.tuning import schedules
+    from mlc.compiler import schedules
 
     events = Events(request["events"])
     start = time.time()
     target = tvm.target.Target(request["target"])
     register_intrinsics(target)
-    from mlc.compiler.passes import relax as relax_passes
+    from mlc.passes import relax as relax_passes
 
     mod = importer.to_relax(onnx.load(request["onnx"]))
     mod, _ = relax_passes.run(mod, request.get("relax_passes") or [], request["target"], None, fused_by_build=True)
@@ -381,7 +381,7 @@ def main(argv: list[str]) -> int:
     except Exception as e:
         traceback.print_exc()
         result = {"ok": False, "message": summarize(e)}
-    from mlc.compiler import write_result
+    from mlc.compiler.client import write_result
 
     write_result(request_path, result)
     return 0

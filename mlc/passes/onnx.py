@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from mlc.compiler.passes import REGISTRY, PassFailed, Step
+from mlc.passes.registry import REGISTRY, PassFailed, Step
 from mlc.errors import UnsupportedModelError
 
 
@@ -625,18 +625,3 @@ def run(model: onnx.ModelProto, steps: Sequence[Step], dump_dir: Optional[Path] 
 
 def _dump(model: onnx.ModelProto, path: Path) -> None:
     onnx.save(model, str(path))
-
-
-def check_importable(model: onnx.ModelProto, notes: Sequence[str] = (), pending: Sequence[Step] = ()) -> None:
-    """Every op must be one TVM imports, or one a pending pass rewrites (lower_rnn: LSTM/GRU/RNN);
-    a skipped pass is named in the error."""
-    from mlc.compiler.importer import unsupported_ops
-    from mlc.compiler import _format_unsupported
-    from mlc.compiler.passes.rnn import RNN_OPS
-
-    missing = unsupported_ops(model)
-    if any(s.name == "lower_rnn" for s in pending):
-        missing = {op: info for op, info in missing.items() if op not in RNN_OPS}
-    if missing:
-        skipped = [n for n in notes if n.startswith("pass ")]
-        raise UnsupportedModelError(_format_unsupported(missing) + (f" ({'; '.join(skipped)})" if skipped else ""))

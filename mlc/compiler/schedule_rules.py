@@ -5,7 +5,7 @@ give every kernel threads and SIMD:
 - spatial (elementwise, transpose, pad): fuse all loops, split by the vector width, parallel outer
   loop, vectorize the inner one;
 - matmul/conv-like reductions out[.., M, J] whose J is contiguous in every input that reads it
-  (CPU builds run conv2d in NHWC/HWIO for this, mlc.tuning.schedules): blocks of J tiles outermost, then a
+  (CPU builds run conv2d in NHWC/HWIO for this, mlc.compiler.schedules): blocks of J tiles outermost, then a
   rows x 2 vectors accumulator tile in registers inside the reduction loops, the bias/residual/
   activation applied on the tile, constant weights repacked so each J tile is contiguous (folded at
   compile time); a J that is no multiple of the vector width is zero-padded to one (dense layers)

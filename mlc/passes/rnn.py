@@ -14,10 +14,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from mlc.compiler.passes import PassFailed
-from mlc.compiler.passes.onnx import constant_values
+from mlc.passes.onnx import constant_values, eliminate_dead_nodes
+from mlc.passes.registry import RNN_OPS, PassFailed
 
-RNN_OPS = ("LSTM", "GRU", "RNN")
 _DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
 _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 # Activations with their (alpha, beta) defaults from the ONNX spec; None: takes no parameter.
@@ -328,6 +327,4 @@ def lower_rnn(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     out.graph.initializer.extend(initializers)
-    from mlc.compiler.passes.onnx import eliminate_dead_nodes
-
     return eliminate_dead_nodes(out, {})  # the original W/R/B and what computed them

@@ -1,6 +1,6 @@
 """What every framework frontend gives the frontend worker, and the registry of frameworks.
 
-A frontend runs only inside the frontend worker process (`python -m mlc.compiler.frontends.worker`),
+A frontend runs only inside the frontend worker process (`python -m mlc.frontends.worker`),
 one framework per process: tensorflow and paddle segfault when imported together, and a framework
 crash must not take mlc down. This module imports no framework."""
 
@@ -70,9 +70,9 @@ class Framework:
 FRAMEWORKS: dict[str, Framework] = {
     f.name: f
     for f in [
-        Framework("torch", "PyTorch", "torch", "torch", "mlc.compiler.frontends.torch", ("pytorch", "pt")),
-        Framework("tensorflow", "TensorFlow", "tensorflow", "tf", "mlc.compiler.frontends.tensorflow", ("tf", "keras")),
-        Framework("paddle", "PaddlePaddle", "paddle", "paddle", "mlc.compiler.frontends.paddle", ("paddlepaddle",)),
+        Framework("torch", "PyTorch", "torch", "torch", "mlc.frontends.torch", ("pytorch", "pt")),
+        Framework("tensorflow", "TensorFlow", "tensorflow", "tf", "mlc.frontends.tensorflow", ("tf", "keras")),
+        Framework("paddle", "PaddlePaddle", "paddle", "paddle", "mlc.frontends.paddle", ("paddlepaddle",)),
     ]
 }
 ONNX = "onnx"  # handled in the parent process, no worker

@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 import onnx
 
-from mlc.compiler.frontends.base import InputDecl
+from mlc.frontends.base import InputDecl
 from mlc.errors import UnsupportedModelError
 
 OPSET = 17

@@ -15,8 +15,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from mlc.compiler.frontends.base import FrameworkModel, InputDecl
-from mlc.compiler.frontends.onnx_export import OPSET, example_sizes_for, finalize, trace_shape
+from mlc.frontends.base import FrameworkModel, InputDecl
+from mlc.frontends.onnx_export import OPSET, example_sizes_for, finalize, trace_shape
 from mlc.errors import InputError, MissingDependencyError, UnsupportedModelError
 
 MODEL_SUFFIXES = (".json", ".pdmodel")  # PIR programs (Paddle 3) and the legacy format

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from mlc import errors
-from mlc.compiler.frontends.base import FRAMEWORKS, ONNX, detect, framework_names, resolve_framework
+from mlc.frontends.base import FRAMEWORKS, ONNX, detect, framework_names, resolve_framework
 from mlc.errors import InputError
 
 __all__ = ["Converted", "convert", "parse_dynamic", "detect", "framework_names", "resolve_framework", "ONNX"]
@@ -55,7 +55,7 @@ def parse_dynamic(values: Sequence[str]) -> Optional[dict[str, Optional[tuple[in
 
 
 def check_exporter(framework: str, exporter: str) -> None:
-    from mlc.compiler.frontends.torch import EXPORTERS
+    from mlc.frontends.torch import EXPORTERS
 
     if exporter not in EXPORTERS:
         raise InputError(f"unknown exporter {exporter!r}; choose one of: {', '.join(EXPORTERS)}")
@@ -78,7 +78,7 @@ def convert(source: str, framework: str, workdir: Path, dynamic: Optional[Sequen
                "dynamic": None if dynamic is None else list(dynamic), "input_shapes": list(input_shapes),
                "options": {"input_shapes": list(input_shapes), "exporter": exporter}}
     display = FRAMEWORKS[framework].display
-    result, log_path = run_worker("mlc.compiler.frontends.worker", request, workdir / "frontend.request.json",
+    result, log_path = run_worker("mlc.frontends.worker", request, workdir / "frontend.request.json",
                                   f"the {display} frontend process")
     if result["ok"]:
         log_path.unlink(missing_ok=True)
@@ -88,7 +88,7 @@ def convert(source: str, framework: str, workdir: Path, dynamic: Optional[Sequen
         log_path.unlink(missing_ok=True)
         error_class = getattr(errors, result["error"], errors.InputError)
         raise error_class(result["message"])
-    from mlc.compiler.frontends.worker import EAGER, FEEDS, MODEL
+    from mlc.frontends.worker import EAGER, FEEDS, MODEL
 
     return Converted(out / MODEL, result["framework"], result["framework_version"], result["exporter"],
                      load_npz(out / FEEDS), load_npz(out / EAGER), result["dynamic"], result["notes"])

@@ -1,0 +1,161 @@
+"""Artifact directories: atomic writing, loading with integrity checks, .tar.gz archives."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import tarfile
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+from pydantic import ValidationError
+
+from mlc.artifacts.manifest import Manifest
+from mlc.errors import IntegrityError, InputError
+from mlc.runtime.runner import MANIFEST, ArtifactError, read_manifest, sha256_file, verify_files
+
+
+def check_replaceable(final: Path, marker: str = MANIFEST) -> None:
+    """`final` may be (re)written: it does not exist, is empty, or holds what we write there
+    (`marker`: manifest.json for artifacts). Anything else is the user's and is never replaced."""
+    if final.is_symlink() or (final.exists() and not final.is_dir()):
+        raise InputError(f"output path {final} exists and is not a directory mlc wrote; choose another -o")
+    if final.is_dir() and any(final.iterdir()) and not (final / marker).is_file():
+        raise InputError(f"output folder {final} is not empty and holds no {marker}; "
+                         "mlc replaces only what it wrote: choose another path or empty it")
+
+
+@contextlib.contextmanager
+def staging_dir(final: Path, marker: str = MANIFEST) -> Iterator[Path]:
+    """A temporary directory beside `final` (same filesystem, so the final rename is atomic).
+    Removed on any failure, Ctrl-C included; the caller publishes it with `publish`. Its name
+    carries our pid so that a later run can remove what a killed run (SIGKILL) left behind."""
+    check_replaceable(final, marker)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        sweep_stale(final)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent))
+    except OSError as e:
+        raise InputError(f"cannot write to {final.parent}: {e.strerror or e}") from None
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def sweep_stale(final: Path) -> None:
+    """Remove staging and replaced-artifact directories of `final` whose process is gone."""
+    for leftover in final.parent.glob(f".{final.name}.*-*"):
+        kind, _, rest = leftover.name[len(final.name) + 2:].partition("-")
+        pid = rest.split("-", 1)[0]
+        if kind in ("tmp", "old") and pid.isdigit() and not _pid_alive(int(pid)) and leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def publish(staged: Path, final: Path, marker: str = MANIFEST) -> None:
+    """Move a finished staging directory into place, replacing an older one. Concurrent
+    publishers are serialised by a lock on the parent folder; if the second rename fails (or is
+    interrupted) the old artifact is put back, so `final` is always the old one or the new one."""
+    parent_fd = os.open(final.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(parent_fd, fcntl.LOCK_EX)
+        check_replaceable(final, marker)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staged, 0o777 & ~umask)  # mkdtemp made it private
+        old = final.parent / f".{final.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        moved_aside = final.exists()
+        if moved_aside:
+            os.rename(final, old)
+        try:
+            os.rename(staged, final)
+        except BaseException:
+            if moved_aside and not final.exists():
+                os.rename(old, final)
+            raise
+        if moved_aside:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        os.close(parent_fd)  # releases the lock
+
+
+def seal(root: Path, manifest: Manifest) -> Manifest:
+    """Record the sha256 of every file under `root` and write manifest.json (atomically)."""
+    files = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST):
+        files[path.relative_to(root).as_posix()] = sha256_file(path)
+    manifest = manifest.model_copy(update={"files": files})
+    tmp = root / f".{MANIFEST}.tmp"
+    tmp.write_text(manifest.model_dump_json(indent=2) + "\n")
+    os.replace(tmp, root / MANIFEST)
+    return manifest
+
+
+def load(path: str | os.PathLike, verify: bool = True) -> Manifest:
+    """Validate an artifact directory: manifest schema, then every file's sha256."""
+    root = Path(path)
+    if not root.exists():
+        raise InputError(f"artifact not found: {root}")
+    if root.is_file():
+        raise InputError(f"{root} is a file; pass the artifact directory (unpack archives with `mlc unpack`)")
+    try:
+        raw = read_manifest(root)
+        manifest = Manifest.model_validate(raw)
+        if verify:
+            verify_files(root, raw)
+    except ArtifactError as e:
+        raise IntegrityError(str(e)) from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise IntegrityError(f"{root / MANIFEST} is invalid at '{where}': {first['msg']}; recompile the artifact") from None
+    return manifest
+
+
+def archive(root: Path) -> Path:
+    """Pack an artifact directory into `<root>.tar.gz` beside it (written atomically)."""
+    out = root.with_name(root.name + ".tar.gz")
+    tmp = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        with tarfile.open(tmp, "w:gz") as tar:
+            tar.add(root, arcname=root.name)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def unpack(archive_path: Path, dest: Path) -> Path:
+    """Extract an artifact archive safely (no paths outside `dest`, no links, no devices)."""
+    if not archive_path.is_file():
+        raise InputError(f"archive not found: {archive_path}")
+    try:
+        with tarfile.open(archive_path, "r:*") as tar:
+            members = tar.getmembers()
+            tops = {Path(m.name).parts[0] for m in members if Path(m.name).parts}
+            if len(tops) != 1:
+                raise IntegrityError(f"{archive_path} is not an mlc artifact archive (expected one top-level folder)")
+            top = tops.pop()
+            final = dest / top
+            with staging_dir(final) as staged:
+                # 'data' filter: refuses absolute paths, '..', links leaving the tree, device files.
+                tar.extractall(staged, filter="data")
+                load(staged / top)
+                publish(staged / top, final)
+    except tarfile.TarError as e:
+        raise IntegrityError(f"cannot unpack {archive_path}: {e}") from None
+    return final

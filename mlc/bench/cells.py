@@ -1,0 +1,59 @@
+"""What every benchmark cell needs, whichever experiment runs it: the result schema, the child process a cell
+runs in, its one-line error, and the framework a zoo model is exported from."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from mlc import models
+from mlc.errors import InputError, MlcError
+
+SCHEMA = "mlc-bench/1"
+SOURCE_FRAMEWORK = "torch"  # zoo models are exported from torch where they exist in it
+
+
+def source_framework(model: models.ZooModel, override: Optional[str]) -> str:
+    if override:
+        from mlc.frontends import resolve_framework
+
+        name = resolve_framework(override)
+        model.builder(name)  # InputError when the model is not built for it
+        return name
+    return SOURCE_FRAMEWORK if SOURCE_FRAMEWORK in model.frameworks else model.default_framework
+
+
+def run_child(job: dict, workdir: Path, tag: str, what: str, timeout: Optional[float] = None) -> dict:
+    from mlc.compiler import run_worker
+
+    result, log = run_worker("mlc.bench.worker", job, workdir / f"{tag}.request.json", what, timeout=timeout)
+    if result["ok"]:
+        log.unlink(missing_ok=True)
+        return result
+    keep = f" (log: {log})" if result["error"] == "framework" else ""
+    if not keep:
+        log.unlink(missing_ok=True)
+    raise CellError(result["message"] + keep)
+
+
+class CellError(Exception):
+    """A failure recorded in a cell (the run goes on)."""
+
+
+def error_text(e: BaseException) -> str:
+    if isinstance(e, (MlcError, CellError)):
+        return str(e)
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
+
+
+def dir_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def write_json(doc: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    tmp.replace(path)

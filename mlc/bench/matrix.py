@@ -1,0 +1,253 @@
+"""`mlc bench`: zoo models x targets x shapes x threads, mlc side by side with registered baselines.
+
+For each model: one child process per framework builds it, exports it to ONNX and writes seeded
+inputs and eager reference outputs per shape (worker.py "prepare"). For each shape, mlc compiles
+the model once per target (mlc.api.compile). Then every cell (backend x threads) is measured in
+a child process of its own with its thread count, so frameworks never share a process and peak
+RSS is the cell's own. A cell that fails records its error; the matrix goes on.
+
+The result is one JSON document (SCHEMA): the machine, the configuration, and a row per cell."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from mlc import models, targets
+from mlc.bench import baselines, lengths
+from mlc.bench.cells import SCHEMA, CellError, dir_size, error_text, run_child, source_framework, write_json
+from mlc.bench.machine import load_average, machine_info
+from mlc.errors import InputError, MlcError
+
+MLC = "mlc"
+
+# Progress: (cells done, cells in total, what runs now).
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass
+class BenchConfig:
+    models: list[str]
+    targets: list[str] = field(default_factory=lambda: ["x86"])
+    batch: list[int] = field(default_factory=lambda: [1])
+    seq: list[int] = field(default_factory=lambda: [128])
+    threads: list[int] = field(default_factory=lambda: [1])
+    baselines: list[str] = field(default_factory=lambda: ["torch", "ort"])
+    warmup: int = 3
+    repeat: int = 20
+    framework: Optional[str] = None  # mlc's (and ort's) source framework [default: torch where the model has it]
+    db: Optional[str] = None  # tuning database, passed to mlc.api.compile once tuning exists
+    cell_timeout: Optional[float] = None  # seconds a cell's process may run before it is stopped (cell failed)
+    command: str = ""
+    # --lengths: a sentence-length distribution run instead of the matrix (mlc/bench/lengths.py)
+    lengths: Optional[str] = None
+    sentences: int = 200
+    buckets: list[int] = field(default_factory=lambda: [8, 16, 32, 64])
+    strategies: list[str] = field(default_factory=list)  # [default: all]
+
+
+def parse_list(option: str, text: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise InputError(f"{option} is empty; give a comma-separated list")
+    return list(dict.fromkeys(items))
+
+
+def parse_ints(option: str, text: str) -> list[int]:
+    values = []
+    for item in parse_list(option, text):
+        if not re.fullmatch(r"\d+", item) or int(item) < 1:
+            raise InputError(f"{option} {text!r}: {item!r} is not a whole number >= 1; write e.g. {option} 1,4")
+        values.append(int(item))
+    return values
+
+
+def validate(config: BenchConfig) -> None:
+    """Every option checked before anything runs: one clean InputError for the first bad one."""
+    for name in config.models:
+        models.get(name)
+        if config.framework:
+            source_framework(models.get(name), config.framework)
+    for name in config.baselines:
+        if name == MLC:
+            raise InputError("mlc is measured for every --targets entry; list only other backends in --baselines")
+        baselines.get(name)
+    for name in config.targets:
+        targets.resolve(name)
+    if config.warmup < 0 or config.repeat < 1:
+        raise InputError("--warmup must be >= 0 and --repeat >= 1")
+    if config.cell_timeout is not None and not config.cell_timeout > 0:
+        raise InputError("--cell-timeout must be a number of seconds > 0")
+    if not config.targets and not config.baselines:
+        raise InputError("nothing to measure: give --targets and/or --baselines")
+    if config.db is not None:  # before any cell runs, not once per compile
+        from mlc.tuning import check_db_dir
+
+        check_db_dir(Path(config.db), create=False)
+
+
+def _compile_mlc(source: str, framework: str, target: str, shapes: dict[str, list[int]], dest: Path,
+                 db: Optional[str]) -> dict:
+    """Compile once for a (model, target, shape): the artifact and what the cells report of it."""
+    from mlc import api
+
+    options = {"db": db} if db is not None else {}
+    start = time.perf_counter()
+    result = api.compile(source, target=target, output=dest, framework=framework,
+                         input_shapes=[f"{n}:{'x'.join(map(str, s))}" for n, s in shapes.items()], **options)
+    wall = time.perf_counter() - start
+    timings = dict(result.manifest.compile.timings_s)
+    tuning = sum(v for k, v in timings.items() if k.startswith("tun"))
+    return {"artifact": str(result.path), "compile_s": round(wall, 3), "compile_breakdown_s": timings,
+            "tuning_s": round(tuning, 3) if tuning else None, "artifact_bytes": dir_size(result.path),
+            # How many kernels came from --db, from mlc's default rules, or from neither.
+            "kernels": {k: len(v) for k, v in (result.manifest.compile.schedules or {}).items()}}
+
+
+def run(config: BenchConfig, output: Optional[Path] = None, progress: Optional[Progress] = None) -> dict:
+    """Run the matrix. With `output`, the JSON is rewritten after every cell, so an interrupted
+    run keeps what it measured."""
+    validate(config)
+    if config.lengths:
+
+        return lengths.run(config, output, progress)
+    doc = {"schema": SCHEMA, "machine": machine_info(), "config": asdict(config), "cells": []}
+    cells: list[dict] = doc["cells"]
+    tell = progress or (lambda done, total, what: None)
+    backends = config.baselines + [f"{MLC}@{t}" for t in config.targets]
+    per_model = len(config.batch) * len(config.seq) * len(config.threads) * len(backends)
+    total = per_model * len(config.models)
+
+    def save() -> None:
+        if output is not None:
+            write_json(doc, output)
+
+    def add(cell: dict) -> None:
+        cells.append(cell)
+        save()
+        tell(len(cells), total, "")
+
+    with tempfile.TemporaryDirectory(prefix="mlc-bench-") as scratch:
+        workdir = Path(scratch)
+        for index, name in enumerate(config.models):
+            zoo = models.get(name)
+            source = f"{models.ZOO_PREFIX}{zoo.name}"
+            source_fw = source_framework(zoo, config.framework)
+            wanted = dict.fromkeys([source_fw] if config.targets else [])  # framework -> None, in order
+            for b in config.baselines:
+                fw = baselines.get(b).framework
+                wanted[source_fw if fw == baselines.ONNX_EXPORT else fw] = None
+            prepared: dict[str, dict] = {}
+            for fw in wanted:
+                tell(len(cells), total, f"{zoo.name}: building in {fw}, exporting, eager reference")
+                if fw not in zoo.frameworks:
+                    prepared[fw] = {"skip": f"zoo:{zoo.name} is not built for {fw} (it exists for: "
+                                            f"{', '.join(zoo.frameworks)})"}
+                    continue
+                out_dir = workdir / f"{zoo.name}-{fw}"
+                try:
+                    prepared[fw] = run_child({"job": "prepare", "source": source, "framework": fw,
+                                               "out_dir": str(out_dir), "batch": config.batch, "seq": config.seq},
+                                              workdir, f"{zoo.name}-{fw}-prepare", f"the {fw} benchmark process")
+                    prepared[fw]["dir"] = out_dir
+                except (MlcError, CellError) as e:
+                    prepared[fw] = {"error": f"preparing the {fw} model failed: {error_text(e)}"}
+            # The source framework decides the shapes (models without a seq dim ignore --seq).
+            main = prepared.get(source_fw) or {}
+            shapes = main.get("shapes") or [{"batch": b, "seq": s, "key": f"b{b}-s{s}"}
+                                            for b in config.batch for s in config.seq]
+            total -= per_model - len(shapes) * len(config.threads) * len(backends)
+            for shape in shapes:
+                base = {"model": zoo.name, "batch": shape["batch"], "seq": shape["seq"]}
+                artifacts: dict[str, dict] = {}
+                for target in config.targets:
+                    tell(len(cells), total, f"{zoo.name} {_label(shape)}: mlc compiling for {target}")
+                    failure = main.get("skip") or main.get("error") or shape.get("error")
+                    if failure:
+                        artifacts[target] = {"error": failure}
+                        continue
+                    try:
+                        artifacts[target] = _compile_mlc(source, source_fw, target, shape["shapes"],
+                                                         workdir / f"{zoo.name}-{shape['key']}-{target}", config.db)
+                    except Exception as e:  # noqa: BLE001 - recorded in the cells; the matrix goes on
+                        artifacts[target] = {"error": f"mlc compile failed: {error_text(e)}"}
+                for threads in config.threads:
+                    for backend in backends:
+                        tell(len(cells), total, f"{zoo.name} {_label(shape)} t{threads}: {backend}")
+                        add(_cell(config, zoo.name, source, source_fw, backend, shape, threads, prepared,
+                                  artifacts, workdir, base))
+                for info in artifacts.values():
+                    if "artifact" in info:
+                        shutil.rmtree(info["artifact"], ignore_errors=True)
+    doc["machine"]["load_average_end"] = load_average()
+    save()
+    return doc
+
+
+def _label(shape: dict) -> str:
+    return f"b{shape['batch']}" + (f" s{shape['seq']}" if shape.get("seq") is not None else "")
+
+
+def _cell(config: BenchConfig, model: str, source: str, source_fw: str, backend: str, shape: dict, threads: int,
+          prepared: dict, artifacts: dict, workdir: Path, base: dict) -> dict:
+    is_mlc = backend.startswith(f"{MLC}@")
+    target = backend.partition("@")[2] if is_mlc else None
+    if is_mlc:
+        framework = source_fw
+    else:
+        fw = baselines.get(backend).framework
+        framework = source_fw if fw == baselines.ONNX_EXPORT else fw
+    cell = {**base, "threads": threads, "backend": MLC if is_mlc else backend, "target": target,
+            "framework": framework, "status": "ok"}
+    info = prepared.get(framework, {})
+    entry = next((s for s in info.get("shapes", []) if s["key"] == shape["key"]), None)
+    reason = info.get("skip")
+    if reason:
+        return {**cell, "status": "skipped", "error": reason}
+    failure = info.get("error") or (entry or {}).get("error")
+    if entry is None and not failure:
+        failure = f"{framework} has no input of this shape (its symbolic dims: {', '.join(info.get('symbolic', []))})"
+    if is_mlc and not failure:
+        compiled = artifacts[target]
+        failure = compiled.get("error")
+        if not failure:
+            cell.update({k: compiled[k] for k in ("compile_s", "compile_breakdown_s", "tuning_s", "artifact_bytes", "kernels")})
+            cell["target_emulated"] = targets.resolve(target).runtime_arch != targets.HOST_ARCH
+    if failure:
+        return {**cell, "status": "failed", "error": failure}
+    cell["input_shapes"] = entry["shapes"]
+    cell["reference"] = info["reference"]
+    job = {"job": "measure", "backend": MLC if is_mlc else backend, "source": source, "framework": framework,
+           "threads": threads, "warmup": config.warmup, "repeat": config.repeat,
+           "feeds": str(info["dir"] / f"feeds-{shape['key']}.npz"),
+           "reference": str(info["dir"] / f"reference-{shape['key']}.npz"),
+           "onnx": str(info["dir"] / "model.onnx"), "inputs": info["inputs"],
+           "artifact": artifacts[target]["artifact"] if is_mlc else None,
+           "scratch": str(workdir / f"scratch-{model}-{shape['key']}-{threads}-{backend}")}
+    tag = re.sub(r"[^\w.-]", "_", f"{model}-{shape['key']}-t{threads}-{backend}")
+    try:
+        result = run_child(job, workdir, tag, f"the {backend} benchmark process", config.cell_timeout)
+    except Exception as e:  # noqa: BLE001
+        return {**cell, "status": "failed", "error": error_text(e)}
+    finally:
+        shutil.rmtree(job["scratch"], ignore_errors=True)
+    if "skipped" in result:
+        return {**cell, "status": "skipped", "error": result["skipped"]}
+    for key in ("setup_s", "compile_s", "latency_ms", "accuracy", "peak_rss_mb", "load_average"):
+        if key in result:
+            cell[key] = result[key]
+    if is_mlc and (result.get("emulated") or cell.get("target_emulated")):
+        cell["emulated"] = True
+    return cell
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    return shlex.join(["mlc", *(sys.argv[1:] if argv is None else argv)])

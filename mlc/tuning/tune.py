@@ -1,0 +1,287 @@
+"""`mlc tune`: MetaSchedule over a model's kernels into a resumable JSON database.
+
+The parent (this module, no tvm import) validates options, prepares the model with static shapes,
+and runs `mlc.compiler.metaschedule` in a child process in its own session: a TVM crash ends only the
+child, and Ctrl-C reaches the child as a stop request that it honours after the batch it is
+measuring, so the database stays whole. Every measured record is appended to the database as it is
+measured; a rerun skips the trials each kernel already has."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from mlc.errors import CompilerError, InputError, TargetError
+
+DB_FILES = ("database_workload.json", "database_tuning_record.json")
+DEFAULT_TRIALS_PER_TASK = 64
+STOP_GRACE_S = 60  # how long a stopped child may take to finish its batch before it is killed
+_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def parse_budget(text: str) -> float:
+    """'20m', '90s', '1h30m', '45' (seconds) -> seconds."""
+    value = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", value):
+        seconds = float(value)
+    else:
+        parts = re.findall(r"(\d+(?:\.\d+)?)([smh])", value)
+        if not parts or "".join(n + u for n, u in parts) != value:
+            raise InputError(f"--budget {text!r} is not a duration; write it like 90s, 20m or 1h30m")
+        seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise InputError(f"--budget {text!r} must be longer than zero")
+    return seconds
+
+
+def check_db_dir(db: Path, create: bool) -> Path:
+    """A usable database folder (created when `create`); repairs a record line cut short by a kill."""
+    if db.exists() and not db.is_dir():
+        raise InputError(f"--db {db} is a file; give a folder for the tuning database")
+    if not db.exists():
+        if not create:
+            raise InputError(f"--db {db} does not exist; run `mlc tune MODEL --db {db}` first")
+        try:
+            db.mkdir(parents=True)
+        except OSError as e:
+            raise InputError(f"--db {db}: cannot create the folder ({e.strerror})") from None
+    if not os.access(db, os.W_OK | os.X_OK) and create:
+        raise InputError(f"--db {db} is not writable")
+    if not create and not any((db / name).is_file() for name in DB_FILES):
+        raise InputError(f"--db {db} holds no tuning database ({DB_FILES[1]}); run `mlc tune` into it first")
+    for name in DB_FILES:
+        _repair(db / name)
+    return db
+
+
+def _repair(path: Path) -> None:
+    """Drop a final line that a killed writer left incomplete; any other bad line is corruption."""
+    if not path.is_file():
+        return
+    lines = path.read_text(errors="replace").splitlines(keepends=True)
+    good = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            json.loads(line)
+        except ValueError:
+            if number == len(lines):
+                break
+            raise InputError(f"{path} line {number} is not a tuning record; the database is corrupt "
+                             "(remove the line or the file, or use another --db)") from None
+        good.append(line if line.endswith("\n") else line + "\n")
+    if len(good) != sum(1 for ln in lines if ln.strip()) or (lines and not lines[-1].endswith("\n")):
+        tmp = path.with_suffix(".repair")
+        tmp.write_text("".join(good))
+        tmp.replace(path)
+
+
+def record_count(db: Path) -> int:
+    path = db / DB_FILES[1]
+    return sum(1 for ln in path.read_text().splitlines() if ln.strip()) if path.is_file() else 0
+
+
+@dataclass
+class TaskState:
+    name: str
+    weight: int
+    trials: int = 0
+    best_us: Optional[float] = None
+    trials_done_before: int = 0
+
+
+@dataclass
+class TuneResult:
+    db: Path
+    tasks: list[TaskState]
+    trials: int  # measured in this run
+    records: int  # in the database now
+    seconds: float
+    reason: str  # "trials", "budget", "interrupted", "already tuned"
+    errors: int = 0
+    notes: list[str] = field(default_factory=list)
+    left_to_default: list[str] = field(default_factory=list)  # kernels not tuned: builds use mlc's default
+    threads: Optional[int] = None  # kernels were measured with this many threads (None: on an RPC device)
+
+
+def tune(
+    source: str,
+    target: str = "x86",
+    db: str | Path = "tuning",
+    trials: Optional[int] = None,
+    budget: Optional[str] = None,
+    input_shapes: Sequence[str] = (),
+    rpc_tracker: Optional[str] = None,
+    rpc_key: Optional[str] = None,
+    on_event: Callable[[dict, list[TaskState]], None] = lambda event, tasks: None,
+    seed: Optional[int] = None,
+    threads: Optional[int] = None,
+) -> TuneResult:
+    """Tune `source`'s kernels for `target` into the database folder `db`.
+
+    `trials`: trials per kernel the database should hold (a rerun continues up to it);
+    `budget`: wall time for this run ('20m'). Either or both; neither means 64 per kernel.
+    `threads`: the thread count kernels are measured with; make it the count the model will run with
+    (default: TVM's own choice, as the runtime's; the result reports it). A schedule searched at one
+    count can lose at another."""
+    from mlc import api, targets
+    from mlc import passes as graph_passes
+
+    if trials is not None and trials < 1:
+        raise InputError(f"--trials must be at least 1, got {trials}")
+    budget_s = parse_budget(budget) if budget is not None else None
+    if (rpc_tracker is None) != (rpc_key is None):
+        raise InputError("--rpc-tracker and --rpc-key go together")
+    if threads is not None:
+        if rpc_tracker is not None:
+            raise InputError("--threads sets local measurement; on an RPC device start `mlc rpc-server` with "
+                             "TVM_NUM_THREADS=N instead")
+        cores = targets.usable_cores()
+        if not 1 <= threads <= cores:
+            raise InputError(f"--threads must be between 1 and this machine's {cores} usable cores, got {threads}")
+    if rpc_tracker is not None:
+        from mlc.compiler.rpc import check_tracker
+
+        check_tracker(rpc_tracker, rpc_key)
+    preset = targets.resolve(target)
+    if preset.tvm.get("kind") != "llvm":
+        raise TargetError(f"mlc tune measures CPU (llvm) targets; {preset.name} is a {preset.tvm.get('kind')} target, "
+                          "whose builds use rule-based GPU schedules")
+    if preset.runtime_arch != api.runtimes.HOST_ARCH and rpc_tracker is None:
+        raise TargetError(f"{preset.name} code cannot run on this {api.runtimes.HOST_ARCH} machine to be measured; "
+                          "tune on the device through --rpc-tracker HOST:PORT --rpc-key KEY (see `mlc rpc-server`)")
+    db = check_db_dir(Path(db), create=True)
+    per_task = trials if trials is not None else (10_000 if budget_s is not None else DEFAULT_TRIALS_PER_TASK)
+    start = time.time()
+    with tempfile.TemporaryDirectory(prefix="mlc-tune-") as scratch:
+        work = Path(scratch)
+        # The same default pass plan as `mlc compile`: the kernels tuned are the kernels it builds.
+        steps = graph_passes.plan(device=preset.device)
+        prepared = api._prepare(source, input_shapes, work, api._Timer(api._quiet_step),
+                                framework=api.resolve_framework(source, None), static=True, steps=steps)
+        request = {
+            "relax_passes": [s.to_json() for s in steps], "onnx": str(prepared.cleaned_path), "target": preset.tvm, "db": str(db.resolve()),
+            "logs": str(work / "logs"), "events": str(work / "events.jsonl"),
+            "trials_per_task": per_task, "trials_per_iter": 16 if per_task >= 16 else per_task,
+            "budget_s": budget_s, "threads": preset.tvm.get("num-cores", 1), "seed": seed,
+            "rpc": {"tracker": rpc_tracker, "key": rpc_key} if rpc_tracker else None,
+        }
+        request_path = work / "request.json"
+        request_path.write_text(json.dumps(request))
+        log_path = Path(tempfile.mkstemp(prefix="mlc-tune-", suffix=".log")[1])
+        result, tasks, errors = _run_child(request_path, Path(request["events"]), log_path, on_event, threads)
+    if not result.get("ok"):
+        raise CompilerError(f"tuning failed: {result.get('message', 'the tuning process died')} (full log: {log_path})")
+    log_path.unlink(missing_ok=True)
+    notes = list(prepared.notes)
+    if result.get("left_to_default"):
+        notes.append(f"{len(result['left_to_default'])} kernel(s) keep mlc's default schedule (their repacked weights "
+                     f"cannot be measured by MetaSchedule): {', '.join(result['left_to_default'])}")
+    if any(isinstance(d, str) for spec in prepared.specs for d in spec.shape):
+        shapes = ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in prepared.fixed.items())
+        notes.append(f"tuned for static input shapes {shapes}; compile with the same shapes to use the records")
+    return TuneResult(db, tasks, result.get("trials", 0), record_count(db), time.time() - start,
+                      result.get("reason", "trials"), errors, notes, result.get("left_to_default", []),
+                      None if rpc_tracker else result.get("threads"))
+
+
+def _run_child(request_path: Path, events_path: Path, log_path: Path, on_event,
+               threads: Optional[int]) -> tuple[dict, list[TaskState], int]:
+    tasks: list[TaskState] = []
+    errors = 0
+    offset = 0
+
+    def drain() -> None:
+        nonlocal offset, errors
+        if not events_path.exists():
+            return
+        with open(events_path) as f:
+            f.seek(offset)
+            while True:
+                line = f.readline()
+                if not line.endswith("\n"):
+                    break
+                offset = f.tell()
+                event = json.loads(line)
+                if event["event"] == "tasks":
+                    tasks[:] = [TaskState(t["name"], t["weight"], t["trials_done"], t["best_us"], t["trials_done"])
+                                for t in event["tasks"]]
+                elif event["event"] == "measured":
+                    for task in tasks:
+                        if task.name == event["task"]:
+                            task.trials += event["trials"]
+                            if event["best_us"] is not None:
+                                task.best_us = event["best_us"]
+                    errors = event["errors"]
+                on_event(event, tasks)
+
+    with open(log_path, "w") as log:
+        # Own session: the terminal's Ctrl-C goes to mlc only, which asks the child to stop cleanly.
+        env = dict(os.environ)
+        if threads:  # TVM's thread pool reads these when it starts: the measurements use `threads`
+            env.update(TVM_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+        proc = subprocess.Popen([sys.executable, "-m", "mlc.compiler.metaschedule", str(request_path)], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+        try:
+            while proc.poll() is None:
+                drain()
+                time.sleep(0.3)
+        except BaseException:
+            proc.send_signal(signal.SIGINT)
+            on_event({"event": "stopping"}, tasks)
+            try:
+                proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()  # the database keeps every complete record; _repair drops a cut line
+                proc.wait()
+            raise
+        drain()
+    from mlc.compiler import result_path
+
+    written = result_path(request_path)
+    if not written.exists():
+        how = (f"was killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
+               else f"exited with status {proc.returncode}")
+        return {"ok": False, "message": f"the tuning process {how}"}, tasks, errors
+    return json.loads(written.read_text()), tasks, errors
+
+
+# What `mlc tune` gained over mlc's default schedules on the zoo models (benchmarks/results/tuning.json).
+TUNING_GAIN_NOTE = "see benchmarks/results/tuning.json for what tuning gained on the zoo models"
+
+
+def schedule_request(preset, db: Optional[str | Path], default: bool) -> Optional[dict]:
+    """What the compile worker is asked to schedule with, or None for TVM's own pipeline (GPU:
+    rule-based dlight schedules; only CPU builds use tuning records and mlc's default rules)."""
+    if preset.tvm.get("kind") != "llvm":
+        if db is not None:
+            raise TargetError(f"--db applies to CPU targets; {preset.name} builds use rule-based GPU schedules")
+        return None
+    return {"db": str(check_db_dir(Path(db), create=False).resolve()) if db is not None else None, "default": default}
+
+
+def schedule_notes(report: Optional[dict], source: str, target: str, db: Optional[str | Path]) -> list[str]:
+    """Tell the user whether the build is tuned and what to run if it is not."""
+    if not report:
+        return []
+    total = sum(len(v) for v in report.values())
+    tuned = len(report.get("tuned", []))
+    if tuned == total:
+        return []
+    hint = f"`mlc tune {source} --target {target} --db DIR` then `mlc compile ... --db DIR`"
+    if db is None:
+        return [f"untuned build: {total} kernels use mlc's default CPU schedules; {hint} tunes them "
+                f"({TUNING_GAIN_NOTE})"]
+    return [f"{tuned} of {total} kernels were tuned (records in {db}); the other {total - tuned} use default "
+            f"schedules: tune this model into the database to cover them ({hint})"]
