@@ -49,6 +49,11 @@ class MissingDependencyError(MlcError):
 
 
 class CompilerError(MlcError):
-    """TVM failed or crashed on a model that passed our checks."""
+    """TVM failed or crashed on a model that passed our checks. `stage` names the worker step that failed
+    ("import", "passes", "build", "export", "run", ...; None when the worker died without saying)."""
 
     exit_code = ExitCode.INTERNAL
+
+    def __init__(self, message: str, stage: str | None = None):
+        super().__init__(message)
+        self.stage = stage

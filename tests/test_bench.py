@@ -12,7 +12,7 @@ import pytest
 
 from conftest import assert_clean_error, run_mlc
 from mlc import bench, targets
-from mlc.bench import report
+from mlc.bench import matrix, report
 
 
 @pytest.fixture(scope="module")
@@ -193,8 +193,8 @@ def test_matrix_records_failures_and_goes_on(monkeypatch, tmp_path):
         return {"artifact": str(dest), "compile_s": 1.0, "compile_breakdown_s": {}, "tuning_s": None,
                 "artifact_bytes": 1, "kernels": {"default": 1}}
 
-    monkeypatch.setattr(bench, "run_child", fake_child)
-    monkeypatch.setattr(bench, "_compile_mlc", fake_compile)
+    monkeypatch.setattr(matrix, "run_child", fake_child)
+    monkeypatch.setattr(matrix, "_compile_mlc", fake_compile)
     config = bench.BenchConfig(models=["mlp", "bert-tiny"], batch=[1, 4], seq=[32, 128], threads=[1, 2],
                                baselines=["torch"], targets=["x86"])
     seen = []

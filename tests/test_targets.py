@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from mlc import targets
+from mlc.targets import presets
 from mlc.errors import TargetError
 
 
@@ -41,15 +42,15 @@ def test_presets_resolve_to_valid_tvm_targets():
     ],
 )
 def test_host_detection_by_cpu_flags(monkeypatch, flags, mcpu):
-    monkeypatch.setattr(targets, "host_cpu_flags", lambda: flags)
-    monkeypatch.setattr(targets.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(presets, "host_cpu_flags", lambda: flags)
+    monkeypatch.setattr(presets.platform, "machine", lambda: "x86_64")
     target = targets.resolve("x86")
     assert target.tvm["mcpu"] == mcpu and target.tvm["num-cores"] >= 1
     assert set(target.required_cpu_features) <= flags  # never require what the host lacks
 
 
 def test_detection_refuses_other_architectures(monkeypatch):
-    monkeypatch.setattr(targets.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(presets.platform, "machine", lambda: "aarch64")
     with pytest.raises(TargetError, match="this host is aarch64"):
         targets.resolve("x86")
     rows = {r["name"]: r for r in targets.describe_all()}

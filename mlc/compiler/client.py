@@ -171,7 +171,7 @@ def _check_result(result: dict[str, Any], log_path: Optional[Path]) -> dict[str,
     if result["kind"] == "target":
         raise TargetError(f"TVM rejects the target: {result['message']}")
     where = f" (full log: {log_path})" if log_path else ""
-    raise CompilerError(f"TVM failed during {result['stage']}: {result['message']}{where}")
+    raise CompilerError(f"TVM failed during {result['stage']}: {result['message']}{where}", stage=result['stage'])
 
 
 def _log_tail(log_path: Path) -> str:
