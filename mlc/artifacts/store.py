@@ -151,11 +151,16 @@ def unpack(archive_path: Path, dest: Path) -> Path:
                 raise IntegrityError(f"{archive_path} is not an mlc artifact archive (expected one top-level folder)")
             top = tops.pop()
             final = dest / top
+            if final.exists():  # unpacking is for new copies; never replace a folder the user has
+                raise InputError(f"{final} already exists; remove it or unpack elsewhere with -d DIR")
             with staging_dir(final) as staged:
                 # 'data' filter: refuses absolute paths, '..', links leaving the tree, device files.
                 tar.extractall(staged, filter="data")
                 load(staged / top)
                 publish(staged / top, final)
+    except tarfile.ReadError:
+        raise InputError(f"cannot unpack {archive_path}: not a .tar.gz archive (`mlc compile --archive` writes one)"
+                         ) from None
     except tarfile.TarError as e:
-        raise IntegrityError(f"cannot unpack {archive_path}: {e}") from None
+        raise IntegrityError(f"cannot unpack {archive_path}: {str(e).splitlines()[0]}") from None
     return final

@@ -48,7 +48,8 @@ def load(path: str | Path) -> onnx.ModelProto:
     if not path.exists():
         raise InputError(f"model file not found: {path}")
     if path.is_dir():
-        raise InputError(f"{path} is a directory; pass an .onnx file")
+        raise InputError(f"{path} is a folder but not a TensorFlow SavedModel (no saved_model.pb in it); pass a model "
+                         "file (.onnx, .pt2, .pt, .keras, .h5), a SavedModel folder or a Paddle jit.save prefix")
     try:
         model = onnx.load(str(path))
     except (DecodeError, ValueError, RuntimeError, OSError) as e:

@@ -247,11 +247,24 @@ def _load_exported_program(path: Path) -> FrameworkModel:
     return FrameworkModel("torch", decls, sizes, export, eager)
 
 
+def _is_export_archive(path: Path) -> bool:
+    """torch.export.save writes a zip with an `archive_format` entry; TorchScript zips have none."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(name.rsplit("/", 1)[-1] == "archive_format" for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
 def _load_torchscript(path: Path, input_shapes: Sequence[str], exporter: Optional[str]) -> FrameworkModel:
     import torch
 
     from mlc.frontends.onnx import parse_input_shape
 
+    if _is_export_archive(path):
+        raise InputError(f"{path} is a torch.export archive (torch.export.save), not TorchScript: name it .pt2")
     try:
         module = torch.jit.load(str(path), map_location="cpu")
     except Exception as e:

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -527,8 +528,6 @@ class NativeRunner(_ArtifactRunner):
 def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
     """Write arrays as an .npz (what np.savez writes), atomically, with any tensor names: np.savez
     takes them as keyword arguments, which breaks on names like 'file'."""
-    import zipfile
-
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -540,7 +539,10 @@ def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
     except OSError as e:
         raise FeedError(f"cannot write {path}: {e.strerror or e}") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # a read-only folder refuses even the unlink of a file it never held
+            pass
 
 
 def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -551,7 +553,11 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     except FileNotFoundError:
         raise FeedError(f"input file not found: {path}") from None
     except (ValueError, OSError, EOFError) as e:  # includes zipfile.BadZipFile and pickled arrays
-        raise FeedError(f"cannot read {path} as an .npz of plain arrays ({e})") from None
+        if zipfile.is_zipfile(path):  # an .npz that holds object arrays (numpy would unpickle them)
+            raise FeedError(f"cannot read {path}: it holds object arrays; save plain numeric arrays with numpy.savez"
+                            ) from None
+        raise FeedError(f"cannot read {path}: not an .npz file; write inputs with numpy.savez(path, name=array, ...)"
+                        ) from None
 
 
 def main(argv: list[str] | None = None, artifact_dir: str | os.PathLike | None = None) -> int:

@@ -1,0 +1,72 @@
+"""What a new user hits on bad input (issue #20): each case gets a one-line error with the right exit code."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import venv
+from pathlib import Path
+
+import pytest
+
+from conftest import assert_clean_error, run_mlc
+
+
+def test_run_inputs_that_are_not_npz(mlp_artifact, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("these are my notes\n")
+    proc = run_mlc("run", mlp_artifact, "-i", notes)
+    assert_clean_error(proc, 1, "not an .npz file", "numpy.savez")
+    assert "pickle" not in proc.stderr
+
+
+def test_run_outputs_into_a_folder_that_cannot_be_written(mlp_artifact, tmp_path):
+    # A file where a folder should be fails like a read-only folder (root ignores write permissions).
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    assert_clean_error(run_mlc("run", mlp_artifact, "-o", blocker / "out.npz", "--repeat", "1"), 1, "cannot write")
+
+
+def test_unpack_a_file_that_is_not_an_archive(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("hello\n")
+    proc = run_mlc("unpack", notes, "-d", tmp_path / "out")
+    assert_clean_error(proc, 1, "not a .tar.gz archive")
+    assert "\\n" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_unpack_refuses_to_replace_an_existing_folder(mlp_model, tmp_path):
+    run_mlc("compile", mlp_model, "-o", tmp_path / "mlp-x86", "--archive", check=True)
+    dest = tmp_path / "dest"
+    (dest / "mlp-x86").mkdir(parents=True)
+    mine = dest / "mlp-x86" / "mine.txt"
+    mine.write_text("keep me")
+    proc = run_mlc("unpack", tmp_path / "mlp-x86.tar.gz", "-d", dest)
+    assert_clean_error(proc, 1, "already exists")
+    assert mine.read_text() == "keep me" and sorted(p.name for p in (dest / "mlp-x86").iterdir()) == ["mine.txt"]
+
+
+def test_run_py_under_a_python_without_the_runtime_packages(mlp_artifact, tmp_path):
+    bare = tmp_path / "bare"
+    venv.create(bare, with_pip=False)  # no numpy, no tvm_ffi
+    artifact = tmp_path / "art"
+    shutil.copytree(mlp_artifact, artifact)
+    proc = subprocess.run([str(bare / "bin" / "python"), str(artifact / "run.py")], capture_output=True, text=True)
+    assert proc.returncode == 4, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "pip install numpy apache-tvm-ffi==" in proc.stderr
+
+
+def test_compile_a_folder_that_is_no_model(tmp_path):
+    (tmp_path / "stuff").mkdir()
+    assert_clean_error(run_mlc("compile", tmp_path / "stuff"), 1, "not a TensorFlow SavedModel", ".onnx")
+
+
+def test_torch_export_archive_named_pt(tmp_path):
+    torch = pytest.importorskip("torch")
+    program = torch.export.export(torch.nn.Linear(3, 2), (torch.randn(1, 3),))
+    torch.export.save(program, str(tmp_path / "model.pt2"))
+    shutil.copyfile(tmp_path / "model.pt2", tmp_path / "model.pt")
+    proc = run_mlc("compile", tmp_path / "model.pt", "--input-shape", "x:1x3", "-o", tmp_path / "out")
+    assert_clean_error(proc, 1, "torch.export archive", "name it .pt2")
+    assert "miniz" not in proc.stderr
