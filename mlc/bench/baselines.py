@@ -170,6 +170,48 @@ def onnxruntime(ctx: Context):
     return lambda: session.run(None, feeds)
 
 
+# OpenVINO ----------------------------------------------------------------------------------------
+
+def openvino_model(path: Path, threads: int, precision: Optional[str] = "f32"):
+    """An OpenVINO CPU model compiled for latency with `threads` threads, and the inference precision it
+    runs at. precision None keeps OpenVINO's default, which is bf16 on CPUs with avx512_bf16 or AMX."""
+    try:
+        import openvino as ov
+    except ImportError:
+        raise Unavailable("openvino is not installed: pip install 'mlc[bench]'") from None
+    config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+    if precision:
+        config["INFERENCE_PRECISION_HINT"] = precision
+    compiled = ov.Core().compile_model(str(path), "CPU", config)
+    return compiled, str(compiled.get_property("INFERENCE_PRECISION_HINT")).lower()
+
+
+def _openvino(ctx: Context, precision: Optional[str]):
+    compiled, ran_at = openvino_model(ctx.onnx_path, ctx.threads, precision)
+    request = compiled.create_infer_request()
+    wanted = {name for port in compiled.inputs for name in port.get_names()}
+    feeds = {k: v for k, v in zip(ctx.input_names, ctx.inputs) if k in wanted}
+
+    def run() -> list[np.ndarray]:
+        results = request.infer(feeds)
+        return [np.asarray(results[port]) for port in compiled.outputs]
+
+    run.precision = ran_at  # what the cell records: OpenVINO picks bf16 by itself where the CPU has it
+    return run
+
+
+@baseline("openvino", ONNX_EXPORT, "OpenVINO CPU plugin at fp32 (INFERENCE_PRECISION_HINT f32, latency hint) on "
+          "mlc's ONNX export", compiles=True)
+def openvino_fp32(ctx: Context):
+    return _openvino(ctx, "f32")
+
+
+@baseline("openvino-default", ONNX_EXPORT, "OpenVINO CPU plugin at its default precision (bf16 on CPUs with "
+          "avx512_bf16 or AMX; the cell records which) on mlc's ONNX export", compiles=True)
+def openvino_default(ctx: Context):
+    return _openvino(ctx, None)
+
+
 # TensorFlow --------------------------------------------------------------------------------------
 
 def _tf_outputs(value) -> list[np.ndarray]:

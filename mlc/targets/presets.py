@@ -69,6 +69,38 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def _amd_cpu(flags: set[str]) -> str | None:
+    """LLVM's scheduling model for AMD Zen cores (family 0x17: Zen 1/2, 0x19: Zen 3/4, 0x1a: Zen 5); the feature
+    levels above name Intel cores, which Zen 4 matches as "cooperlake" with the wrong instruction costs."""
+    info = _cpuinfo_fields(("vendor_id", "cpu family", "model"))
+    if info.get("vendor_id") != "AuthenticAMD" or not info.get("cpu family", "").isdigit():
+        return None
+    family, model = int(info["cpu family"]), int(info.get("model") or 0)
+    if family == 0x1A:
+        return "znver5"
+    if family == 0x19:
+        return "znver4" if "avx512f" in flags else "znver3"
+    if family == 0x17:
+        return "znver2" if model >= 0x30 else "znver1"
+    return None
+
+
+def _cpuinfo_fields(names: tuple[str, ...]) -> dict[str, str]:
+    """The first value of each named field in /proc/cpuinfo (empty where unknown)."""
+    found: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in names and key.strip() not in found:
+                    found[key.strip()] = value.strip()
+                if len(found) == len(names):
+                    break
+    except OSError:
+        pass
+    return found
+
+
 def _detect_x86() -> Target:
     if platform.machine() not in ("x86_64", "AMD64"):
         raise TargetError(
@@ -83,6 +115,7 @@ def _detect_x86() -> Target:
             mcpu = cpu
             needed = tuple(dict.fromkeys(f for feats, _ in _X86_LEVELS[level:] for f in feats))
             break
+    mcpu = _amd_cpu(flags) or mcpu
     return Target(
         name="x86",
         description=f"this host: {host_cpu_name()} ({mcpu}, {usable_cores()} cores)",
