@@ -183,7 +183,7 @@ def openvino_model(path: Path, threads: int, precision: Optional[str] = "f32"):
     if precision:
         config["INFERENCE_PRECISION_HINT"] = precision
     compiled = ov.Core().compile_model(str(path), "CPU", config)
-    return compiled, str(compiled.get_property("INFERENCE_PRECISION_HINT")).lower()
+    return compiled, compiled.get_property("INFERENCE_PRECISION_HINT").to_string()  # "f32", "bf16"
 
 
 def _openvino(ctx: Context, precision: Optional[str]):
