@@ -70,3 +70,40 @@ def test_torch_export_archive_named_pt(tmp_path):
     proc = run_mlc("compile", tmp_path / "model.pt", "--input-shape", "x:1x3", "-o", tmp_path / "out")
     assert_clean_error(proc, 1, "torch.export archive", "name it .pt2")
     assert "miniz" not in proc.stderr
+
+
+FACTORY = '''
+import torch
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 8)
+
+    def forward(self, ids):
+        h = self.embed(ids).mean(1)
+        return {"score": h.softmax(-1), "count": (h > 0).sum(-1)}
+
+
+def make():
+    torch.manual_seed(0)
+    return Model(), (torch.randint(0, 50, (2, 5)),)
+'''
+
+
+def test_factory_compiles_at_its_example_shapes_with_its_output_names(tmp_path):
+    pytest.importorskip("torch")
+    import numpy as np
+
+    from mlc import api
+
+    (tmp_path / "model.py").write_text(FACTORY)
+    result = api.compile(f"{tmp_path / 'model.py'}:make", output=tmp_path / "art")
+    assert result.check.passed
+    assert [(i.name, i.shape) for i in result.manifest.inputs] == [("ids", [2, 5])]
+    assert [o.name for o in result.manifest.outputs] == ["score", "count"]
+    ids = np.random.default_rng(1).integers(0, 50, (2, 5))
+    np.savez(tmp_path / "mine.npz", ids=ids)
+    run = api.run(tmp_path / "art", inputs=tmp_path / "mine.npz", warmup=0, repeat=1)
+    assert sorted(run.outputs) == ["count", "score"] and run.outputs["score"].shape == (2, 8)

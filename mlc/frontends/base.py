@@ -41,6 +41,8 @@ class FrameworkModel:
     # native(*inputs) in ONNX input order; benchmarks build their compiled baselines from it
     # (torch.compile, TorchScript, tf.function, paddle.jit.to_static). None when not available.
     native: Any = None
+    # The user gave example inputs (a factory, a .pt2): their sizes are the reference and compile shapes.
+    user_examples: bool = False
 
     def symbolic_dims(self) -> list[str]:
         return list(dict.fromkeys(d for i in self.inputs for d in i.dims if isinstance(d, str)))

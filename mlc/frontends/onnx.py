@@ -226,9 +226,11 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int | str]])
     return fixed
 
 
-def concrete_shapes(specs: list[InputSpec], fixed: dict[str, list[int]]) -> dict[str, list[int]]:
-    """A concrete shape per input for the reference run; the same symbolic name gets one size."""
-    sizes: dict[str, int] = {}
+def concrete_shapes(specs: list[InputSpec], fixed: dict[str, list[int]],
+                    sizes: Optional[dict[str, int]] = None) -> dict[str, list[int]]:
+    """A concrete shape per input for the reference run; the same symbolic name gets one size: from `sizes`,
+    else batch 2 on axis 0 and 16 elsewhere."""
+    sizes = dict(sizes or {})
     shapes = {}
     for spec in specs:
         if spec.name in fixed:

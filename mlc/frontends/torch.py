@@ -5,6 +5,7 @@ Exports with the dynamo ONNX exporter and falls back to the TorchScript exporter
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import inspect
 import re
@@ -56,6 +57,22 @@ def _flatten(value: Any) -> list[np.ndarray]:
     return [leaf.detach().cpu().numpy() for leaf in _pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)]
 
 
+def _output_names(value: Any) -> list[str]:
+    """Names for the tensor leaves of a model's output, in _flatten's order: dict keys and dataclass fields
+    (transformers' ModelOutput) by their keys, e.g. `score`, `hidden_states_0`; otherwise `output`,
+    `output_0`, `output_1`..."""
+    import torch
+    from torch.utils import _pytree
+
+    paths = [path for path, leaf in _pytree.tree_flatten_with_path(value)[0] if isinstance(leaf, torch.Tensor)]
+    if any(isinstance(k, (_pytree.MappingKey, _pytree.GetAttrKey)) for path in paths for k in path):
+        names = ["_".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path) or "output"
+                 for path in paths]
+        if len(set(names)) == len(names):
+            return names
+    return ["output"] if len(paths) == 1 else [f"output_{i}" for i in range(len(paths))]
+
+
 def _dtype_name(tensor) -> str:
     return str(tensor.dtype).removeprefix("torch.")
 
@@ -95,8 +112,7 @@ def from_module(module, example_inputs: Sequence, input_names: Sequence[str],
 
     if output_names is None:  # name them, or the exporters number them
         with torch.no_grad():
-            count = len(_flatten(module(*examples)))
-        output_names = ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
+            output_names = _output_names(module(*examples))
 
     def export(path: Path, dynamic: set[str]) -> str:
         axes = {name: {a: d for a, d in per.items() if d in dynamic} for name, per in dim_axes(decls).items()}
@@ -201,7 +217,7 @@ def _load_factory(path: Path, name: str, exporter: Optional[str]) -> FrameworkMo
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         names = [p.name for p in params[:len(examples)]]
         names += [f"input_{i}" for i in range(len(names), len(examples))]
-    return from_module(module, examples, names, dims=dims, exporter=exporter)
+    return dataclasses.replace(from_module(module, examples, names, dims=dims, exporter=exporter), user_examples=True)
 
 
 def _load_exported_program(path: Path) -> FrameworkModel:
@@ -244,7 +260,7 @@ def _load_exported_program(path: Path) -> FrameworkModel:
         with torch.no_grad():
             return _flatten(module(*[torch.from_numpy(np.ascontiguousarray(x)) for x in inputs]))
 
-    return FrameworkModel("torch", decls, sizes, export, eager)
+    return FrameworkModel("torch", decls, sizes, export, eager, user_examples=True)
 
 
 def _is_export_archive(path: Path) -> bool:

@@ -63,7 +63,8 @@ def convert(request: dict) -> dict:
     model = onnx_frontend.load(out / MODEL)
     specs = onnx_frontend.input_specs(model)
     fixed = onnx_frontend.resolve_input_shapes(specs, request.get("input_shapes", []))
-    feeds = onnx_frontend.make_inputs(specs, onnx_frontend.concrete_shapes(specs, fixed))
+    sizes = fm.example_sizes if fm.user_examples else None
+    feeds = onnx_frontend.make_inputs(specs, onnx_frontend.concrete_shapes(specs, fixed, sizes))
     outputs = fm.eager([feeds[s.name] for s in specs])
     names = [o.name for o in model.graph.output]
     if len(outputs) != len(names):
