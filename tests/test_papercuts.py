@@ -107,3 +107,50 @@ def test_factory_compiles_at_its_example_shapes_with_its_output_names(tmp_path):
     np.savez(tmp_path / "mine.npz", ids=ids)
     run = api.run(tmp_path / "art", inputs=tmp_path / "mine.npz", warmup=0, repeat=1)
     assert sorted(run.outputs) == ["count", "score"] and run.outputs["score"].shape == (2, 8)
+
+
+def test_onnx_model_with_an_unused_input(tmp_path):
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
+                               helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])], [weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "m.onnx")
+    run_mlc("compile", tmp_path / "m.onnx", "-o", tmp_path / "art", check=True)
+    np.savez(tmp_path / "in.npz", x=np.ones((2, 4), np.float32), mask=np.zeros((2, 4), np.float32))
+    proc = run_mlc("run", tmp_path / "art", "-i", tmp_path / "in.npz", "-o", tmp_path / "out.npz", "--repeat", "1")
+    assert proc.returncode == 0, proc.stderr
+    with np.load(tmp_path / "out.npz") as out:
+        np.testing.assert_allclose(out["y"], np.ones((2, 4), np.float32) @ numpy_helper.to_array(weight), rtol=1e-5)
+
+
+UNUSED_MASK = '''
+import torch
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+
+    def forward(self, x, mask):
+        return self.linear(x)
+
+
+def make():
+    torch.manual_seed(0)
+    return Model(), (torch.randn(2, 4), torch.ones(2, 4))
+'''
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_torch_model_that_ignores_its_mask(tmp_path, exporter):
+    pytest.importorskip("torch")
+    (tmp_path / "model.py").write_text(UNUSED_MASK)
+    proc = run_mlc("compile", f"{tmp_path / 'model.py'}:make", "--exporter", exporter, "-o", tmp_path / "art")
+    assert proc.returncode == 0, proc.stderr
+    assert run_mlc("check", tmp_path / "art").returncode == 0

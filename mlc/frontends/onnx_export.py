@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Sequence
 
+import numpy as np
 import onnx
+from onnx import helper
 
 from mlc.frontends.base import InputDecl
 from mlc.errors import UnsupportedModelError
@@ -41,13 +43,10 @@ def finalize(path: Path, inputs: Sequence[InputDecl], dynamic: set[str], example
     if unknown:
         raise UnsupportedModelError(f"the exporter could not convert op(s) {', '.join(unknown)} to ONNX; "
                                     "rewrite them with supported ops (e.g. exact GELU as x*0.5*(1+erf(x/sqrt(2))))")
+    add_dropped_inputs(model, inputs, dynamic, example_sizes)
     graph_inputs = {v.name: v for v in model.graph.input}
     for decl in inputs:
-        value = graph_inputs.get(decl.name)
-        if value is None:
-            raise UnsupportedModelError(f"the exporter dropped input '{decl.name}' from the ONNX graph "
-                                        f"(it has: {', '.join(graph_inputs)}); is the input unused by the model?")
-        dims = value.type.tensor_type.shape.dim
+        dims = graph_inputs[decl.name].type.tensor_type.shape.dim
         for dim, want in zip(dims, decl.dims):
             dim.Clear()
             if isinstance(want, str) and want in dynamic:
@@ -59,6 +58,24 @@ def finalize(path: Path, inputs: Sequence[InputDecl], dynamic: set[str], example
         rename_outputs(model, output_names)
     model.ir_version = min(model.ir_version, MAX_IR_VERSION)
     onnx.save(model, str(path))
+
+
+def add_dropped_inputs(model: onnx.ModelProto, inputs: Sequence[InputDecl], dynamic: set[str],
+                       example_sizes: dict[str, int]) -> bool:
+    """Declared inputs an exporter left out because the model ignores them (an attention mask it does not use)
+    become graph inputs again, in the declared order: callers pass them. True when the model changed."""
+    present = {v.name for v in model.graph.input}
+    dropped = [d for d in inputs if d.name not in present]
+    for decl in dropped:
+        shape = [d if isinstance(d, int) or d in dynamic else example_sizes[d] for d in decl.dims]
+        elem = helper.np_dtype_to_tensor_dtype(np.dtype(decl.dtype))
+        model.graph.input.append(helper.make_tensor_value_info(decl.name, elem, shape))
+    if dropped:
+        order = {d.name: i for i, d in enumerate(inputs)}
+        ordered = sorted(model.graph.input, key=lambda v: order.get(v.name, len(order)))
+        del model.graph.input[:]
+        model.graph.input.extend(ordered)
+    return bool(dropped)
 
 
 def _constants_to_initializers(model: onnx.ModelProto) -> None:

@@ -160,6 +160,7 @@ def _export(module, examples: tuple, input_names: list[str], output_names, axes:
     except Exception as e:
         before = f"the dynamo exporter failed ({failure}), then " if failure else ""
         raise UnsupportedModelError(f"{before}torch's TorchScript ONNX exporter failed: {_first_line(e)}") from None
+    _restore_dropped_inputs(path, input_names, examples, axes)
     why = f"; the dynamo exporter failed: {failure}" if failure else ""
     return f"torch.onnx TorchScript exporter (torch {torch.__version__}, opset {TORCHSCRIPT_OPSET}{why})"
 
@@ -173,6 +174,19 @@ def _at_least_two(example, axes: dict[int, str]):
         if example.shape[axis] == 1:
             example = torch.cat([example, example], dim=axis)
     return example
+
+
+def _restore_dropped_inputs(path: Path, input_names: list[str], examples: tuple, axes: dict[str, dict[int, str]]):
+    """The TorchScript exporter drops inputs the model ignores; callers still pass them (onnx_export)."""
+    import onnx
+
+    from mlc.frontends.onnx_export import add_dropped_inputs
+
+    model = onnx.load(str(path))
+    decls = [InputDecl(name, _dtype_name(x), [axes.get(name, {}).get(a, int(n)) for a, n in enumerate(x.shape)])
+             for name, x in zip(input_names, examples)]
+    if add_dropped_inputs(model, decls, {d for per in axes.values() for d in per.values()}, {}):
+        onnx.save(model, str(path))
 
 
 def _specialised_dims(path: Path, axes: dict[str, dict[int, str]]) -> list[str]:

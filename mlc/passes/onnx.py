@@ -659,6 +659,7 @@ def run(model: onnx.ModelProto, steps: Sequence[Step], dump_dir: Optional[Path] 
             result, status, reason = model, "skipped", _reason(e)
             notes.append(f"pass {step.name} skipped: {reason}")
         elapsed = time.perf_counter() - start
+        result = _with_inputs_of(model, result)
         after = op_counts(result)
         records.append({"name": step.name, "level": "onnx", "status": status, "ops_before": sum(before.values()),
                         "ops_after": sum(after.values()), "op_changes": changes(before, after),
@@ -667,6 +668,21 @@ def run(model: onnx.ModelProto, steps: Sequence[Step], dump_dir: Optional[Path] 
         if dump_dir is not None:
             _dump(model, dump_dir / f"onnx_{index:02d}_{step.name}.onnx")
     return model, records, notes
+
+
+def _with_inputs_of(before: onnx.ModelProto, after: onnx.ModelProto) -> onnx.ModelProto:
+    """`after` with every graph input of `before` (in its order): a pass may drop an input no node reads (onnxslim
+    does, and so does prune_initializers), but the model's callers still pass it (an ignored attention mask)."""
+    weights = {t.name for g in (before.graph, after.graph) for t in g.initializer}  # old IRs list them as inputs
+    kept = {i.name for i in after.graph.input}
+    wanted = [i for i in before.graph.input if i.name not in weights]
+    if all(i.name in kept for i in wanted):
+        return after
+    others = [i for i in after.graph.input if i.name not in {w.name for w in wanted}]
+    out = _clone(after)
+    del out.graph.input[:]
+    out.graph.input.extend(wanted + others)
+    return out
 
 
 def _dump(model: onnx.ModelProto, path: Path) -> None:
