@@ -42,7 +42,7 @@ def prepare_target(preset: targets.Target) -> tuple[runtimes.RuntimeFiles, Optio
 
 
 @dataclass(frozen=True)
-class Plan:
+class CompilePlan:
     """What a compile does, decided before any heavy work."""
 
     model: ModelSpec  # its framework resolved
@@ -79,7 +79,7 @@ def compile(model: ModelSpec, options: CompileOptions, step: StepReporter = quie
     return CompileResult(plan.output, manifest, check_result, archive_path, notes + verify_notes)
 
 
-def plan_compile(model: ModelSpec, options: CompileOptions) -> Plan:
+def plan_compile(model: ModelSpec, options: CompileOptions) -> CompilePlan:
     """Check every option, resolve the target, fetch its runtime and toolchain: what is missing or wrong fails
     here, before any heavy work."""
     check_tolerances(options.atol, options.rtol)
@@ -95,11 +95,11 @@ def plan_compile(model: ModelSpec, options: CompileOptions) -> Plan:
     runtime, cross = prepare_target(preset)
     output = options.output or default_output(sources.model_name(model.source), preset.name)
     artifacts.check_replaceable(output)
-    return Plan(model, options, preset, dynamic, dynamic_ranges(model), requested_buckets, schedules, steps,
+    return CompilePlan(model, options, preset, dynamic, dynamic_ranges(model), requested_buckets, schedules, steps,
                 runtime, cross, output)
 
 
-def _plan_builds(plan: Plan, prepared: Prepared, workdir: Path, timed: Timer
+def _plan_builds(plan: CompilePlan, prepared: Prepared, workdir: Path, timed: Timer
                  ) -> tuple[Optional[bucketing.Plan], list[bucketing.Build]]:
     """One build of the cleaned graph, or with --buckets one per bucket."""
     if not plan.buckets:
@@ -110,7 +110,7 @@ def _plan_builds(plan: Plan, prepared: Prepared, workdir: Path, timed: Timer
     return bucket_plan, bucketing.builds(bucket_plan, prepared, plan.steps, workdir, timed)
 
 
-def _build(plan: Plan, prepared: Prepared, refs: References, builds: list[bucketing.Build], staged: Path,
+def _build(plan: CompilePlan, prepared: Prepared, refs: References, builds: list[bucketing.Build], staged: Path,
            timed: Timer) -> dict[str, dict]:
     """Compile each build with TVM into `staged`; the worker's result per library."""
     preset, options = plan.preset, plan.options
@@ -134,7 +134,7 @@ def _build(plan: Plan, prepared: Prepared, refs: References, builds: list[bucket
     return results
 
 
-def _user_cause(e: CompilerError, plan: Plan, prepared: Prepared, refs: References) -> Optional[MlcError]:
+def _user_cause(e: CompilerError, plan: CompilePlan, prepared: Prepared, refs: References) -> Optional[MlcError]:
     """A TVM failure the user can act on, as the error that says how; None when it is TVM's (or mlc's) own."""
     if plan.dynamic and e.stage == "import":
         return UnsupportedModelError(
@@ -147,7 +147,7 @@ def _user_cause(e: CompilerError, plan: Plan, prepared: Prepared, refs: Referenc
     return None
 
 
-def _package(plan: Plan, prepared: Prepared, refs: References, bucket_plan: Optional[bucketing.Plan],
+def _package(plan: CompilePlan, prepared: Prepared, refs: References, bucket_plan: Optional[bucketing.Plan],
              results: dict[str, dict], staged: Path, timed: Timer) -> tuple[Manifest, dict]:
     """Write the manifest (and the buckets' reference runs) and publish the artifact; returns the manifest and
     the builds' merged worker result."""
@@ -165,7 +165,7 @@ def _package(plan: Plan, prepared: Prepared, refs: References, bucket_plan: Opti
     return manifest, result
 
 
-def _schedule_notes(plan: Plan, result: dict) -> list[str]:
+def _schedule_notes(plan: CompilePlan, result: dict) -> list[str]:
     db = plan.options.db
     notes = list(plan.runtime.notes)
     notes += tuning.schedule_notes(result.get("schedules"), plan.model.source, plan.options.target, db)
@@ -175,7 +175,7 @@ def _schedule_notes(plan: Plan, result: dict) -> list[str]:
     return notes
 
 
-def _verify(plan: Plan, timed: Timer) -> tuple[Optional[CheckResult], list[str]]:
+def _verify(plan: CompilePlan, timed: Timer) -> tuple[Optional[CheckResult], list[str]]:
     """Run the artifact on its reference inputs where this machine can (natively, or under qemu); else a note
     saying where to check it."""
     preset, final = plan.preset, plan.output
