@@ -76,7 +76,7 @@ def bench_model(spec: str, work: Path, budget: str, trials: int | None, warmup: 
                         "kernels": {k: len(v) for k, v in (result.manifest.compile.schedules or {}).items()}}
     # ORT on the model as given, at the tuned artifact's (static) reference inputs.
     manifest = result.manifest
-    feeds = api._read_npz(result.path / manifest.reference.inputs)
+    feeds = api.read_npz(result.path / manifest.reference.inputs)
     source = work / f"{name}.onnx"
     if spec.startswith("zoo:"):
         from mlc.models import get

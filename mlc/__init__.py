@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 # Read when onnxruntime loads, so it must be set before any import of it.
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
-_API = ("compile", "run", "check", "CompileResult", "RunResult")
+_API = ("compile", "export", "run", "check", "debug", "tune", "CompileResult", "RunResult")
 
 
 def __getattr__(name: str):

@@ -133,7 +133,7 @@ def export_cmd(
     from mlc import api
 
     result = api.export(model, output, framework=framework, dynamic=dynamic, input_shapes=input_shape,
-                        exporter=exporter, atol=atol, rtol=rtol, step=_step if not as_json else api._quiet_step)
+                        exporter=exporter, atol=atol, rtol=rtol, step=_step if not as_json else api.quiet_step)
     conversion = result.conversion
     if as_json:
         out.print_json(json.dumps({"onnx": str(result.path), "source": result.source.model_dump(),
@@ -205,7 +205,7 @@ def compile_cmd(
         if len(presets) > 1 and not as_json:
             err.print(f"[bold]== {preset.name}[/]")
         results.append(api.compile(model, target=spec, output=dest, input_shapes=input_shape, archive=archive,
-                                   atol=atol, rtol=rtol, step=_step if not as_json else api._quiet_step,
+                                   atol=atol, rtol=rtol, step=_step if not as_json else api.quiet_step,
                                    framework=framework, dynamic=dynamic, exporter=exporter, db=db,
                                    pass_options=pass_options, buckets=buckets))
         _report_compile(results[-1], as_json)
@@ -466,7 +466,7 @@ def debug_cmd(
     from mlc import api
 
     report = api.debug(model, target=target, input_shapes=input_shape, inputs=inputs, atol=atol, rtol=rtol,
-                       extract=extract, method=method, step=_step if not as_json else api._quiet_step,
+                       extract=extract, method=method, step=_step if not as_json else api.quiet_step,
                        framework=framework)
     if as_json:
         out.print_json(json.dumps(report.to_json()))

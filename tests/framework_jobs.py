@@ -165,7 +165,7 @@ def compiled_outputs(out: Path, job_id: str, artifact: Path, dynamic: tuple = ()
     x86, then run the one artifact on the seeded inputs and on each of `cases` (ids of saved inputs)."""
     import mlc.api as api
 
-    result = api.compile(str(out / f"{job_id}.onnx"), "x86", output=artifact, dynamic=list(dynamic))
+    result = api.compile(str(out / f"{job_id}.onnx"), target="x86", output=artifact, dynamic=list(dynamic))
     assert result.check is not None and result.check.passed, result.check
     return [api.run(result.path, inputs=dict(np.load(out / f"{case}.inputs.npz")), warmup=0, repeat=0).outputs
             for case in (job_id, *cases)]

@@ -84,7 +84,7 @@ def _manifest(artifact: Path) -> dict:
 
 
 def test_zoo_bert_tiny_is_checked_against_torch_eager(tmp_path):
-    result = api.compile("zoo:bert-tiny", "x86", output=tmp_path / "bert")
+    result = api.compile("zoo:bert-tiny", target="x86", output=tmp_path / "bert")
     assert result.check.passed, result.check.to_json()
     assert result.check.reference.startswith("torch ") and result.check.reference.endswith(" eager")
     assert result.check.conversion is not None and result.check.conversion.passed
@@ -95,9 +95,9 @@ def test_zoo_bert_tiny_is_checked_against_torch_eager(tmp_path):
     from mlc.models import torch_models
 
     model = torch_models.bert_tiny()
-    feeds = api._read_npz(result.path / "reference/inputs.npz")
+    feeds = api.read_npz(result.path / "reference/inputs.npz")
     eager = model.eager([feeds["input_ids"], feeds["attention_mask"]])
-    stored = api._read_npz(result.path / "reference/outputs.npz")
+    stored = api.read_npz(result.path / "reference/outputs.npz")
     np.testing.assert_array_equal(stored["last_hidden_state"], eager[0])
     # `mlc check` reports the conversion step and the compilation step separately.
     proc = run_mlc("check", result.path)
@@ -109,7 +109,7 @@ def test_zoo_bert_tiny_is_checked_against_torch_eager(tmp_path):
 
 
 def test_factory_compiles_and_records_recipe(factory_file, tmp_path):
-    result = api.compile(f"{factory_file}:two_inputs", "x86", output=tmp_path / "gate")
+    result = api.compile(f"{factory_file}:two_inputs", target="x86", output=tmp_path / "gate")
     assert result.check.passed
     m = _manifest(result.path)
     assert [i["name"] for i in m["inputs"]] == ["features", "scale"]  # forward()'s parameter names
@@ -124,7 +124,7 @@ def test_torchscript_trace_is_caught_at_a_new_sequence_length(factory_file, tmp_
     assert_clean_error(proc, ExitCode.ACCURACY, "the export lost the accuracy")
     assert "conversion: ONNX Runtime on the export" in proc.stdout and "FAIL" in proc.stdout
     # The dynamo exporter (the default) gets the same model right.
-    assert api.compile(f"{factory_file}:make", "x86", output=tmp_path / "pool-dynamo").check.passed
+    assert api.compile(f"{factory_file}:make", target="x86", output=tmp_path / "pool-dynamo").check.passed
 
 
 def test_export_command_writes_onnx_and_compares(factory_file, tmp_path):
@@ -137,7 +137,7 @@ def test_export_command_writes_onnx_and_compares(factory_file, tmp_path):
 
     assert [i.name for i in onnx.load(str(out)).graph.input] == ["features", "scale"]
     # The exported file compiles as a plain ONNX model (checked against ONNX Runtime then).
-    assert api.compile(str(out), "x86", output=tmp_path / "from-onnx").check.passed
+    assert api.compile(str(out), target="x86", output=tmp_path / "from-onnx").check.passed
 
 
 def test_exported_program_and_torchscript_files(tmp_path):
@@ -146,7 +146,7 @@ def test_exported_program_and_torchscript_files(tmp_path):
     example = (torch.randn(2, 3, 8, 8),)
     pt2 = tmp_path / "conv.pt2"
     torch.export.save(torch.export.export(model, example, dynamic_shapes=({0: torch.export.Dim("b")},)), str(pt2))
-    result = api.compile(str(pt2), "x86", output=tmp_path / "pt2")
+    result = api.compile(str(pt2), target="x86", output=tmp_path / "pt2")
     assert result.check.passed and result.manifest.source.format == "torch"
     assert "ExportedProgram" in result.manifest.source.exporter
 
@@ -154,7 +154,7 @@ def test_exported_program_and_torchscript_files(tmp_path):
     torch.jit.save(torch.jit.trace(model, example), str(scripted))
     proc = run_mlc("compile", scripted, "-o", tmp_path / "ts")
     assert_clean_error(proc, ExitCode.USER_ERROR, "does not record input shapes", "--input-shape")
-    result = api.compile(str(scripted), "x86", output=tmp_path / "ts", input_shapes=["1x3x8x8"])
+    result = api.compile(str(scripted), target="x86", output=tmp_path / "ts", input_shapes=["1x3x8x8"])
     assert result.check.passed and result.manifest.inputs[0].shape == [1, 3, 8, 8]
 
 
@@ -193,13 +193,13 @@ def test_missing_framework_is_exit_4(monkeypatch, tmp_path):
     real = base.importlib.util.find_spec
     monkeypatch.setattr(base.importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
     with pytest.raises(MissingDependencyError, match=r"PyTorch is not installed.*pip install 'mlc\[torch\]'"):
-        api.compile("zoo:mlp", "x86", framework="torch", output=tmp_path / "out")
+        api.compile("zoo:mlp", target="x86", framework="torch", output=tmp_path / "out")
 
 
 @pytest.mark.parametrize("name", ["cnn", "lstm"])
 def test_torch_zoo_cnn_and_lstm_match_eager(name, tmp_path):
     """With bert-tiny above: a CNN (BatchNorm folded), an LSTM (lowered: TVM has no LSTM converter)."""
-    result = api.compile(f"zoo:{name}", "x86", framework="torch", output=tmp_path / name)
+    result = api.compile(f"zoo:{name}", target="x86", framework="torch", output=tmp_path / name)
     assert result.check.passed and result.check.conversion.passed, result.check.to_json()
     if name == "lstm":
         assert any(r.name == "lower_rnn" and r.status == "applied" for r in result.manifest.compile.passes)
@@ -210,7 +210,7 @@ def test_torch_zoo_cnn_and_lstm_match_eager(name, tmp_path):
 def test_stacked_lstm_with_dynamic_batch_is_lowered_and_matches_eager(factory_file, tmp_path):
     """The second LSTM's input length is only known through a Reshape whose target torch.export
     computes from Shape: lower_rnn must still find it (ONNX's own shape inference loses it)."""
-    result = api.compile(f"{factory_file}:stacked_lstm", "x86", output=tmp_path / "stacked",
+    result = api.compile(f"{factory_file}:stacked_lstm", target="x86", output=tmp_path / "stacked",
                          input_shapes=["x:3x6x8"])
     assert result.check.passed, result.check.to_json()
     assert any(r.name == "lower_rnn" and r.status == "applied" for r in result.manifest.compile.passes)

@@ -14,7 +14,7 @@ CASES = [(name, framework) for name, model in ZOO.items() for framework in model
 @pytest.mark.slow
 @pytest.mark.parametrize("name, framework", CASES, ids=[f"{n}-{f}" for n, f in CASES])
 def test_zoo_model_compiles_and_matches_its_reference(name, framework, tmp_path):
-    result = api.compile(f"zoo:{name}", "x86", framework=framework, output=tmp_path / name)
+    result = api.compile(f"zoo:{name}", target="x86", framework=framework, output=tmp_path / name)
     assert result.check.passed, result.check.to_json()
     if framework != "onnx":
         assert result.check.conversion is not None and result.check.conversion.passed

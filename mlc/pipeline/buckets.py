@@ -1,13 +1,23 @@
-"""`mlc compile --buckets`: which dim is bucketed, which input masks the padding, and the lengths
-each bucket is checked at. The padding itself happens in the thin runtime (pad_to_bucket)."""
+"""`mlc compile --buckets`: which dim is bucketed, which input masks the padding, the graph each bucket
+builds, and the lengths each bucket is checked at. The padding itself happens in the thin runtime
+(pad_to_bucket)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional, Sequence
 
+import onnx
+
+from mlc.artifacts.manifest import BucketCheck, BucketInfo
 from mlc.errors import InputError, UnsupportedModelError
+from mlc.frontends import onnx as onnx_frontend
+from mlc.passes import onnx as onnx_passes
+from mlc.pipeline.prepare import Prepared
+from mlc.pipeline.steps import Timer
+from mlc.runtime import runner as thin_runtime
 
 DEFAULT_DIM = "seq"
 _BUCKETS = re.compile(r"^(?:([A-Za-z_][\w.]*)=)?(\d+(?:,\d+)*)$")
@@ -82,3 +92,66 @@ def output_axes(plan: Plan, shapes: dict[int, list[list[int]]], names: list[list
             found = [a for a in found if a < len(onnx_names) and onnx_names[a] == plan.dim]
         axes.append(found)
     return axes
+
+
+@dataclass(frozen=True)
+class Build:
+    """One TVM build: the library it writes, the cleaned graph it compiles, a label for progress lines."""
+
+    library: str
+    onnx: Path
+    label: str = ""  # "" or " seq=16"
+
+
+def builds(plan: Plan, prepared: Prepared, steps: list, workdir: Path, timed: Timer) -> list[Build]:
+    """Per bucket: the graph with that length fixed, cleaned by the ONNX passes again (shapes now static)."""
+    concrete = onnx_frontend.concrete_shapes(prepared.specs, prepared.fixed)
+    length = next(concrete[s.name][s.shape.index(plan.dim)] for s in prepared.specs if plan.dim in s.shape)
+    if length > plan.sizes[-1]:
+        raise InputError(f"the reference inputs have {plan.dim}={length}, longer than the largest bucket "
+                         f"{plan.sizes[-1]}; add a bucket >= {length} or give shorter inputs with --input-shape")
+    result = []
+    for size in plan.sizes:
+        shapes = {s.name: [size if d == plan.dim else n for d, n in zip(s.shape, concrete[s.name])]
+                  for s in prepared.specs}
+        with timed(f"onnx_passes_{plan.dim}{size}", f"Running ONNX graph passes for {plan.dim}={size}"):
+            cleaned, _, _ = onnx_passes.run(onnx_frontend.fix_input_shapes(prepared.model, shapes), steps, None)
+            path = workdir / f"cleaned-{plan.dim}{size}.onnx"
+            onnx.save(cleaned, str(path))
+        result.append(Build(plan.library(size), path, f" {plan.dim}={size}"))
+    return result
+
+
+def merge_results(results: list[dict]) -> dict:
+    """One worker result for several builds (buckets): timings summed, kernel lists united."""
+    merged = dict(results[0])
+    merged["timings"] = {k: sum(r["timings"].get(k, 0.0) for r in results) for k in results[0]["timings"]}
+    if results[0].get("schedules"):
+        merged["schedules"] = {k: sorted({n for r in results for n in r["schedules"].get(k, [])})
+                               for k in results[0]["schedules"]}
+    return merged
+
+
+def manifest_info(plan: Plan, prepared: Prepared, results: dict[str, dict], staged: Path
+                  ) -> tuple[BucketInfo, list[list[int]]]:
+    """The manifest's buckets, with reference runs at the shortest length of each bucket (the most
+    padding): ONNX Runtime on the model as given (for framework models: the export, whose
+    conversion `mlc check` reports against the framework at the reference shapes). Also, per
+    output, the axes that carry the bucketed dim. `results`: the worker's result per library."""
+    shapes = {size: [o["shape"] for o in results[plan.library(size)]["outputs"]] for size in plan.sizes}
+    onnx_names = [[d.dim_param or None for d in o.type.tensor_type.shape.dim] for o in prepared.model.graph.output]
+    axes = output_axes(plan, shapes, onnx_names)
+    concrete = onnx_frontend.concrete_shapes(prepared.specs, prepared.fixed)
+    checks = []
+    for length, size in plan.check_lengths():
+        shapes_l = {s.name: [length if d == plan.dim else n for d, n in zip(s.shape, concrete[s.name])]
+                    for s in prepared.specs}
+        ref = onnx_frontend.onnxruntime_reference(prepared.path, onnx_frontend.make_inputs(prepared.specs, shapes_l))
+        stem = f"reference/{plan.dim}{length}"
+        (staged / "reference").mkdir(exist_ok=True)
+        thin_runtime.save_npz(staged / f"{stem}.inputs.npz", ref.inputs)
+        thin_runtime.save_npz(staged / f"{stem}.outputs.npz", ref.outputs)
+        checks.append(BucketCheck(length=length, bucket=size, inputs=f"{stem}.inputs.npz",
+                                  outputs=f"{stem}.outputs.npz", producer=f"{ref.producer} on {prepared.path.name}"))
+    return BucketInfo(dim=plan.dim, sizes=plan.sizes, libraries={str(b): plan.library(b) for b in plan.sizes},
+                      mask=plan.mask, checks=checks), axes

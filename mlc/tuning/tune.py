@@ -117,6 +117,7 @@ class TuneResult:
 
 def tune(
     source: str,
+    *,
     target: str = "x86",
     db: str | Path = "tuning",
     trials: Optional[int] = None,
@@ -135,8 +136,12 @@ def tune(
     `threads`: the thread count kernels are measured with; make it the count the model will run with
     (default: TVM's own choice, as the runtime's; the result reports it). A schedule searched at one
     count can lose at another."""
-    from mlc import api, targets
     from mlc import passes as graph_passes
+    from mlc import targets
+    from mlc.compiler import runtimes
+    from mlc.pipeline.options import ModelSpec
+    from mlc.pipeline.prepare import prepare
+    from mlc.pipeline.steps import Timer, quiet_step
 
     if trials is not None and trials < 1:
         raise InputError(f"--trials must be at least 1, got {trials}")
@@ -158,8 +163,8 @@ def tune(
     if preset.tvm.get("kind") != "llvm":
         raise TargetError(f"mlc tune measures CPU (llvm) targets; {preset.name} is a {preset.tvm.get('kind')} target, "
                           "whose builds use rule-based GPU schedules")
-    if preset.runtime_arch != api.runtimes.HOST_ARCH and rpc_tracker is None:
-        raise TargetError(f"{preset.name} code cannot run on this {api.runtimes.HOST_ARCH} machine to be measured; "
+    if preset.runtime_arch != runtimes.HOST_ARCH and rpc_tracker is None:
+        raise TargetError(f"{preset.name} code cannot run on this {runtimes.HOST_ARCH} machine to be measured; "
                           "tune on the device through --rpc-tracker HOST:PORT --rpc-key KEY (see `mlc rpc-server`)")
     db = check_db_dir(Path(db), create=True)
     per_task = trials if trials is not None else (10_000 if budget_s is not None else DEFAULT_TRIALS_PER_TASK)
@@ -168,8 +173,7 @@ def tune(
         work = Path(scratch)
         # The same default pass plan as `mlc compile`: the kernels tuned are the kernels it builds.
         steps = graph_passes.plan(device=preset.device)
-        prepared = api._prepare(source, input_shapes, work, api._Timer(api._quiet_step),
-                                framework=api.resolve_framework(source, None), static=True, steps=steps)
+        prepared = prepare(ModelSpec(source, input_shapes=input_shapes), work, Timer(quiet_step), static=True, steps=steps)
         request = {
             "relax_passes": [s.to_json() for s in steps], "onnx": str(prepared.cleaned_path), "target": preset.tvm, "db": str(db.resolve()),
             "logs": str(work / "logs"), "events": str(work / "events.jsonl"),

@@ -1,0 +1,191 @@
+"""`mlc compile`, step by step: plan (every option checked before heavy work), prepare (ONNX, shapes, passes,
+reference), build with TVM (once, or once per bucket), package, verify."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from mlc import artifacts, compiler, frontends, targets, tuning
+from mlc.artifacts.manifest import Manifest
+from mlc.check import CheckResult
+from mlc.compiler import runtimes
+from mlc.errors import CompilerError, InputError, MlcError, TargetError, UnsupportedModelError
+from mlc.pipeline import buckets as bucketing
+from mlc.pipeline import source as sources
+from mlc.pipeline.options import CompileOptions, ModelSpec, check_tolerances, recipe
+from mlc.pipeline.package import KERNELS, LIBRARY, OBJECTS, default_output, package
+from mlc.pipeline.prepare import Prepared, References, dynamic_ranges, prepare, references
+from mlc.pipeline.run import check
+from mlc.pipeline.steps import StepReporter, Timer, quiet_step
+from mlc.runtime import runner as thin_runtime
+
+
+@dataclass
+class CompileResult:
+    path: Path
+    manifest: Manifest
+    check: Optional[CheckResult]  # None when the artifact cannot run here (no emulator)
+    archive: Optional[Path] = None
+    notes: list[str] = field(default_factory=list)
+
+
+def prepare_target(preset: targets.Target) -> tuple[runtimes.RuntimeFiles, Optional[str]]:
+    """The runtime files and cross compiler a target needs (fetched or built now, or an error)."""
+    runtime = runtimes.runtime_files(preset.runtime_arch, preset.device, preset.runtime_os)
+    cross = None
+    if preset.runtime_arch != runtimes.HOST_ARCH and preset.runtime_os != "macos":
+        cross = runtimes.toolchain(preset.runtime_arch).compiler
+    return runtime, cross
+
+
+@dataclass(frozen=True)
+class CompilePlan:
+    """What a compile does, decided before any heavy work."""
+
+    model: ModelSpec  # its framework resolved
+    options: CompileOptions
+    preset: targets.Target
+    dynamic: Optional[dict]  # --dynamic parsed
+    ranges: dict  # the --dynamic dims given a range
+    buckets: Optional[tuple]  # --buckets parsed
+    schedules: Optional[dict]  # what the worker schedules with (CPU targets)
+    steps: list  # the pass plan
+    runtime: runtimes.RuntimeFiles
+    cross: Optional[str]  # cross compiler
+    output: Path
+
+
+def compile(model: ModelSpec, options: CompileOptions, step: StepReporter = quiet_step  # noqa: A001
+            ) -> CompileResult:
+    """Compile `model` into a verified artifact directory (see mlc.api.compile)."""
+    timed = Timer(step)
+    plan = plan_compile(model, options)
+    with tempfile.TemporaryDirectory(prefix="mlc-compile-") as scratch:
+        workdir = Path(scratch)
+        prepared = prepare(plan.model, workdir, timed, static=options.db is not None and not plan.dynamic,
+                           steps=plan.steps, dump_ir=options.pass_options.dump_ir)
+        with timed("reference", "Computing reference outputs with ONNX Runtime"):
+            refs = references(prepared)
+        bucket_plan, builds = _plan_builds(plan, prepared, workdir, timed)
+        with artifacts.staging_dir(plan.output) as staged:
+            results = _build(plan, prepared, refs, builds, staged, timed)
+            manifest, result = _package(plan, prepared, refs, bucket_plan, results, staged, timed)
+    notes = prepared.notes + result["passes"]["notes"] + _schedule_notes(plan, result)
+    check_result, verify_notes = _verify(plan, timed)
+    archive_path = artifacts.archive(plan.output) if options.archive else None
+    return CompileResult(plan.output, manifest, check_result, archive_path, notes + verify_notes)
+
+
+def plan_compile(model: ModelSpec, options: CompileOptions) -> CompilePlan:
+    """Check every option, resolve the target, fetch its runtime and toolchain: what is missing or wrong fails
+    here, before any heavy work."""
+    check_tolerances(options.atol, options.rtol)
+    dynamic = model.dynamic_dims()
+    requested_buckets = bucketing.parse(model.buckets)
+    if requested_buckets and model.dynamic:
+        raise InputError("--buckets and --dynamic are two answers to the same problem; give one of them")
+    model = sources.resolve(model)
+    frontends.check_exporter(model.framework, model.exporter)
+    preset = targets.resolve(options.target)
+    schedules = tuning.schedule_request(preset, options.db, options.default_schedules)
+    steps = options.pass_options.plan(preset.device)
+    runtime, cross = prepare_target(preset)
+    output = options.output or default_output(sources.model_name(model.source), preset.name)
+    artifacts.check_replaceable(output)
+    return CompilePlan(model, options, preset, dynamic, dynamic_ranges(model), requested_buckets, schedules, steps,
+                runtime, cross, output)
+
+
+def _plan_builds(plan: CompilePlan, prepared: Prepared, workdir: Path, timed: Timer
+                 ) -> tuple[Optional[bucketing.Plan], list[bucketing.Build]]:
+    """One build of the cleaned graph, or with --buckets one per bucket."""
+    if not plan.buckets:
+        return None, [bucketing.Build(LIBRARY[plan.preset.runtime_os], prepared.cleaned_path)]
+    bucket_plan = bucketing.plan(plan.buckets, prepared.specs)
+    if plan.preset.runtime_os == "macos" or plan.preset.device != "cpu":
+        raise TargetError(f"--buckets builds CPU shared libraries (linux); target {plan.preset.name} is not one")
+    return bucket_plan, bucketing.builds(bucket_plan, prepared, plan.steps, workdir, timed)
+
+
+def _build(plan: CompilePlan, prepared: Prepared, refs: References, builds: list[bucketing.Build], staged: Path,
+           timed: Timer) -> dict[str, dict]:
+    """Compile each build with TVM into `staged`; the worker's result per library."""
+    preset, options = plan.preset, plan.options
+    macos = preset.runtime_os == "macos"
+    results = {}
+    for build in builds:
+        with timed(f"tvm{build.label}", f"Compiling{build.label} with TVM for {preset.name} "
+                                        f"({preset.tvm.get('mcpu', preset.tvm['kind'])})"):
+            try:
+                results[build.library] = compiler.compile_in_worker(
+                    build.onnx, preset.tvm, library=staged / build.library, isolate=options.isolate,
+                    cross_compiler=plan.cross, kernels_dir=staged / KERNELS,
+                    object_dir=staged / OBJECTS if macos else None, schedules=plan.schedules,
+                    relax_passes=[s.to_json() for s in plan.steps], dump_ir=options.pass_options.dump_ir,
+                    dim_upper_bounds={name: hi for name, (_, hi) in plan.ranges.items()})
+            except CompilerError as e:
+                cause = _user_cause(e, plan, prepared, refs)
+                if cause is None:
+                    raise
+                raise cause from None
+    return results
+
+
+def _user_cause(e: CompilerError, plan: CompilePlan, prepared: Prepared, refs: References) -> Optional[MlcError]:
+    """A TVM failure the user can act on, as the error that says how; None when it is TVM's (or mlc's) own."""
+    if plan.dynamic and e.stage == "import":
+        return UnsupportedModelError(
+            f"TVM cannot import this model with {', '.join(plan.dynamic)} symbolic ({e}); compile "
+            "it without --dynamic (static shapes) or serve the lengths with --buckets")
+    if refs.onnxruntime_error is not None:  # ONNX Runtime failed on the export too: the export is broken, not TVM
+        return UnsupportedModelError(
+            f"the ONNX export ({prepared.source.exporter}) is broken at the compiled shapes: "
+            f"{refs.onnxruntime_error}; TVM: {e}. Try another --exporter or other --input-shape")
+    return None
+
+
+def _package(plan: CompilePlan, prepared: Prepared, refs: References, bucket_plan: Optional[bucketing.Plan],
+             results: dict[str, dict], staged: Path, timed: Timer) -> tuple[Manifest, dict]:
+    """Write the manifest (and the buckets' reference runs) and publish the artifact; returns the manifest and
+    the builds' merged worker result."""
+    result = bucketing.merge_results(list(results.values()))
+    bucket_info, bucket_axes = None, []
+    if bucket_plan:
+        bucket_info, bucket_axes = bucketing.manifest_info(bucket_plan, prepared, results, staged)
+    timed.timings.update({f"tvm_{k}": round(v, 4) for k, v in result["timings"].items()})
+    with timed("package", "Packaging the artifact"):
+        manifest = package(staged, runtime=plan.runtime, preset=plan.preset, prepared=prepared, references=refs,
+                           result=result, pass_records=prepared.pass_records + result["passes"]["records"],
+                           timings=timed.timings, recipe=recipe(plan.model, plan.options), buckets=bucket_info,
+                           bucket_axes=bucket_axes, ranges=plan.ranges)
+        artifacts.publish(staged, plan.output)
+    return manifest, result
+
+
+def _schedule_notes(plan: CompilePlan, result: dict) -> list[str]:
+    db = plan.options.db
+    notes = list(plan.runtime.notes)
+    notes += tuning.schedule_notes(result.get("schedules"), plan.model.source, plan.options.target, db)
+    if db is not None and plan.dynamic:
+        notes.append("tuning records match static kernels: the symbolic-shape kernels of --dynamic use "
+                     "mlc's default schedules; for tuned kernels per length use --buckets with --db")
+    return notes
+
+
+def _verify(plan: CompilePlan, timed: Timer) -> tuple[Optional[CheckResult], list[str]]:
+    """Run the artifact on its reference inputs where this machine can (natively, or under qemu); else a note
+    saying where to check it."""
+    preset, final = plan.preset, plan.output
+    arch = preset.runtime_arch
+    if preset.device != "cpu" and not thin_runtime.device_present(preset.device):
+        return None, [f"not verified: no {preset.device.upper()} device here; run `mlc check {final}` "
+                      "(or `python run.py`) on a machine with one"]
+    if arch == runtimes.HOST_ARCH or thin_runtime.emulator_command(arch):
+        how = "" if arch == runtimes.HOST_ARCH else " under qemu emulation"
+        with timed("check", f"Checking the artifact against the reference{how}"):
+            return check(final, atol=plan.options.atol, rtol=plan.options.rtol), []
+    return None, [f"not verified: this {runtimes.HOST_ARCH} machine cannot run {arch} code "
+                  "(apt-get install qemu-user); run `mlc check` or `python run.py` on the device"]

@@ -1,0 +1,123 @@
+"""The last compile step: the artifact's files (compiled library, thin runtime, reference data) and its sealed
+manifest."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+from pathlib import Path
+from typing import Optional, Sequence
+
+from mlc import __version__, artifacts, targets
+from mlc.artifacts.manifest import (BucketInfo, CompileInfo, Manifest, ReferenceInfo, RuntimeInfo, TargetInfo,
+                                    TensorSpec)
+from mlc.compiler import runtimes
+from mlc.errors import CompilerError
+from mlc.pipeline.options import Recipe
+from mlc.pipeline.prepare import Prepared, References
+from mlc.runtime import runner as thin_runtime
+
+DEFAULT_OUTPUT_ROOT = Path("artifacts")
+LIBRARY = {"linux": "model.so", "macos": "model.dylib"}
+OBJECTS = "model"  # macOS: the objects that link.sh links into model.dylib on the Mac
+LINK_SCRIPT = "link.sh"
+RUNTIME_MODULE = "runtime/mlc_runtime.py"
+NATIVE_RUNNER = "runtime/mlc_runner"
+KERNELS = "kernels"  # generated GPU source, for reading and for upstream bug reports
+RUN_ENTRY = "run.py"
+REFERENCE_INPUTS = "reference/inputs.npz"
+REFERENCE_OUTPUTS = "reference/outputs.npz"
+REFERENCE_ONNXRUNTIME = "reference/onnxruntime.npz"  # framework models: ONNX Runtime on the export
+
+
+def default_output(model_name: str, target_name: str, root: Path = DEFAULT_OUTPUT_ROOT) -> Path:
+    return root / f"{model_name}-{target_name}"
+
+
+def package(staged: Path, *, runtime: runtimes.RuntimeFiles, preset: targets.Target, prepared: Prepared,
+            references: References, result: dict, pass_records: list[dict], timings: dict, recipe: Recipe,
+            buckets: Optional[BucketInfo] = None, bucket_axes: Sequence[list[int]] = (),
+            ranges: Optional[dict] = None) -> Manifest:
+    """Write the runtime and the reference next to the compiled library in `staged`, and seal the manifest.
+    `result`: the TVM worker's (merged) result; `bucket_axes`: per output, the axes carrying the bucketed dim."""
+    runtime_info, library = _copy_runtime(staged, runtime, preset)
+    reference_info = _write_reference(staged, references)
+    inputs = [
+        TensorSpec(name=s.name, dtype=s.dtype, shape=prepared.fixed.get(s.name, s.shape), value_range=s.value_range)
+        for s in prepared.specs
+    ]
+    if buckets:  # the bucketed dim stays symbolic in the specs; the runtime pads it
+        library = buckets.libraries[str(max(buckets.sizes))]
+        for spec, s in zip(inputs, prepared.specs):
+            spec.shape = [buckets.dim if d == buckets.dim else size for d, size in zip(s.shape, spec.shape)]
+    out_names = list(references.expected.outputs)
+    if len(out_names) != len(result["outputs"]):
+        raise CompilerError(f"TVM's module returns {len(result['outputs'])} outputs where the model has {len(out_names)}")
+    outputs = [
+        TensorSpec(name=n, dtype=sig["dtype"], shape=sig["shape"]) for n, sig in zip(out_names, result["outputs"])
+    ]
+    for spec, axes in zip(outputs, bucket_axes):
+        spec.shape = [buckets.dim if a in axes else d for a, d in enumerate(spec.shape)]
+    manifest = Manifest(
+        mlc_version=__version__,
+        tvm_version=result["tvm_version"],
+        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        source=prepared.source,
+        target=TargetInfo(**preset.to_json()),
+        library=library,
+        runtime=runtime_info,
+        reference=reference_info,
+        inputs=inputs,
+        outputs=outputs,
+        compile=CompileInfo(options=recipe.options, timings_s=timings, passes=pass_records,
+                            kernels=result.get("kernels", {}), schedules=result.get("schedules"),
+                            recipe=recipe.command, onnx_nodes={"before": len(prepared.model.graph.node),
+                                                               "after": len(prepared.cleaned.graph.node)}),
+        buckets=buckets,
+        dynamic_ranges=ranges or {},
+    )
+    return artifacts.seal(staged, manifest)
+
+
+def _copy_runtime(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.Target) -> tuple[RuntimeInfo, str]:
+    """The TVM runtime libraries, the thin runtime and its entry point (and on macOS the link script);
+    returns the manifest's runtime and the library the runtime loads."""
+    (staged / "runtime").mkdir()
+    runtime_library, ffi_library = f"runtime/{runtime.tvm_runtime.name}", f"runtime/{runtime.tvm_ffi.name}"
+    shutil.copyfile(runtime.tvm_runtime, staged / runtime_library)
+    shutil.copyfile(runtime.tvm_ffi, staged / ffi_library)
+    if runtime.native_runner:
+        shutil.copy(runtime.native_runner, staged / NATIVE_RUNNER)  # keeps the executable bit
+    library, link = LIBRARY[preset.runtime_os], None
+    if preset.runtime_os == "macos":
+        link = LINK_SCRIPT
+        objects = " ".join(sorted(f"{OBJECTS}/{p.name}" for p in (staged / OBJECTS).iterdir()))
+        (staged / link).write_text(
+            "#!/bin/sh\n# Run once on the Mac (Xcode command line tools): links the compiled objects into "
+            f"{library}.\nset -e\ncd \"$(dirname \"$0\")\"\n"
+            f"clang++ -dynamiclib -undefined dynamic_lookup -o {library} {objects}\n")
+        (staged / link).chmod(0o755)
+    device_libraries = []
+    for device_library in runtime.device_libraries:
+        shutil.copyfile(device_library, staged / "runtime" / device_library.name)
+        device_libraries.append(f"runtime/{device_library.name}")
+    shutil.copyfile(Path(thin_runtime.__file__), staged / RUNTIME_MODULE)
+    shutil.copyfile(Path(thin_runtime.__file__).with_name("run_entry.py"), staged / RUN_ENTRY)
+    info = RuntimeInfo(library=runtime_library, module=RUNTIME_MODULE, entry=RUN_ENTRY,
+                       requires=["numpy", "apache-tvm-ffi==0.1.14.post1"],
+                       ffi_library=ffi_library, native_runner=NATIVE_RUNNER if runtime.native_runner else None,
+                       device_libraries=device_libraries, link=link)
+    return info, library
+
+
+def _write_reference(staged: Path, references: References) -> ReferenceInfo:
+    expected = references.expected
+    (staged / "reference").mkdir(exist_ok=True)
+    thin_runtime.save_npz(staged / REFERENCE_INPUTS, expected.inputs)
+    thin_runtime.save_npz(staged / REFERENCE_OUTPUTS, expected.outputs)
+    if references.onnxruntime is not None:
+        thin_runtime.save_npz(staged / REFERENCE_ONNXRUNTIME, references.onnxruntime)
+    return ReferenceInfo(producer=expected.producer, inputs=REFERENCE_INPUTS, outputs=REFERENCE_OUTPUTS,
+                         seed=expected.seed,
+                         onnxruntime=REFERENCE_ONNXRUNTIME if references.onnxruntime is not None else None,
+                         onnxruntime_error=references.onnxruntime_error)

@@ -1,0 +1,127 @@
+"""The second step: the ONNX model loaded and checked, its input shapes and dynamic ranges decided, its graph
+cleaned by the ONNX passes, and the reference outputs the compiled model is checked against."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional
+
+import numpy as np
+import onnx
+
+from mlc import compiler, frontends
+from mlc import passes as graph_passes
+from mlc.artifacts.manifest import SourceInfo
+from mlc.errors import InputError
+from mlc.frontends import onnx as onnx_frontend
+from mlc.passes import onnx as onnx_passes
+from mlc.pipeline import source as sources
+from mlc.pipeline.options import ModelSpec
+from mlc.pipeline.steps import Timer
+from mlc.runtime import runner as thin_runtime
+
+
+@dataclass
+class Prepared:
+    """A model loaded, checked, with its inputs decided and its graph cleaned for TVM."""
+
+    path: Path  # the ONNX file as the user gave it (or the zoo model written out, or the export)
+    source: SourceInfo
+    model: onnx.ModelProto
+    specs: list
+    fixed: dict[str, list[int]]
+    feeds: dict[str, np.ndarray]
+    cleaned: onnx.ModelProto
+    cleaned_path: Path
+    notes: list[str]
+    converted: Optional[frontends.Converted] = None  # framework models: the export and eager outputs
+    pass_records: list[dict] = field(default_factory=list)  # what each graph pass did
+
+
+def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Mapping[str, np.ndarray]] = None,
+            static: bool = False, steps: Optional[list] = None, dump_ir: Optional[str] = None) -> Prepared:
+    """`model` to a cleaned ONNX graph in `workdir`. `feeds`: the reference inputs (default: the framework's, else
+    seeded random ones); `static`: symbolic dims take the reference sizes (tuning records match static kernels);
+    `steps`: the pass plan (default: the CPU plan); `dump_ir`: a folder for the graph after each pass."""
+    model = sources.resolve(model)
+    dynamic = model.dynamic_dims()
+    source = sources.to_onnx(model, workdir, timed)
+    converted = source.converted
+    if converted is not None and feeds is None:
+        feeds = converted.feeds  # the inputs the framework ran on
+    with timed("load", "Loading the model"):
+        onnx_model = onnx_frontend.load(source.path)
+        if not source.info.sha256:
+            source.info.sha256 = thin_runtime.sha256_file(source.path)
+        source.info.opset = next((o.version for o in onnx_model.opset_import if o.domain in ("", "ai.onnx")), None)
+        if steps is None:
+            steps = graph_passes.plan(device="cpu")
+        # Ops no pass rewrites fail here, before any work.
+        compiler.check_supported(onnx_model,
+                                 rewritten=graph_passes.RNN_OPS if any(s.name == "lower_rnn" for s in steps) else ())
+        specs = onnx_frontend.input_specs(onnx_model)
+        fixed = onnx_frontend.resolve_input_shapes(specs, list(model.input_shapes))
+        if static:  # tuning records match static kernels only: symbolic dims take the reference sizes
+            fixed = onnx_frontend.concrete_shapes(specs, fixed)
+        if feeds is None:
+            feeds = onnx_frontend.make_inputs(specs, onnx_frontend.concrete_shapes(specs, fixed))
+        if converted is not None:
+            # Exports keep every dim the model has symbolic: compile for the shapes the framework
+            # ran on (static kernels are faster), but for the dims --dynamic names.
+            fixed = {s.name: list(np.shape(feeds[s.name])) for s in specs}
+        if dynamic:
+            check_dynamic(dynamic, specs, feeds)
+            # A --dynamic dim stays symbolic even where --input-shape gave it a size (the reference's).
+            fixed = {s.name: [d if isinstance(d, str) and d in dynamic else size
+                              for d, size in zip(s.shape, fixed[s.name])] for s in specs if s.name in fixed}
+    with timed("onnx_passes", "Running ONNX graph passes"):
+        cleaned, records, notes = onnx_passes.run(onnx_frontend.fix_input_shapes(onnx_model, fixed), steps,
+                                                  Path(dump_ir) if dump_ir else None)
+        compiler.check_supported(cleaned, notes=notes)  # after the passes: lower_rnn makes LSTMs importable
+        cleaned_path = workdir / "cleaned.onnx"
+        onnx.save(cleaned, str(cleaned_path))
+    notes = (converted.notes if converted else []) + notes
+    return Prepared(source.path, source.info, onnx_model, specs, fixed, dict(feeds), cleaned, cleaned_path, notes,
+                    converted, records)
+
+
+def check_dynamic(dynamic: dict, specs: list, feeds: Mapping[str, np.ndarray]) -> None:
+    """--dynamic names the model's symbolic dims, and the reference inputs lie in its ranges."""
+    symbolic = {d: np.shape(feeds[s.name])[axis] for s in specs for axis, d in enumerate(s.shape)
+                if isinstance(d, str)}
+    for name, bounds in dynamic.items():
+        if name not in symbolic:
+            known = ", ".join(symbolic) or "none"
+            raise InputError(f"--dynamic {name}: the model has no dim named {name!r}; its symbolic dims: {known}")
+        if bounds and not bounds[0] <= symbolic[name] <= bounds[1]:
+            raise InputError(f"--dynamic {name}={bounds[0]}..{bounds[1]}: the reference inputs have {name}="
+                             f"{symbolic[name]}; widen the range or give --input-shape inside it")
+
+
+def dynamic_ranges(model: ModelSpec) -> dict[str, tuple[int, int]]:
+    """The --dynamic dims given a range, {dim: (min, max)}: the manifest's, and TVM's upper bounds."""
+    return {name: bounds for name, bounds in (model.dynamic_dims() or {}).items() if bounds}
+
+
+@dataclass(frozen=True)
+class References:
+    """What the artifact is checked against."""
+
+    expected: onnx_frontend.Reference  # ONNX Runtime's outputs (ONNX models) or the framework's eager outputs
+    onnxruntime: Optional[dict[str, np.ndarray]] = None  # framework models: ONNX Runtime on the export
+    onnxruntime_error: Optional[str] = None  # framework models: why ONNX Runtime could not run the export
+
+
+def references(prepared: Prepared) -> References:
+    """The reference the artifact is checked against: ONNX Runtime for ONNX models; for framework
+    models the framework's eager outputs, plus ONNX Runtime's outputs (or its error) on the export."""
+    converted = prepared.converted
+    if converted is None:
+        return References(onnx_frontend.onnxruntime_reference(prepared.path, prepared.feeds))
+    eager = onnx_frontend.Reference(producer=f"{converted.framework} {converted.framework_version} eager",
+                                    inputs=prepared.feeds, outputs=converted.eager)
+    try:
+        return References(eager, onnx_frontend.onnxruntime_reference(prepared.path, prepared.feeds).outputs)
+    except InputError as e:  # the export may be broken; TVM may still get it right, and the check decides
+        return References(eager, onnxruntime_error=str(e))

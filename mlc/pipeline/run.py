@@ -1,0 +1,124 @@
+"""After the data path: an artifact run on inputs (`mlc run`) and checked against its stored reference
+(`mlc check`), through the thin runtime it carries."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+from mlc import artifacts
+from mlc.check import CheckResult, compare
+from mlc.compiler import runtimes
+from mlc.errors import AccuracyError, InputError, IntegrityError, MissingDependencyError
+from mlc.pipeline.options import check_tolerances
+from mlc.runtime import runner as thin_runtime
+
+Inputs = Optional[str | Path | Mapping[str, np.ndarray]]  # an .npz path, a dict, or None: the reference inputs
+
+
+@contextlib.contextmanager
+def runtime_errors():
+    """The thin runtime's exceptions (it cannot import mlc) as MlcErrors with their exit codes."""
+    try:
+        yield
+    except thin_runtime.FeedError as e:
+        raise InputError(str(e)) from None
+    except (thin_runtime.EmulatorMissing, thin_runtime.DeviceMissing) as e:
+        raise MissingDependencyError(str(e)) from None
+    except thin_runtime.ArtifactError as e:
+        raise IntegrityError(str(e)) from None
+
+
+def open_runner(artifact: str | Path) -> thin_runtime.Runner | thin_runtime.NativeRunner:
+    """Validate an artifact (schema + sha256) and load it for running: in this process when it
+    was built for this machine, else through its native runner under emulation."""
+    manifest = artifacts.load(artifact)
+    with runtime_errors():
+        if manifest.target.runtime_arch == runtimes.HOST_ARCH:
+            return thin_runtime.Runner(artifact, verify=False)  # just verified
+        return thin_runtime.NativeRunner(artifact, verify=False)
+
+
+def read_npz(path: str | Path) -> dict[str, np.ndarray]:
+    with runtime_errors():
+        return thin_runtime.load_npz(path)
+
+
+def save_outputs(path: str | Path, outputs: Mapping[str, np.ndarray]) -> None:
+    with runtime_errors():
+        thin_runtime.save_npz(path, outputs)
+
+
+def load_inputs(runner: thin_runtime.Runner, inputs: Inputs) -> dict[str, np.ndarray]:
+    if inputs is None:
+        return read_npz(runner.root / runner.manifest["reference"]["inputs"])
+    if isinstance(inputs, Mapping):
+        return dict(inputs)
+    return read_npz(inputs)
+
+
+@dataclass
+class RunResult:
+    outputs: dict[str, np.ndarray]
+    latency: Optional[dict[str, float]]
+    warnings: list[str]
+    profile: Optional[list[dict[str, Any]]] = None
+
+
+def run(artifact: str | Path, inputs: Inputs = None, *, warmup: int = 3, repeat: int = 50,
+        profile: bool = False) -> RunResult:
+    """Run an artifact on inputs (an .npz path, a dict, or None for its reference inputs);
+    `profile` also times each kernel call (Runner.profile)."""
+    if warmup < 0 or repeat < 0:
+        raise InputError("--warmup and --repeat must be >= 0")
+    runner = open_runner(artifact)
+    if profile and not isinstance(runner, thin_runtime.Runner):
+        raise InputError(f"--profile needs an artifact built for this machine; {artifact} runs under emulation here")
+    feeds = load_inputs(runner, inputs)
+    with runtime_errors():
+        outputs, latency, warnings = runner.measure(feeds, warmup, repeat)
+        kernels = runner.profile(feeds) if profile else None
+    return RunResult(outputs, latency, warnings, kernels)
+
+
+def check(artifact: str | Path, *, atol: Optional[float] = None, rtol: Optional[float] = None) -> CheckResult:
+    """Run the artifact on its reference inputs and compare with its reference outputs (and, for
+    bucketed artifacts, each bucket at its most padded length)."""
+    check_tolerances(atol, rtol)
+    runner = open_runner(artifact)
+    reference = read_npz(runner.root / runner.manifest["reference"]["outputs"])
+    feeds = load_inputs(runner, None)
+    try:
+        with runtime_errors():
+            actual = runner.run(feeds)
+    except InputError as e:  # the inputs are the artifact's own: a broken artifact, not a user mistake
+        raise IntegrityError(f"the artifact's reference inputs do not fit its model: {e}") from None
+    info = runner.manifest["reference"]
+    result = compare(reference, actual, atol=atol, rtol=rtol)
+    result.reference = info["producer"]
+    if info.get("onnxruntime"):
+        result.conversion = compare(reference, read_npz(runner.root / info["onnxruntime"]), atol=atol, rtol=rtol)
+    result.conversion_error = info.get("onnxruntime_error") or ""
+    for case in (runner.buckets or {}).get("checks", []):  # each bucket at its most padded length
+        expected = read_npz(runner.root / case["outputs"])
+        with runtime_errors():
+            got = runner.run(read_npz(runner.root / case["inputs"]))
+        for stats in compare(expected, got, atol=atol, rtol=rtol).outputs:
+            stats.name = f"{stats.name} [{runner.buckets['dim']}={case['length']} in bucket {case['bucket']}]"
+            result.outputs.append(stats)
+    return result
+
+
+def require_pass(result: CheckResult) -> None:
+    """Raise AccuracyError (exit 3) naming the failed outputs, and the export when it lost the accuracy."""
+    if not result.passed:
+        failed = [o.name for o in result.outputs if not o.passed]
+        where = ""
+        if result.conversion is not None and not result.conversion.passed:
+            where = ("; ONNX Runtime on the exported ONNX differs from the framework too, so the export lost the "
+                     "accuracy, not TVM (try another --exporter)")
+        raise AccuracyError(f"accuracy check failed for output(s): {', '.join(failed)}{where}")
