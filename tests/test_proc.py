@@ -35,8 +35,8 @@ def handler(request):
     if mode == "segv":
         print("last words before the crash", flush=True)
         os.kill(os.getpid(), signal.SIGSEGV)
-    if mode == "exit":
-        sys.exit(3)
+    if mode == "exit":  # without a result
+        os._exit(request["status"])
     open(request["ready"], "w").write(str(os.getpid()))
     if mode == "sleep":
         time.sleep(120)
@@ -118,10 +118,11 @@ def test_segfault_names_the_signal_the_last_log_line_and_the_log(child):
     log.unlink()
 
 
-def test_exit_status_without_result_ignores_a_stale_result(child, tmp_path):
+@pytest.mark.parametrize("status", [3, 0])
+def test_exit_without_result_is_an_error_whatever_was_left_before(child, tmp_path, status):
     (tmp_path / "job.request.result.json").write_text('{"ok": true, "payload": {}}')  # from an earlier run
-    with pytest.raises(CompilerError, match=r"^the test child exited with status 3 \(full log: ") as caught:
-        child({"mode": "exit"})
+    with pytest.raises(CompilerError, match=rf"^the test child exited with status {status} \(full log: ") as caught:
+        child({"mode": "exit", "status": status})
     Path(str(caught.value).rsplit("(full log: ", 1)[1].rstrip(")")).unlink()
 
 
