@@ -364,7 +364,6 @@ def tune_request(request: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from mlc import _proc
     from mlc.compiler.worker import summarize
 
     # Ctrl-C in mlc arrives as SIGINT: stop after the batch being measured, so the database stays whole.
