@@ -314,11 +314,11 @@ def test_baseline_registry_names_known_frameworks():
 
 
 def test_worker_timeout_stops_the_worker_and_its_children(tmp_path, monkeypatch):
-    """`--cell-timeout`: run_worker kills the worker's whole process group (compiler pools included)."""
+    """`--cell-timeout`: mlc._proc.run kills the worker's whole process group (compiler pools included)."""
     import os
     import time
 
-    from mlc.compiler import run_worker
+    from mlc._proc import run
     from mlc.errors import CompilerError
 
     (tmp_path / "sleeper.py").write_text(
@@ -329,7 +329,7 @@ def test_worker_timeout_stops_the_worker_and_its_children(tmp_path, monkeypatch)
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     start = time.monotonic()
     with pytest.raises(CompilerError, match="ran longer than 3 s and was stopped"):
-        run_worker("sleeper", {}, tmp_path / "job.json", "the sleeper", timeout=3)
+        run("sleeper", {}, tmp_path / "job.json", "the sleeper", timeout=3)
     assert time.monotonic() - start < 30
     pid = int((tmp_path / "job.json.pid").read_text())
     for _ in range(50):  # reaped by init a moment after the kill

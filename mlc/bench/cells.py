@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from mlc import models
-from mlc.errors import InputError, MlcError
+from mlc import _proc, models
+from mlc.errors import MlcError
 
 SCHEMA = "mlc-bench/1"
 SOURCE_FRAMEWORK = "torch"  # zoo models are exported from torch where they exist in it
@@ -25,16 +25,14 @@ def source_framework(model: models.ZooModel, override: Optional[str]) -> str:
 
 
 def run_child(job: dict, workdir: Path, tag: str, what: str, timeout: Optional[float] = None) -> dict:
-    from mlc.compiler import run_worker
-
-    result, log = run_worker("mlc.bench.worker", job, workdir / f"{tag}.request.json", what, timeout=timeout)
-    if result["ok"]:
-        log.unlink(missing_ok=True)
-        return result
-    keep = f" (log: {log})" if result["error"] == "framework" else ""
+    """One job in mlc.bench.worker; its result dict, or CellError (log kept and named for an unforeseen error)."""
+    result, log = _proc.run("mlc.bench.worker", job, workdir / f"{tag}.request.json", what, timeout=timeout)
+    keep = not result.ok and result.kind == _proc.EXCEPTION
     if not keep:
         log.unlink(missing_ok=True)
-    raise CellError(result["message"] + keep)
+    if result.ok:
+        return result.as_dict()
+    raise CellError(result.message + (f" (log: {log})" if keep else ""))
 
 
 class CellError(Exception):
@@ -42,10 +40,7 @@ class CellError(Exception):
 
 
 def error_text(e: BaseException) -> str:
-    if isinstance(e, (MlcError, CellError)):
-        return str(e)
-    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-    return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
+    return str(e) if isinstance(e, (MlcError, CellError)) else _proc.one_line(e)
 
 
 def dir_size(path: Path) -> int:

@@ -14,7 +14,7 @@ Jobs, one per process:
 
 Thread limits go into the environment before numpy or any framework is imported (OpenMP, MKL,
 OpenBLAS and TVM's pool read them when they start). Writes the result beside the request as
-the compiler's workers do (mlc.compiler.run_worker)."""
+every mlc worker does (mlc._proc)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def prepare(request: dict) -> dict:
     import onnx
 
     from mlc import models
-    from mlc.compiler import one_line
+    from mlc._proc import one_line
     from mlc.frontends import onnx as onnx_frontend
     from mlc.runtime.runner import save_npz
 
@@ -247,9 +247,9 @@ def _handle(request: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from mlc.compiler.client import serve
+    from mlc import _proc
 
-    return serve(argv, _handle)
+    return _proc.serve(argv, _handle)
 
 
 if __name__ == "__main__":

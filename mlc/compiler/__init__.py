@@ -1,8 +1,6 @@
 """The compiler: ONNX -> Relax -> TVM build, default CPU schedules, MetaSchedule. The only package that imports
 tvm, and only in its worker processes (worker.py, metaschedule.py) and the modules they import."""
 
-from mlc.compiler.client import (TVM_PIN, check_supported, compile_in_worker, format_unsupported, one_line,
-                                 result_path, run_worker, serve, tvm_package_dir, write_result)
+from mlc.compiler.client import TVM_PIN, check_supported, compile_in_worker, format_unsupported, tvm_package_dir
 
-__all__ = ["TVM_PIN", "check_supported", "compile_in_worker", "format_unsupported", "one_line", "result_path",
-           "run_worker", "serve", "tvm_package_dir", "write_result"]
+__all__ = ["TVM_PIN", "check_supported", "compile_in_worker", "format_unsupported", "tvm_package_dir"]

@@ -4,15 +4,10 @@ imports ONNX into Relax and builds it. Only the worker (and modules it imports) 
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import signal
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from mlc import _proc
 from mlc.errors import CompilerError, MissingDependencyError, TargetError, UnsupportedModelError
 
 TVM_PIN = "apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post1"
@@ -62,8 +57,8 @@ def compile_in_worker(
     """Import + build (+ export to `library`) (+ run on `run`=(inputs.npz, outputs.npz)) with TVM.
 
     With `isolate` (the default) this happens in a child process whose log goes to a file that
-    is kept, and named in the error, only when the step fails. `isolate=False` runs in this
-    process (tests use it to patch TVM). Returns the worker's result or raises an MlcError."""
+    is kept, and named in the error, only when the step fails (mlc._proc runs it). `isolate=False` runs
+    in this process (tests use it to patch TVM). Returns the worker's result or raises an MlcError."""
     from mlc.compiler import worker
 
     request = {"onnx": str(onnx_path), "target": target_json, "library": str(library) if library else None,
@@ -73,110 +68,33 @@ def compile_in_worker(
                "relax_passes": relax_passes or [], "dump_ir": str(dump_ir) if dump_ir else None,
                "dim_upper_bounds": dim_upper_bounds or {}}
     if not isolate:
-        return _check_result(worker.compile_request(request), None)
+        return _check_result(_proc.WorkerResult.from_dict(worker.compile_request(request)), None)
     request_path = onnx_path.with_name(onnx_path.stem + ".request.json")
-    result, log_path = run_worker("mlc.compiler.worker", request, request_path, "the TVM compile process")
+    result, log_path = _proc.run("mlc.compiler.worker", request, request_path, "the TVM compile process")
     return _check_result(result, log_path)
 
 
-def result_path(request_path: Path) -> Path:
-    """Where a worker writes its result for the request at `request_path`."""
-    return request_path.with_suffix(".result.json")
+# A failure of these kinds is the model's or the user's: the log holds nothing worth keeping.
+_USER_KINDS = ("unsupported", "unsupported_output", "target", "pass")
 
 
-def write_result(request_path: Path, result: dict[str, Any]) -> None:
-    """The worker side of run_worker: the result appears whole or not at all."""
-    tmp = request_path.with_suffix(".result.tmp")
-    tmp.write_text(json.dumps(result))
-    tmp.replace(result_path(request_path))
-
-
-def one_line(e: BaseException) -> str:
-    """'Type: first line of the message' of an exception from code we do not control."""
-    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-    return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
-
-
-def serve(argv: list[str], handle) -> int:
-    """A worker's main(): `handle(request)` -> result; an MlcError becomes {"error": its class name,
-    "message"} for the parent to raise again; anything else is a framework error, its traceback logged."""
-    import traceback
-
-    from mlc.errors import MlcError
-
-    request_path = Path(argv[0])
-    try:
-        result = handle(json.loads(request_path.read_text()))
-    except MlcError as e:
-        result = {"ok": False, "error": type(e).__name__, "message": str(e)}
-    except Exception as e:  # a framework error we did not foresee: the log has the traceback
-        traceback.print_exc()
-        result = {"ok": False, "error": "framework", "message": one_line(e)}
-    write_result(request_path, result)
-    return 0
-
-
-def run_worker(module: str, request: dict[str, Any], request_path: Path, what: str,
-               timeout: Optional[float] = None) -> tuple[dict[str, Any], Path]:
-    """Run `python -m module REQUEST.json` with its output in a log file; returns the result the
-    worker wrote and the log's path (the caller deletes the log when it is not worth keeping).
-    A crashed worker, or one still running after `timeout` seconds (then it and every process it
-    started are killed), is a CompilerError naming the log."""
-    request_path.write_text(json.dumps(request))
-    with tempfile.NamedTemporaryFile("w", prefix="mlc-worker-", suffix=".log", delete=False) as log:
-        log_path = Path(log.name)
-        # Its own process group, so that a stop also ends the compiler pools it may have started.
-        proc = subprocess.Popen([sys.executable, "-m", module, str(request_path)], stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            raise CompilerError(f"{what} ran longer than {timeout:g} s and was stopped (log: {log_path})") from None
-        except BaseException:  # interrupted: nothing to show the user
-            _kill_group(proc)
-            log_path.unlink(missing_ok=True)
-            raise
-    written = result_path(request_path)
-    if proc.returncode != 0 or not written.exists():
-        if proc.returncode < 0:
-            how = f"was killed by {signal.Signals(-proc.returncode).name}"
-        else:
-            how = f"exited with status {proc.returncode}"
-        tail = _log_tail(log_path)
-        raise CompilerError(f"{what} {how}{': ' + tail if tail else ''} (full log: {log_path})")
-    return json.loads(written.read_text()), log_path
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
-def _check_result(result: dict[str, Any], log_path: Optional[Path]) -> dict[str, Any]:
-    if log_path is not None and (result["ok"] or result["kind"] in ("unsupported", "unsupported_output", "target", "pass")):
+def _check_result(result: _proc.WorkerResult, log_path: Optional[Path]) -> dict[str, Any]:
+    """The compile worker's result dict, or the MlcError its failure means."""
+    if log_path is not None and (result.ok or result.kind in _USER_KINDS or result.kind == _proc.ERROR):
         log_path.unlink(missing_ok=True)
-    if result["ok"]:
-        return result
-    if result["kind"] == "unsupported":
-        raise UnsupportedModelError(format_unsupported(result["ops"]))
-    if result["kind"] == "unsupported_output":
-        raise UnsupportedModelError(f"the model returns something other than tensors ({result['message']}); "
+    if result.ok:
+        return result.as_dict()
+    if result.kind == "unsupported":
+        raise UnsupportedModelError(format_unsupported(result.payload["ops"]))
+    if result.kind == "unsupported_output":
+        raise UnsupportedModelError(f"the model returns something other than tensors ({result.message}); "
                                     "only tensor outputs are supported")
-    if result["kind"] == "pass":  # a pass the user asked for cannot handle the model
-        raise UnsupportedModelError(result["message"])
-    if result["kind"] == "target":
-        raise TargetError(f"TVM rejects the target: {result['message']}")
+    if result.kind == "pass":  # a pass the user asked for cannot handle the model
+        raise UnsupportedModelError(result.message)
+    if result.kind == "target":
+        raise TargetError(f"TVM rejects the target: {result.message}")
+    if result.kind == _proc.ERROR:  # an MlcError raised in the worker
+        raise result.error(default=CompilerError)
     where = f" (full log: {log_path})" if log_path else ""
-    raise CompilerError(f"TVM failed during {result['stage']}: {result['message']}{where}", stage=result['stage'])
-
-
-def _log_tail(log_path: Path) -> str:
-    try:
-        lines = [ln.strip() for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return lines[-1][:300] if lines else ""
+    during = f" during {result.stage}" if result.stage else ""
+    raise CompilerError(f"TVM failed{during}: {result.message}{where}", stage=result.stage)

@@ -12,18 +12,11 @@ goes to the log file the parent gave as stdout/stderr."""
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import time
-import traceback
 from pathlib import Path
 
-_stop = {"requested": False}
-
-
-def _request_stop(_signum, _frame) -> None:
-    # A flag, not an exception: raising inside a callback that C++ called would abort the tuner.
-    _stop["requested"] = True
+from mlc import _proc
 
 
 class Events:
@@ -206,7 +199,7 @@ def _progress_callback(events: Events, names: list[str], start: float, budget_s:
             events.emit("measured", task=names[task_id], trials=len(builder_results), best_us=best.get(names[task_id]),
                         errors=self.errors, last_error=self.last_error)
             out_of_time = budget_s is not None and time.time() - start >= budget_s
-            if out_of_time or _stop["requested"]:
+            if out_of_time or _proc.stop_requested():
                 # Ends every task after this batch; the database already holds what was measured.
                 for i, record in enumerate(task_scheduler.tasks_):
                     if not record.is_terminated:  # TVM aborts on terminating a task twice
@@ -363,7 +356,7 @@ def tune_request(request: dict) -> dict:
         # (TVM then aborts), which a budget or Ctrl-C early in a run does.
         task_scheduler="round-robin",
     )
-    reason = "interrupted" if _stop["requested"] else (
+    reason = "interrupted" if _proc.stop_requested() else (
         "budget" if request.get("budget_s") and time.time() - start >= request["budget_s"] else "trials")
     events.emit("finished", trials=progress.trials, errors=progress.errors, reason=reason)
     return {"ok": True, "tasks": len(tasks), "trials": progress.trials, "reason": reason,
@@ -371,20 +364,10 @@ def tune_request(request: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    signal.signal(signal.SIGINT, _request_stop)
-    signal.signal(signal.SIGTERM, _request_stop)
-    request_path = Path(argv[0])
     from mlc.compiler.worker import summarize
 
-    try:
-        result = tune_request(json.loads(request_path.read_text()))
-    except Exception as e:
-        traceback.print_exc()
-        result = {"ok": False, "message": summarize(e)}
-    from mlc.compiler.client import write_result
-
-    write_result(request_path, result)
-    return 0
+    # Ctrl-C in mlc arrives as SIGINT: stop after the batch being measured, so the database stays whole.
+    return _proc.serve(argv, tune_request, describe=summarize, graceful_stop=True)
 
 
 if __name__ == "__main__":

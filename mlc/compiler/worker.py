@@ -4,13 +4,12 @@
 
 The request names a cleaned ONNX model and a target; the worker imports it into Relax, compiles
 it, and optionally exports the library and/or runs it on an .npz of inputs (used by `mlc debug`).
-It writes RESULT (the request path with .result.json) for the parent. Running TVM in a child
+It writes its result beside the request for the parent (mlc._proc). Running TVM in a child
 process keeps a TVM crash (abort, segfault) from taking mlc down with it, and keeps TVM's C++
 log lines in a log file rather than on the user's terminal."""
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import time
@@ -164,11 +163,9 @@ def compile_request(request: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from mlc.compiler.client import write_result
+    from mlc import _proc
 
-    request_path = Path(argv[0])
-    write_result(request_path, compile_request(json.loads(request_path.read_text())))
-    return 0
+    return _proc.serve(argv, compile_request, describe=summarize)
 
 
 if __name__ == "__main__":

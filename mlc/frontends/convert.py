@@ -12,7 +12,6 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from mlc import errors
 from mlc.frontends.base import FRAMEWORKS, ONNX, detect, framework_names, resolve_framework
 from mlc.errors import InputError
 
@@ -67,7 +66,7 @@ def convert(source: str, framework: str, workdir: Path, dynamic: Optional[Sequen
             input_shapes: Sequence[str] = (), exporter: str = "auto") -> Converted:
     """Export a torch/tensorflow/paddle model (file or zoo:NAME) to ONNX in a child process and run
     it eagerly on seeded inputs. Raises the MlcError the worker reported, or CompilerError if it crashed."""
-    from mlc.compiler import run_worker
+    from mlc import _proc
     from mlc.runtime.runner import load_npz
 
     check_exporter(framework, exporter)
@@ -78,17 +77,15 @@ def convert(source: str, framework: str, workdir: Path, dynamic: Optional[Sequen
                "dynamic": None if dynamic is None else list(dynamic), "input_shapes": list(input_shapes),
                "options": {"input_shapes": list(input_shapes), "exporter": exporter}}
     display = FRAMEWORKS[framework].display
-    result, log_path = run_worker("mlc.frontends.worker", request, workdir / "frontend.request.json",
-                                  f"the {display} frontend process")
-    if result["ok"]:
-        log_path.unlink(missing_ok=True)
-    elif result["error"] == "framework":
-        raise InputError(f"{display} failed on {source}: {result['message']} (full log: {log_path})")
-    else:
-        log_path.unlink(missing_ok=True)
-        error_class = getattr(errors, result["error"], errors.InputError)
-        raise error_class(result["message"])
+    result, log_path = _proc.run("mlc.frontends.worker", request, workdir / "frontend.request.json",
+                                 f"the {display} frontend process")
+    if not result.ok and result.kind == _proc.EXCEPTION:  # the framework's own error: its traceback is in the log
+        raise InputError(f"{display} failed on {source}: {result.message} (full log: {log_path})")
+    log_path.unlink(missing_ok=True)
+    if not result.ok:
+        raise result.error(default=InputError)
+    done = result.payload
     from mlc.frontends.worker import EAGER, FEEDS, MODEL
 
-    return Converted(out / MODEL, result["framework"], result["framework_version"], result["exporter"],
-                     load_npz(out / FEEDS), load_npz(out / EAGER), result["dynamic"], result["notes"])
+    return Converted(out / MODEL, done["framework"], done["framework_version"], done["exporter"],
+                     load_npz(out / FEEDS), load_npz(out / EAGER), done["dynamic"], done["notes"])

@@ -4,7 +4,7 @@ framework's eager outputs on seeded inputs. Run as
     python -m mlc.frontends.worker REQUEST.json
 
 One framework per process (tensorflow and paddle crash when imported together), and a framework
-crash cannot take mlc down. Writes RESULT (the request path with .result.json) for the parent."""
+crash cannot take mlc down. Writes its result beside the request for the parent (mlc._proc)."""
 
 from __future__ import annotations
 
@@ -79,9 +79,9 @@ def convert(request: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from mlc.compiler.client import serve
+    from mlc import _proc
 
-    return serve(argv, convert)
+    return _proc.serve(argv, convert)
 
 
 if __name__ == "__main__":

@@ -12,15 +12,13 @@ import json
 import math
 import os
 import re
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from mlc import _proc
 from mlc.errors import CompilerError, InputError, TargetError
 
 DB_FILES = ("database_workload.json", "database_tuning_record.json")
@@ -181,13 +179,11 @@ def tune(
             "budget_s": budget_s, "threads": preset.tvm.get("num-cores", 1), "seed": seed,
             "rpc": {"tracker": rpc_tracker, "key": rpc_key} if rpc_tracker else None,
         }
-        request_path = work / "request.json"
-        request_path.write_text(json.dumps(request))
-        log_path = Path(tempfile.mkstemp(prefix="mlc-tune-", suffix=".log")[1])
-        result, tasks, errors = _run_child(request_path, Path(request["events"]), log_path, on_event, threads)
-    if not result.get("ok"):
-        raise CompilerError(f"tuning failed: {result.get('message', 'the tuning process died')} (full log: {log_path})")
+        result, log_path, tasks, errors = _run_child(request, work / "request.json", on_event, threads)
+    if not result.ok:
+        raise CompilerError(f"tuning failed: {result.message or 'the tuning process died'} (full log: {log_path})")
     log_path.unlink(missing_ok=True)
+    result = result.payload
     notes = list(prepared.notes)
     if result.get("left_to_default"):
         notes.append(f"{len(result['left_to_default'])} kernel(s) keep mlc's default schedule (their repacked weights "
@@ -200,11 +196,14 @@ def tune(
                       None if rpc_tracker else result.get("threads"))
 
 
-def _run_child(request_path: Path, events_path: Path, log_path: Path, on_event,
-               threads: Optional[int]) -> tuple[dict, list[TaskState], int]:
+def _run_child(request: dict, request_path: Path, on_event,
+               threads: Optional[int]) -> tuple[_proc.WorkerResult, Path, list[TaskState], int]:
+    """Run the tuning worker, feeding `on_event` from its events file; Ctrl-C asks it to stop after the batch
+    it is measuring (STOP_GRACE_S), so the database stays whole. A crash is "tuning failed: ..." (CompilerError)."""
     tasks: list[TaskState] = []
     errors = 0
     offset = 0
+    events_path = Path(request["events"])
 
     def drain() -> None:
         nonlocal offset, errors
@@ -230,35 +229,15 @@ def _run_child(request_path: Path, events_path: Path, log_path: Path, on_event,
                     errors = event["errors"]
                 on_event(event, tasks)
 
-    with open(log_path, "w") as log:
-        # Own session: the terminal's Ctrl-C goes to mlc only, which asks the child to stop cleanly.
-        env = dict(os.environ)
-        if threads:  # TVM's thread pool reads these when it starts: the measurements use `threads`
-            env.update(TVM_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
-        proc = subprocess.Popen([sys.executable, "-m", "mlc.compiler.metaschedule", str(request_path)], stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
-        try:
-            while proc.poll() is None:
-                drain()
-                time.sleep(0.3)
-        except BaseException:
-            proc.send_signal(signal.SIGINT)
-            on_event({"event": "stopping"}, tasks)
-            try:
-                proc.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()  # the database keeps every complete record; _repair drops a cut line
-                proc.wait()
-            raise
-        drain()
-    from mlc.compiler import result_path
-
-    written = result_path(request_path)
-    if not written.exists():
-        how = (f"was killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
-               else f"exited with status {proc.returncode}")
-        return {"ok": False, "message": f"the tuning process {how}"}, tasks, errors
-    return json.loads(written.read_text()), tasks, errors
+    # TVM's thread pool reads these when it starts: the measurements use `threads`.
+    env = {"TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)} if threads else None
+    try:
+        result, log_path = _proc.run("mlc.compiler.metaschedule", request, request_path, "the tuning process",
+                                     env=env, poll=drain, stop_grace_s=STOP_GRACE_S, log_prefix="mlc-tune-",
+                                     on_stop=lambda: on_event({"event": "stopping"}, tasks))
+    except CompilerError as e:  # the worker died without a result
+        raise CompilerError(f"tuning failed: {e}") from None
+    return result, log_path, tasks, errors
 
 
 # What `mlc tune` gained over mlc's default schedules on the zoo models (benchmarks/results/tuning.json).

@@ -1,0 +1,255 @@
+"""The one child-process protocol every mlc worker speaks (compile, tuning, frontend, benchmark).
+
+The parent writes a request as JSON and runs `python -m MODULE REQUEST.json` in its own process group
+with its output in a log file (`run`). The child's `main` is `serve(argv, handler)`: it reads the
+request, calls the handler, and writes a `WorkerResult` as JSON beside the request, whole or not at
+all. A child that dies without one (segfault, abort, OOM kill) or runs past its timeout is a
+one-line CompilerError naming the signal or status, the log's last line and the log file.
+
+No tvm and no framework here: the parent imports this module too."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Union
+
+from mlc import errors
+from mlc.errors import CompilerError, MlcError
+
+# Kinds of failure that serve() itself reports; workers add their own (the compile worker: "target", ...).
+ERROR = "error"  # the handler raised an MlcError: payload["error"] names its class
+EXCEPTION = "exception"  # the handler raised anything else (a framework's or TVM's error): its traceback is in the log
+
+POLL_S = 0.3  # how often run() calls `poll` while the child runs
+
+
+@dataclass(frozen=True)
+class WorkerResult:
+    """What a worker reports. `kind` says which failure (None on success); `stage` the step that failed,
+    where the worker knows it; `message` is one line; `payload` holds the rest (the worker's own keys)."""
+
+    ok: bool
+    kind: Optional[str] = None
+    stage: Optional[str] = None
+    message: str = ""
+    payload: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def success(cls, payload: Optional[Mapping[str, Any]] = None) -> "WorkerResult":
+        return cls(True, payload=dict(payload or {}))
+
+    @classmethod
+    def failure(cls, kind: str, message: str, stage: Optional[str] = None, **payload) -> "WorkerResult":
+        return cls(False, kind, stage, message, payload)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "WorkerResult":
+        """A handler's flat dict ({"ok": ..., "kind": ..., other keys}) or as_dict()'s output."""
+        rest = {k: v for k, v in data.items() if k not in ("ok", "kind", "stage", "message")}
+        return cls(bool(data["ok"]), data.get("kind"), data.get("stage"), data.get("message") or "", rest)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The flat dict callers read: the payload with "ok" (and on failure "kind", "stage", "message")."""
+        if self.ok:
+            return {"ok": True, **self.payload}
+        return {**self.payload, "ok": False, "kind": self.kind, "stage": self.stage, "message": self.message}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "kind": self.kind, "stage": self.stage, "message": self.message, "payload": self.payload}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "WorkerResult":
+        return cls(bool(data["ok"]), data.get("kind"), data.get("stage"), data.get("message") or "",
+                   dict(data.get("payload") or {}))
+
+    def error(self, default: type[MlcError] = errors.InputError) -> MlcError:
+        """The MlcError the child raised (kind ERROR), to raise again in the parent."""
+        cls = getattr(errors, str(self.payload.get("error")), None)
+        if not (isinstance(cls, type) and issubclass(cls, MlcError)):
+            cls = default
+        if issubclass(cls, CompilerError):
+            return cls(self.message, stage=self.stage)
+        return cls(self.message)
+
+
+def one_line(e: BaseException) -> str:
+    """'Type: first line of the message' of an exception from code we do not control."""
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
+
+
+def result_path(request_path: Path) -> Path:
+    """Where the child writes its result for the request at `request_path`."""
+    return Path(request_path).with_suffix(".result.json")
+
+
+def write_result(request_path: Path, result: WorkerResult) -> None:
+    """The child side: the result appears whole or not at all."""
+    tmp = Path(request_path).with_suffix(".result.tmp")
+    tmp.write_text(json.dumps(result.to_json()))
+    tmp.replace(result_path(request_path))
+
+
+def read_result(request_path: Path) -> Optional[WorkerResult]:
+    path = result_path(request_path)
+    return WorkerResult.from_json(json.loads(path.read_text())) if path.exists() else None
+
+
+# --- the child side ---------------------------------------------------------------------------------------
+
+_stop = {"requested": False}
+
+
+def stop_requested() -> bool:
+    """In a child served with graceful_stop: whether the parent asked it to stop (Ctrl-C in mlc)."""
+    return _stop["requested"]
+
+
+def _request_stop(_signum, _frame) -> None:
+    # A flag, not an exception: raising inside a callback that C++ called (TVM's tuner) would abort the process.
+    _stop["requested"] = True
+
+
+Handler = Callable[[dict], Union[WorkerResult, Mapping[str, Any]]]
+
+
+def handle(request: dict, handler: Handler, describe: Callable[[BaseException], str] = one_line) -> WorkerResult:
+    """`handler(request)` as a WorkerResult: an MlcError becomes kind ERROR (its class and stage kept) for the
+    parent to raise again; anything else kind EXCEPTION, described in one line, its traceback printed (to the log)."""
+    try:
+        value = handler(request)
+    except MlcError as e:
+        return WorkerResult.failure(ERROR, str(e), getattr(e, "stage", None), error=type(e).__name__)
+    except Exception as e:  # an error we did not foresee: the log has the traceback
+        traceback.print_exc()
+        return WorkerResult.failure(EXCEPTION, describe(e), error=type(e).__name__)
+    return value if isinstance(value, WorkerResult) else WorkerResult.from_dict(value)
+
+
+def serve(argv: list[str], handler: Handler, describe: Callable[[BaseException], str] = one_line,
+          graceful_stop: bool = False) -> int:
+    """Every worker module's main(): argv is [REQUEST.json]. With `graceful_stop`, SIGINT and SIGTERM only set
+    the flag stop_requested() reads, for a handler that finishes its current step and returns."""
+    if graceful_stop:
+        signal.signal(signal.SIGINT, _request_stop)
+        signal.signal(signal.SIGTERM, _request_stop)
+    request_path = Path(argv[0])
+    write_result(request_path, handle(json.loads(request_path.read_text()), handler, describe))
+    return 0
+
+
+# --- the parent side --------------------------------------------------------------------------------------
+
+def run(module: str, request: Mapping[str, Any], request_path: Path, what: str, *,
+        timeout: Optional[float] = None, env: Optional[Mapping[str, str]] = None,
+        poll: Optional[Callable[[], None]] = None, stop_grace_s: Optional[float] = None,
+        on_stop: Callable[[], None] = lambda: None, log_prefix: str = "mlc-worker-") -> tuple[WorkerResult, Path]:
+    """Write `request` to `request_path`, run `python -m module REQUEST` and return its result and log's path
+    (the caller deletes the log when it is not worth keeping). `what` names the child in messages.
+
+    The child runs in its own session and process group: the terminal's Ctrl-C reaches mlc only, and a kill
+    also ends the processes it started (compiler pools). `env` is added to this process's environment.
+    `poll` is called every POLL_S seconds while the child runs and once after it ends.
+
+    Interrupted (Ctrl-C): without `stop_grace_s` the group is killed at once; with it the child gets SIGINT
+    (serve(graceful_stop=True) turns it into stop_requested()), `on_stop()` is called, and the group is killed
+    only if it is still running `stop_grace_s` seconds later. Either way the log is deleted and the
+    interrupt goes on. A child still running after `timeout` seconds is killed with its group, and a child
+    that ends without a result is a CompilerError naming the log."""
+    request_path = Path(request_path)
+    request_path.write_text(json.dumps(request))
+    result_path(request_path).unlink(missing_ok=True)  # a stale result must not pass for this run's
+    child_env = {**os.environ, **env} if env else None
+    with tempfile.NamedTemporaryFile("w", prefix=log_prefix, suffix=".log", delete=False) as log:
+        log_path = Path(log.name)
+        proc = subprocess.Popen([sys.executable, "-m", module, str(request_path)], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                env=child_env)
+        try:
+            _wait(proc, timeout, poll)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            raise CompilerError(f"{what} ran longer than {timeout:g} s and was stopped (log: {log_path})") from None
+        except BaseException:  # interrupted: nothing to show the user
+            try:
+                if stop_grace_s is not None:
+                    _stop_gracefully(proc, stop_grace_s, on_stop)
+            finally:
+                kill_group(proc)
+                log_path.unlink(missing_ok=True)
+            raise
+    if poll is not None:
+        poll()
+    result = read_result(request_path)
+    if proc.returncode != 0 or result is None:
+        raise CompilerError(f"{crash_text(what, proc.returncode, log_path)} (full log: {log_path})")
+    return result, log_path
+
+
+def _wait(proc: subprocess.Popen, timeout: Optional[float], poll: Optional[Callable[[], None]]) -> None:
+    if poll is None:
+        proc.wait(timeout=timeout)
+        return
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while proc.poll() is None:
+        poll()
+        left = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
+        if left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        try:
+            proc.wait(timeout=left)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _stop_gracefully(proc: subprocess.Popen, grace_s: float, on_stop: Callable[[], None]) -> None:
+    """SIGINT to the child alone (its pools are its own business), then wait up to `grace_s` seconds."""
+    try:
+        proc.send_signal(signal.SIGINT)
+    except ProcessLookupError:
+        return
+    on_stop()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's process group (it leads it: start_new_session) and reap the child."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def crash_text(what: str, returncode: int, log_path: Path) -> str:
+    """'WHAT was killed by SIGSEGV: LAST LOG LINE' / 'WHAT exited with status 1: ...' for a child without a result."""
+    if returncode < 0:
+        try:
+            how = f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            how = f"was killed by signal {-returncode}"
+    else:
+        how = f"exited with status {returncode}"
+    tail = log_tail(log_path)
+    return f"{what} {how}{': ' + tail if tail else ''}"
+
+
+def log_tail(log_path: Path) -> str:
+    """The log's last non-empty line (what the child said last before it died), cut to 300 characters."""
+    try:
+        lines = [ln.strip() for ln in Path(log_path).read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
