@@ -3,9 +3,9 @@
 For every level: `mlc compile` (isolated TVM worker, as users run it) with its wall time and the
 per-pass report, the accuracy check, then latency of the artifact (thin runner, warm-up + repeats).
 
-    .venv/bin/python benchmarks/passes_levels.py zoo:transformer
-    .venv/bin/python benchmarks/passes_levels.py zoo:resnet50 --framework torch --levels 0 2
-    .venv/bin/python benchmarks/passes_levels.py bert.onnx --input-shape input_ids:1x128 --levels 0 2 --out results/x.json
+    .venv/bin/python benchmarks/passes-levels/passes_levels.py zoo:transformer
+    .venv/bin/python benchmarks/passes-levels/passes_levels.py zoo:resnet50 --framework torch --levels 0 2
+    .venv/bin/python benchmarks/passes-levels/passes_levels.py bert.onnx --input-shape input_ids:1x128 --levels 0 2 --out x.json
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
 from mlc.bench.machine import machine_info  # noqa: E402
 
 import mlc.api as api  # noqa: E402

@@ -7,8 +7,8 @@ same machine; the result is each side's p50 and the median of the per-round rati
 
     mlc export zoo:bert-base -o bert-base.onnx
     mlc compile zoo:bert-base --input-shape input_ids:1x128 --input-shape attention_mask:1x128 --db DB -o art
-    .venv/bin/python benchmarks/interleaved.py --artifact art --onnx bert-base.onnx --label "bert-base b1 s128" \
-        -o benchmarks/results/interleaved.json        # appends a row
+    .venv/bin/python benchmarks/interleaved/interleaved.py --artifact art --onnx bert-base.onnx --label "bert-base b1 s128" \
+        -o benchmarks/interleaved/results/x.json   # appends a row
 
 ORT runs on the artifact's reference inputs (its static shapes); the ONNX may have dynamic dims."""
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
 
 
 def main() -> None:

@@ -3,9 +3,9 @@ the conv kernel's time and GFLOP/s per layer from each one's profiler (layout co
 whole model does once, left out), to see which layer shapes a schedule rule leaves behind.
 
     mlc export zoo:resnet50 -o resnet50.onnx
-    .venv/bin/python benchmarks/conv_layers.py resnet50.onnx -o results/conv-layers-b.json --label "after X"
-    .venv/bin/python benchmarks/conv_layers.py --plot conv-layers.png results/conv-layers-a.json \
-        results/conv-layers-b.json
+    .venv/bin/python benchmarks/conv-layers/conv_layers.py resnet50.onnx -o benchmarks/conv-layers/results/b.json --label "after X"
+    .venv/bin/python benchmarks/conv-layers/conv_layers.py --plot benchmarks/conv-layers/ab.png \
+        benchmarks/conv-layers/results/a.json benchmarks/conv-layers/results/b.json
 
 Each layer is Conv(+bias) -> Relu on seeded random data, batch 1, with the model's shapes, strides,
 pads and groups. The model's own dims are read by ONNX shape inference (a dynamic batch takes 1)."""
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
 
 
 def conv_layers(path: Path) -> list[dict]:

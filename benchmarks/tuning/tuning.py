@@ -1,7 +1,7 @@
 """mlc untuned vs default schedules vs tuned vs ONNX Runtime (vs PyTorch eager where the model has
 a PyTorch source), side by side in one run, with the tuning time and budget.
 
-    .venv/bin/python benchmarks/tuning.py --models zoo:transformer,zoo:cnn --budget 10m
+    .venv/bin/python benchmarks/tuning/tuning.py --models zoo:transformer,zoo:cnn --budget 10m
 
 Models are mlc model specs (zoo:NAME or a path to .onnx). Each model gets its own tuning database
 under --work (kept, so a rerun with a larger budget continues it)."""
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
 from mlc.bench.machine import machine_info  # noqa: E402
 
 import mlc.api as api  # noqa: E402
