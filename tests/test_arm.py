@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import mlc.api as api
-from conftest import assert_clean_error, reseal, run_mlc
+from helpers import assert_clean_error, reseal, run_mlc
 from mlc.compiler import runtimes
 from mlc.errors import MissingDependencyError
 from mlc.runtime import runner as thin_runtime

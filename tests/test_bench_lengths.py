@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mlc.bench import lengths, report
-from tests.conftest import assert_clean_error, run_mlc
+from helpers import assert_clean_error, run_mlc
 
 pytest.importorskip("torch")
 

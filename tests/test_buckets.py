@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 from mlc import api
 from mlc.runtime import runner as thin_runtime
-from tests.conftest import assert_clean_error, run_mlc
+from helpers import assert_clean_error, run_mlc
 
 pytest.importorskip("torch")
 

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 
 import mlc.api as api
-from conftest import assert_clean_error, run_mlc
+from helpers import assert_clean_error, run_mlc
 from mlc.models import ZOO
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from conftest import assert_clean_error, reseal, run_mlc, torch_bert_onnx, torch_cnn_onnx
+from helpers import assert_clean_error, reseal, run_mlc, torch_bert_onnx, torch_cnn_onnx
 from mlc.runtime import Runner
 
 

@@ -12,7 +12,7 @@ import pytest
 
 import mlc.api as api
 from mlc.errors import ExitCode, MissingDependencyError
-from conftest import assert_clean_error, run_mlc
+from helpers import assert_clean_error, run_mlc
 
 torch = pytest.importorskip("torch")
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 import mlc.api as api
-from conftest import assert_clean_error, mlp_onnx, reseal, run_mlc
+from helpers import assert_clean_error, mlp_onnx, reseal, run_mlc
 from mlc.errors import MlcError
 
 

@@ -15,7 +15,7 @@ from mlc import passes
 from mlc.passes import onnx as onnx_passes
 from mlc.passes import rnn
 from mlc.errors import InputError, UnsupportedModelError
-from tests.conftest import assert_clean_error, run_mlc
+from helpers import assert_clean_error, run_mlc
 
 RNG = np.random.default_rng(0)
 

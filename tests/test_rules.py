@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import run_mlc
+from helpers import run_mlc
 
 RNG = np.random.default_rng(0)
 

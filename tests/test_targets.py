@@ -87,7 +87,7 @@ def test_raw_json_targets():
 
 
 def test_several_targets_in_one_run(tmp_path):
-    from conftest import assert_clean_error, run_mlc
+    from helpers import assert_clean_error, run_mlc
 
     proc = run_mlc("compile", "zoo:mlp", "-t", "x86", "-t", "x86-avx2", "-o", tmp_path, "--json")
     assert proc.returncode == 0, proc.stderr

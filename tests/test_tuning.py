@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import assert_clean_error, mlp_onnx, run_mlc
+from helpers import assert_clean_error, mlp_onnx, run_mlc
 from mlc import tuning
 from mlc.errors import InputError
 
