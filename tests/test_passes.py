@@ -152,7 +152,19 @@ def test_lower_rnn_matches_onnxruntime(kind, direction, layout, with_states):
 ])
 def test_lower_rnn_attributes(kind, attrs):
     model, feeds = _rnn_case(kind, "forward", 0, True, **attrs)
-    _same_under_ort(model, rnn.lower_rnn(model, {}), feeds)
+    lowered = rnn.lower_rnn(model, {})
+    assert not _ops(lowered) & set(rnn.RNN_OPS) and "MatMul" in _ops(lowered)  # the node really was unrolled
+    _same_under_ort(model, lowered, feeds)
+    # The data exercises the attributes: the node without them (and without peepholes) gives other outputs.
+    plain = onnx.ModelProto()
+    plain.CopyFrom(model)
+    node = plain.graph.node[0]
+    kept = [a for a in node.attribute if a.name in ("hidden_size", "direction")]
+    del node.attribute[:]
+    node.attribute.extend(kept)
+    if len(node.input) > 7:
+        node.input[7] = ""  # P
+    assert any(not np.allclose(a, b, atol=1e-4) for a, b in zip(_ort(model, feeds), _ort(plain, feeds)))
 
 
 def test_lower_rnn_opset9_with_computed_weights():
