@@ -311,7 +311,8 @@ def test_baseline_registry_names_known_frameworks():
     from mlc.bench import baselines
     from mlc.frontends.base import FRAMEWORKS
 
-    assert {"torch", "torch-compile", "torchscript", "ort", "tf", "tf-graph", "paddle", "paddle-static"} <= set(baselines.BASELINES)
+    assert {"torch", "torch-compile", "torchscript", "ort", "tf", "tf-graph", "paddle",
+            "paddle-static"} <= set(baselines.BASELINES)
     for b in baselines.BASELINES.values():
         assert b.framework in FRAMEWORKS or b.framework == baselines.ONNX_EXPORT, b
 

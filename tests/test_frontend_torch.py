@@ -4,7 +4,6 @@ exported to ONNX and checked against torch's eager outputs (conversion and compi
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import numpy as np

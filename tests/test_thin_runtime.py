@@ -36,8 +36,8 @@ def test_thin_venv_has_no_compiler(thin_python, tmp_path):
                             check=True, env=thin_env())
     names = {p["name"].lower().replace("_", "-") for p in json.loads(listed.stdout)} - INSTALLER
     assert names == THIN, names
-    probe = ("import importlib.util, json; "
-             "print(json.dumps({m: importlib.util.find_spec(m) is not None for m in ('tvm', 'mlc', 'onnx', 'tvm_ffi')}))")
+    probe = ("import importlib.util, json; print(json.dumps("
+             "{m: importlib.util.find_spec(m) is not None for m in ('tvm', 'mlc', 'onnx', 'tvm_ffi')}))")
     # cwd: `python -c` puts the working directory first on sys.path, and the repo root holds mlc/
     found = json.loads(subprocess.run([thin_python, "-c", probe], capture_output=True, text=True, check=True,
                                       env=thin_env(), cwd=tmp_path).stdout)

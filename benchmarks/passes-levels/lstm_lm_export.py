@@ -2,7 +2,8 @@
 3 LSTM layers of 256, seq 50, dynamic batch; seeded random weights) for passes_levels.py:
 
     .venv/bin/python benchmarks/passes-levels/lstm_lm_export.py /tmp/lstm_lm.onnx
-    .venv/bin/python benchmarks/passes-levels/passes_levels.py /tmp/lstm_lm.onnx --input-shape tokens:128x50 --levels 0 2
+    .venv/bin/python benchmarks/passes-levels/passes_levels.py /tmp/lstm_lm.onnx --input-shape tokens:128x50 \
+        --levels 0 2
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ per-pass report, the accuracy check, then latency of the artifact (thin runner, 
 
     .venv/bin/python benchmarks/passes-levels/passes_levels.py zoo:transformer
     .venv/bin/python benchmarks/passes-levels/passes_levels.py zoo:resnet50 --framework torch --levels 0 2
-    .venv/bin/python benchmarks/passes-levels/passes_levels.py bert.onnx --input-shape input_ids:1x128 --levels 0 2 --out x.json
+    .venv/bin/python benchmarks/passes-levels/passes_levels.py bert.onnx --input-shape input_ids:1x128 \
+        --levels 0 2 --out x.json
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def main() -> None:
                 "compile_s": round(compile_s, 2),
                 "tvm_build_s": timings.get("tvm_build"),
                 "check_passed": result.check.passed if result.check else None,
-                "max_abs_error": max((o.max_abs_error for o in result.check.outputs), default=None) if result.check else None,
+                "max_abs_error": (max((o.max_abs_error for o in result.check.outputs), default=None)
+                                  if result.check else None),
                 "latency_ms": {k: round(v, 3) for k, v in latency.items() if k.endswith("_ms")} if latency else None,
                 "passes": [p.model_dump() for p in result.manifest.compile.passes],
             })
@@ -60,7 +62,8 @@ def main() -> None:
                   f"check {'pass' if rows[-1]['check_passed'] else 'FAIL'}", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "passes_levels", "model": args.model, "target": args.target,
-                               "input_shapes": args.input_shape, "machine": machine_info(), "levels": rows}, indent=2) + "\n")
+                               "input_shapes": args.input_shape, "machine": machine_info(), "levels": rows},
+                               indent=2) + "\n")
     print(f"written {out}")
 
 

@@ -43,10 +43,11 @@ SEEDS = {
          "--baselines", "torch,torchscript,torch-compile,ort,paddle,paddle-static", "--targets", "x86",
          "--warmup", "3", "--repeat", "10", "--cell-timeout", "1800"],
         ["threads", "batch", "seq", "Paddle dynamic ms", "Paddle static ms", "static speed-up"],
-        [r.split() for r in ("1 1 32 146.47 141.89 3.1%", "1 1 128 504.29 436.91 13.4%", "1 1 512 2384.24 1772.91 25.6%",
-                             "1 4 32 437.25 419.09 4.2%", "1 4 128 1724.65 1526.03 11.5%", "1 4 512 9090.28 6879.77 24.3%",
-                             "2 1 32 162.81 109.33 32.9%", "2 1 128 556.30 269.69 51.5%", "2 1 512 2390.78 1258.76 47.3%",
-                             "2 4 32 436.09 420.18 3.6%", "2 4 128 1734.58 1095.62 36.8%", "2 4 512 9097.34 4045.13 55.5%")],
+        [r.split() for r in (
+            "1 1 32 146.47 141.89 3.1%", "1 1 128 504.29 436.91 13.4%", "1 1 512 2384.24 1772.91 25.6%",
+            "1 4 32 437.25 419.09 4.2%", "1 4 128 1724.65 1526.03 11.5%", "1 4 512 9090.28 6879.77 24.3%",
+            "2 1 32 162.81 109.33 32.9%", "2 1 128 556.30 269.69 51.5%", "2 1 512 2390.78 1258.76 47.3%",
+            "2 4 32 436.09 420.18 3.6%", "2 4 128 1734.58 1095.62 36.8%", "2 4 512 9097.34 4045.13 55.5%")],
         "The seed ran PaddleNLP's bert-base-uncased (paddle.jit.to_static + Paddle Inference). The zoo's "
         "bert-base is transformers' BertModel in torch (same architecture, seeded weights); the paddle and "
         "paddle-static columns fill in once a Paddle bert-base is in the zoo (until then they are skipped)."),
@@ -66,7 +67,8 @@ SEEDS = {
          "--baselines", "torch,torch-compile", "--targets", "x86", "--warmup", "3", "--repeat", "10",
          "--cell-timeout", "1800"],
         ["model (training, A100)", "eager ms", "cudagraphs ms", "inductor ms", "inductor speed-up"],
-        [["shakespeare 10.65M", "16.03", "16.83", "12.19", "27.2%"], ["GPT2-small 127M", "3107.3", "3098.3", "2640.2", "16.3%"]],
+        [["shakespeare 10.65M", "16.03", "16.83", "12.19", "27.2%"],
+         ["GPT2-small 127M", "3107.3", "3098.3", "2640.2", "16.3%"]],
         "The seed measured GPT training iterations on an A100 (10.65M-parameter 'shakespeare' and 127M GPT2-small); "
         "here: CPU inference of the zoo's bert-tiny (4.4M) and bert-base (110M) at seq 256, the closest models "
         "the zoo builds. cudagraphs is GPU-only and not measured."),
@@ -107,7 +109,8 @@ def tables(keys: list[str]) -> str:
         seed = SEEDS[key]
         path = RESULTS / f"seed-{key}.json"
         out += [f"## Seed {key}: {seed.title}", "", seed.note, "",
-                "`" + shlex.join(["mlc", "bench", *seed.args, "-o", f"benchmarks/seeds/results/seed-{key}.json"]) + "`", "",
+                "`" + shlex.join(["mlc", "bench", *seed.args, "-o",
+                                  f"benchmarks/seeds/results/seed-{key}.json"]) + "`", "",
                 "Published (the seed author's machine):", "",
                 "| " + " | ".join(seed.published_header) + " |", "|" + "---:|" * len(seed.published_header)]
         out += ["| " + " | ".join(row) + " |" for row in seed.published]

@@ -61,7 +61,8 @@ def bench_model(spec: str, work: Path, budget: str, trials: int | None, warmup: 
         start = time.perf_counter()
         result = api.compile(spec, output=work / f"{name}-{variant}", db=None, **kwargs)
         builds[variant] = result
-        row[f"mlc_{variant}"] = {**mlc_latency(result.path, warmup, repeat), "compile_s": round(time.perf_counter() - start, 1),
+        row[f"mlc_{variant}"] = {**mlc_latency(result.path, warmup, repeat),
+                                 "compile_s": round(time.perf_counter() - start, 1),
                                  "check_passed": result.check.passed if result.check else None}
     db = work / f"{name}-db"
     tuned = tuning.tune(spec, db=db, trials=trials, budget=budget)
@@ -96,7 +97,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="zoo:transformer,zoo:cnn")
     parser.add_argument("--budget", default="10m", help="tuning wall time per model")
-    parser.add_argument("--trials", type=int, default=None, help="trials per kernel (with --budget: whichever ends first)")
+    parser.add_argument("--trials", type=int, default=None,
+                        help="trials per kernel (with --budget: whichever ends first)")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=100)
     parser.add_argument("--work", type=Path, default=Path("benchmarks/work-tuning"))
