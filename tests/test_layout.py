@@ -182,15 +182,23 @@ def test_no_private_names_across_packages():
                 for alias in node.names:
                     if alias.asname and alias.name.startswith("mlc."):
                         aliases[alias.asname] = alias.name
+                    elif alias.name == "mlc" or alias.name.startswith("mlc."):
+                        aliases["mlc"] = "mlc"  # `import mlc.x` binds mlc: mlc.x._name is spelled in full
             elif isinstance(node, ast.ImportFrom):
                 target = _absolute(module, path, node)
                 for alias in node.names:
                     if _is_module(f"{target}.{alias.name}"):
                         aliases[alias.asname or alias.name] = f"{target}.{alias.name}"
         for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and _private(node.attr):
-                target = aliases.get(node.value.id)
-                if target and _unit(target) != unit:
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                chain, value = [], node.value  # x.y.z._name -> ["x", "y", "z"]
+                while isinstance(value, ast.Attribute):
+                    chain.insert(0, value.attr)
+                    value = value.value
+                if not isinstance(value, ast.Name) or value.id not in aliases:
+                    continue
+                target = ".".join([aliases[value.id], *chain])
+                if _is_module(target) and _unit(target) != unit:
                     found.append((f"{where}: {target}.{node.attr}", node.lineno))
     new = sorted({f"{key} (line {line})" for key, line in found if key not in ALLOWED_PRIVATE})
     assert not new, "private names used across packages:\n" + "\n".join(new)
