@@ -9,7 +9,7 @@ DEMO := artifacts/demo-bert-tiny-x86
 APT_PACKAGES := g++-aarch64-linux-gnu qemu-user
 SYSTEM_TOOLS := aarch64-linux-gnu-g++ qemu-aarch64
 
-.PHONY: setup system-deps demo test test-all clean
+.PHONY: setup system-deps demo lint test test-all clean
 
 setup: $(STAMP) system-deps
 
@@ -38,6 +38,10 @@ demo: setup
 	$(BIN)/mlc compile zoo:bert-tiny --framework torch --target x86 -o $(DEMO) --archive
 	$(BIN)/mlc check $(DEMO)
 	$(BIN)/mlc run $(DEMO) --warmup 3 --repeat 50
+
+# Static checks (rules in pyproject.toml [tool.ruff]); CI runs it before the tests.
+lint: $(STAMP)
+	$(BIN)/ruff check mlc tests benchmarks
 
 # What CI runs (.ci/run): everything but slow, GPU and tuning tests.
 test: setup

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import mlc.api as api
-from conftest import assert_clean_error, reseal, run_mlc
+from helpers import assert_clean_error, reseal, run_mlc
 from mlc.compiler import runtimes
 from mlc.errors import MissingDependencyError
 from mlc.runtime import runner as thin_runtime
@@ -56,7 +56,8 @@ def test_arm_artifact_is_aarch64_and_checks_under_qemu(arm_artifact):
 def test_arm_run_on_new_inputs_matches_host_build(arm_artifact, tmp_path):
     x = np.random.default_rng(3).standard_normal((5, 64)).astype(np.float32)
     np.savez(tmp_path / "in.npz", x=x)
-    proc = run_mlc("run", arm_artifact, "-i", tmp_path / "in.npz", "-o", tmp_path / "out.npz", "--repeat", "2", "--warmup", "0")
+    proc = run_mlc("run", arm_artifact, "-i", tmp_path / "in.npz", "-o", tmp_path / "out.npz", "--repeat", "2",
+                   "--warmup", "0")
     assert proc.returncode == 0, proc.stderr
     assert "qemu emulation" in proc.stderr and "not a measurement" in proc.stderr
     host = api.compile("zoo:mlp", output=tmp_path / "host").path

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_clean_error, run_mlc
+from helpers import assert_clean_error, run_mlc
 from mlc import bench, targets
 from mlc.bench import matrix, report
 
@@ -44,7 +44,10 @@ def test_bench_json_has_a_row_per_cell(results):
         assert cell["reference"].startswith("torch") and cell["reference"].endswith("eager")
         assert cell["peak_rss_mb"] > 10
         assert cell["input_shapes"] == {"x": [1, 64]}
-    assert cells["torch"]["accuracy"]["max_abs_error"] == 0.0  # eager against itself
+    # The error is measured, not assumed: torch's baseline reruns the reference's eager call bit for bit, while
+    # ORT and TVM compute the same MLP with other kernels (other summation orders), so they differ from it a little.
+    errors = {backend: cell["accuracy"]["max_abs_error"] for backend, cell in cells.items()}
+    assert errors["torch"] == 0.0 and max(errors["ort"], errors["mlc"]) > 0, errors
     mlc = cells["mlc"]
     assert mlc["target"] == "x86" and mlc["framework"] == "torch"
     assert mlc["compile_s"] > 0 and mlc["compile_breakdown_s"]["tvm"] > 0 and mlc["artifact_bytes"] > 100_000
@@ -308,7 +311,8 @@ def test_baseline_registry_names_known_frameworks():
     from mlc.bench import baselines
     from mlc.frontends.base import FRAMEWORKS
 
-    assert {"torch", "torch-compile", "torchscript", "ort", "tf", "tf-graph", "paddle", "paddle-static"} <= set(baselines.BASELINES)
+    assert {"torch", "torch-compile", "torchscript", "ort", "tf", "tf-graph", "paddle",
+            "paddle-static"} <= set(baselines.BASELINES)
     for b in baselines.BASELINES.values():
         assert b.framework in FRAMEWORKS or b.framework == baselines.ONNX_EXPORT, b
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mlc.bench import lengths, report
-from tests.conftest import assert_clean_error, run_mlc
+from helpers import assert_clean_error, run_mlc
 
 pytest.importorskip("torch")
 
@@ -30,11 +30,12 @@ def test_tiny_lengths_run(tmp_path):
     assert doc["machine"]["cpu"] and run["lengths"] == lengths.cola_like(3)
     rows = {r["strategy"]: r for r in run["strategies"]}
     assert list(rows) == ["dynamic", "buckets", "static", "ort", "torch"]
-    for name, row in rows.items():
+    for row in rows.values():
         assert row["status"] == "ok", row
         assert row["accuracy"]["passed"] and len(row["run_ms"]) == 3 and row["run_total_s"] > 0
     distinct = sorted(set(run["lengths"]))
-    assert rows["static"]["compiles"] == len(distinct) and rows["buckets"]["compiles"] == rows["dynamic"]["compiles"] == 1
+    assert rows["static"]["compiles"] == len(distinct)
+    assert rows["buckets"]["compiles"] == rows["dynamic"]["compiles"] == 1
     assert rows["buckets"]["padding_waste_pct"] == lengths.padding_waste(run["lengths"], [16]) > 0
     assert rows["static"]["padding_waste_pct"] == rows["dynamic"]["padding_waste_pct"] == 0.0
     assert rows["buckets"]["artifact_bytes"] > 0 and rows["static"]["compile_s"] > 0
@@ -53,6 +54,7 @@ def test_tiny_lengths_run(tmp_path):
 
 def test_lengths_errors(tmp_path):
     out = tmp_path / "x.json"
-    assert_clean_error(run_mlc("bench", "--models", "bert-tiny", "--lengths", "zipf", "-o", out), 1, "unknown --lengths")
+    assert_clean_error(run_mlc("bench", "--models", "bert-tiny", "--lengths", "zipf", "-o", out), 1,
+                       "unknown --lengths")
     assert_clean_error(run_mlc("bench", "--models", "bert-tiny", "--lengths", "cola-like", "--buckets", "4",
                                "-o", out), 1, "largest bucket 4")

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 
 import mlc.api as api
-from conftest import assert_clean_error, run_mlc
+from helpers import assert_clean_error, run_mlc
 from mlc.models import ZOO
 
 
@@ -43,7 +43,8 @@ def test_perturbed_op_is_localised(patch_converter, method, tmp_path):
     from tvm import relax
 
     patch_converter("Erf", "_impl_v13",
-                    lambda cls, bb, inputs, attr, params: relax.op.add(relax.op.erf(inputs[0]), relax.const(0.05, "float32")))
+                    lambda cls, bb, inputs, attr, params: relax.op.add(relax.op.erf(inputs[0]),
+                                                                       relax.const(0.05, "float32")))
     report = api.debug("zoo:transformer", method=method, isolate=False, extract=tmp_path / "repro")
     first = report.divergence.first
     assert report.diverged and report.method == ("exposed" if method == "auto" else "bisect")

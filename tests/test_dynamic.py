@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 
 from mlc import api
 from mlc.runtime import runner as thin_runtime
-from tests.conftest import assert_clean_error, run_mlc
+from helpers import assert_clean_error, run_mlc
 
 pytest.importorskip("torch")
 
@@ -128,7 +128,8 @@ def test_a_graph_tvm_cannot_import_with_symbolic_dims_says_what_to_do(tmp_path):
     nodes = [helper.make_node("Slice", ["x", "start", "end", "axis"], ["first"]),
              helper.make_node("Squeeze", ["first", "axis"], ["y"]),
              helper.make_node("Neg", ["first"], ["z"])]
-    graph = helper.make_graph(nodes, "squeeze", [x], [y, z], [const("start", [0]), const("end", [1]), const("axis", [1])])
+    graph = helper.make_graph(nodes, "squeeze", [x], [y, z],
+                              [const("start", [0]), const("end", [1]), const("axis", [1])])
     path = tmp_path / "squeeze.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     proc = run_mlc("compile", path, "--dynamic", "seq=1..64", "-o", tmp_path / "out")

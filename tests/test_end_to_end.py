@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from conftest import assert_clean_error, reseal, run_mlc, torch_bert_onnx, torch_cnn_onnx
+from helpers import assert_clean_error, reseal, run_mlc, torch_bert_onnx, torch_cnn_onnx
 from mlc.runtime import Runner
 
 
@@ -59,7 +59,8 @@ def test_input_shape_fixes_dynamic_dims(mlp_model, tmp_path):
 def test_run_reads_and_writes_npz(mlp_artifact, tmp_path):
     x = np.random.default_rng(7).standard_normal((4, 16)).astype(np.float32)
     np.savez(tmp_path / "in.npz", x=x)
-    proc = run_mlc("run", mlp_artifact, "-i", tmp_path / "in.npz", "-o", tmp_path / "out.npz", "--repeat", "3", "--json")
+    proc = run_mlc("run", mlp_artifact, "-i", tmp_path / "in.npz", "-o", tmp_path / "out.npz", "--repeat", "3",
+                   "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["outputs"]["y"]["shape"] == [4, 4]
@@ -97,7 +98,8 @@ def test_perturbed_reference_fails_check_with_exit_3(mlp_artifact, tmp_path):
 
 
 def test_artifact_runs_with_its_own_run_py(mlp_artifact):
-    proc = subprocess.run([sys.executable, str(mlp_artifact / "run.py"), "--repeat", "2"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, str(mlp_artifact / "run.py"), "--repeat", "2"], capture_output=True,
+                          text=True)
     assert proc.returncode == 0, proc.stderr
     assert "y: shape (2, 4)" in proc.stdout and "latency over 2 runs" in proc.stdout
 

@@ -4,7 +4,6 @@ exported to ONNX and checked against torch's eager outputs (conversion and compi
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +11,7 @@ import pytest
 
 import mlc.api as api
 from mlc.errors import ExitCode, MissingDependencyError
-from conftest import assert_clean_error, run_mlc
+from helpers import assert_clean_error, run_mlc
 
 torch = pytest.importorskip("torch")
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from conftest import assert_clean_error, run_mlc
+from helpers import assert_clean_error, run_mlc
 from mlc.runtime.runner import device_present
 
 

@@ -15,14 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 import mlc.api as api
-from conftest import assert_clean_error, mlp_onnx, reseal, run_mlc
-from mlc.errors import MlcError
+from helpers import assert_clean_error, mlp_onnx, reseal, run_mlc
+from mlc.errors import CompilerError, ExitCode, MlcError
 
 
 def _save(tmp_path: Path, name: str, nodes, inputs, outputs, inits=(), opset: int = 17) -> Path:
@@ -38,16 +37,20 @@ def _vi(name, shape):
 
 def test_malformed_graphs_get_clear_errors(tmp_path):
     cycle = _save(tmp_path, "cycle", [helper.make_node("Relu", ["b"], ["a"], name="r1"),
-                                      helper.make_node("Relu", ["a"], ["b"], name="r2")], [_vi("x", [1])], [_vi("a", [1])])
+                                      helper.make_node("Relu", ["a"], ["b"], name="r2")],
+                  [_vi("x", [1])], [_vi("a", [1])])
     assert_clean_error(run_mlc("compile", cycle), 1, "node r1 uses 'b' before node r2 computes it")
     missing = _save(tmp_path, "missing_init", [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")],
                     [_vi("x", [1, 2])], [_vi("y", [1, 2])])
     assert_clean_error(run_mlc("compile", missing), 1, "node mm uses 'W', which no node", "missing initializer")
-    future = _save(tmp_path, "future", [helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [1])], [_vi("y", [1])], opset=999)
+    future = _save(tmp_path, "future", [helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [1])], [_vi("y", [1])],
+                   opset=999)
     assert_clean_error(run_mlc("compile", future), 1, "uses ONNX opset 999")
-    absurd = _save(tmp_path, "absurd", [helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [1, 2**40])], [_vi("y", [1, 2**40])])
+    absurd = _save(tmp_path, "absurd", [helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [1, 2**40])],
+                   [_vi("y", [1, 2**40])])
     assert_clean_error(run_mlc("compile", absurd), 1, "absurd dimension")
-    huge = _save(tmp_path, "huge", [helper.make_node("Relu", ["x"], ["y"])], [_vi("x", ["n", 4096])], [_vi("y", ["n", 4096])])
+    huge = _save(tmp_path, "huge", [helper.make_node("Relu", ["x"], ["y"])], [_vi("x", ["n", 4096])],
+                 [_vi("y", ["n", 4096])])
     assert_clean_error(run_mlc("compile", huge, "--input-shape", "x:1000000x4096"), 1, "GiB", "choose smaller shapes")
     dangling = _save(tmp_path, "dangling", [helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [1])], [_vi("z", [1])])
     assert_clean_error(run_mlc("compile", dangling), 1, "graph output(s) z are not computed")
@@ -108,14 +111,14 @@ def test_concurrent_compiles_to_one_output(mlp_model, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
 
 
-def _archive_with(tmp_path: Path, members: dict[str, bytes], links: dict[str, str] = {}) -> Path:
+def _archive_with(tmp_path: Path, members: dict[str, bytes], links: dict[str, str] | None = None) -> Path:
     path = tmp_path / "evil.tar.gz"
     with tarfile.open(path, "w:gz") as tar:
         for name, data in members.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-        for name, target in links.items():
+        for name, target in (links or {}).items():
             info = tarfile.TarInfo(name)
             info.type, info.linkname = tarfile.SYMTYPE, target
             tar.addfile(info)
@@ -174,8 +177,10 @@ def test_mutated_model_bytes_fail_cleanly(tmp_path_factory, data):
     path.write_bytes(bytes(model[:cut]))
     try:
         api.compile(str(path), output=path.parent / "out")
-    except MlcError:
-        pass
+    except MlcError as e:
+        # A damaged file is the user's to fix (exit 1), never an internal error of mlc (CompilerError, exit 70).
+        assert not isinstance(e, CompilerError) and e.exit_code != ExitCode.INTERNAL, f"{type(e).__name__}: {e}"
+        assert str(e) and "\n" not in str(e)
 
 
 @settings(max_examples=200, deadline=None)
@@ -242,7 +247,8 @@ def test_bad_tolerance_is_refused_before_compiling(mlp_model, tmp_path):
 
 
 def test_run_output_into_missing_folder(mlp_artifact, tmp_path):
-    assert_clean_error(run_mlc("run", mlp_artifact, "-o", tmp_path / "no" / "out.npz", "--repeat", "0"), 1, "cannot write")
+    assert_clean_error(run_mlc("run", mlp_artifact, "-o", tmp_path / "no" / "out.npz", "--repeat", "0"), 1,
+                       "cannot write")
 
 
 def test_tensor_names_that_clash_with_numpy_keywords(tmp_path):

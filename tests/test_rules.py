@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import run_mlc
+from helpers import run_mlc
 
 RNG = np.random.default_rng(0)
 
@@ -36,7 +36,8 @@ def _conv_module(relax, x_shape, out_channels, kernel, groups=1, strides=1, padd
     weight = _const(relax, out_channels, x_shape[1] // groups, kernel, kernel)
     with bb.function("main", [x]):
         with bb.dataflow():
-            y = bb.emit(relax.op.nn.conv2d(x, weight, strides=strides, padding=padding, dilation=dilation, groups=groups))
+            y = bb.emit(relax.op.nn.conv2d(x, weight, strides=strides, padding=padding, dilation=dilation,
+                                           groups=groups))
             y = bb.emit(relax.op.add(y, _const(relax, 1, out_channels, 1, 1)))
             if residual:
                 y = bb.emit(relax.op.add(y, y))
@@ -194,7 +195,8 @@ def test_computed_input_of_a_concatenation_is_not_recomputed_per_element(tvm_too
     result = relax.VirtualMachine(executable, tvm.cpu())["main"](
         *(tvm.runtime.tensor(a) for a in arrays + [gate_values])).numpy()
     cell = 1 / (1 + np.exp(-gate_values[:, :hidden])) * np.tanh(gate_values[:, hidden:])
-    np.testing.assert_allclose(result, np.stack(arrays + [cell], 1).reshape(batch * steps, hidden), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(result, np.stack(arrays + [cell], 1).reshape(batch * steps, hidden), rtol=1e-5,
+                               atol=1e-6)
 
 
 def _library_asm(module) -> str:

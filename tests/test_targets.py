@@ -38,7 +38,8 @@ def test_presets_resolve_to_valid_tvm_targets():
         ({"sse2"}, "x86-64"),
         ({"avx2", "fma", "bmi2"}, "haswell"),
         ({"avx2", "fma", "bmi2", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"}, "skylake-avx512"),
-        ({"avx2", "fma", "bmi2", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd", "avx512_vnni"}, "cascadelake"),
+        ({"avx2", "fma", "bmi2", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd", "avx512_vnni"},
+         "cascadelake"),
     ],
 )
 def test_host_detection_by_cpu_flags(monkeypatch, flags, mcpu):
@@ -77,17 +78,19 @@ def test_raw_json_targets():
     assert (target.name, target.runtime_arch, target.tvm["num-cores"]) == ("llvm-cortex-a55", "aarch64", 4)
     assert targets.resolve('{"kind": "llvm", "mcpu": "haswell"}').runtime_arch == targets.HOST_ARCH
     cuda = targets.resolve('{"kind": "cuda", "arch": "sm_86"}')
-    assert (cuda.name, cuda.device, cuda.runtime_arch, cuda.tvm["host"]["kind"]) == ("cuda-sm_86", "cuda", "x86_64", "llvm")
+    assert (cuda.name, cuda.device, cuda.runtime_arch, cuda.tvm["host"]["kind"]) == \
+        ("cuda-sm_86", "cuda", "x86_64", "llvm")
     metal = targets.resolve('{"kind": "metal"}')
     assert (metal.device, metal.runtime_os, metal.tvm["host"]["mtriple"]) == ("metal", "macos", "arm64-apple-macos")
     for bad, message in [('{"kind"', "does not parse"), ("{}", 'object with a "kind"'),
-                         ('{"kind": "rocm"}', "not supported yet"), ('{"kind": "cuda", "host": 3}', '"host"'), ('{"kind": "llvm", "mtriple": "riscv64-linux"}', "riscv64")]:
+                         ('{"kind": "rocm"}', "not supported yet"), ('{"kind": "cuda", "host": 3}', '"host"'),
+                         ('{"kind": "llvm", "mtriple": "riscv64-linux"}', "riscv64")]:
         with pytest.raises(TargetError, match=message):
             targets.resolve(bad)
 
 
 def test_several_targets_in_one_run(tmp_path):
-    from conftest import assert_clean_error, run_mlc
+    from helpers import assert_clean_error, run_mlc
 
     proc = run_mlc("compile", "zoo:mlp", "-t", "x86", "-t", "x86-avx2", "-o", tmp_path, "--json")
     assert proc.returncode == 0, proc.stderr
@@ -95,7 +98,8 @@ def test_several_targets_in_one_run(tmp_path):
     avx2 = json.loads((tmp_path / "mlp-x86-avx2" / "manifest.json").read_text())
     assert avx2["target"]["tvm"]["mcpu"] == "haswell"
     # Every target is checked before anything compiles.
-    assert_clean_error(run_mlc("compile", "zoo:mlp", "-t", "x86", "-t", "nope", "-o", tmp_path / "x"), 1, "unknown target 'nope'")
+    assert_clean_error(run_mlc("compile", "zoo:mlp", "-t", "x86", "-t", "nope", "-o", tmp_path / "x"), 1,
+                       "unknown target 'nope'")
     assert not (tmp_path / "x").exists()
     bad = run_mlc("compile", "zoo:mlp", "-t", '{"kind": "llvm", "mattr": "oops"}', "-o", tmp_path / "y")
     assert_clean_error(bad, 1, "TVM rejects the target")

@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import assert_clean_error, mlp_onnx, run_mlc
+from helpers import assert_clean_error, mlp_onnx, run_mlc
 from mlc import tuning
 from mlc.errors import InputError
 
@@ -52,8 +52,10 @@ def test_bad_options_give_clean_errors(tmp_path):
     a_file = tmp_path / "file"
     a_file.write_text("x")
     assert_clean_error(run_mlc("tune", model, "--db", a_file, "--trials", "2"), 1, "is a file")
-    assert_clean_error(run_mlc("tune", model, "--db", tmp_path / "db", "--trials", "0"), 1, "--trials must be at least 1")
-    assert_clean_error(run_mlc("tune", model, "--db", tmp_path / "db", "--threads", "0"), 1, "--threads must be between 1")
+    assert_clean_error(run_mlc("tune", model, "--db", tmp_path / "db", "--trials", "0"), 1,
+                       "--trials must be at least 1")
+    assert_clean_error(run_mlc("tune", model, "--db", tmp_path / "db", "--threads", "0"), 1,
+                       "--threads must be between 1")
     assert_clean_error(run_mlc("tune", model, "--db", tmp_path / "db", "--rpc-tracker", "localhost:9190"), 1,
                        "--rpc-tracker and --rpc-key go together")
     nobody = f"127.0.0.1:{_free_port()}"
@@ -122,7 +124,8 @@ def test_interrupt_keeps_the_database_and_a_rerun_continues(tmp_path):
     assert proc.returncode == 130, stderr
     kept = len(_records(db))  # every line parses: the database is consistent
     assert kept >= 4
-    rerun = json.loads(run_mlc("tune", model, "--db", db, "--trials", "200", "--budget", "20s", "--json", check=True).stdout)
+    rerun = json.loads(run_mlc("tune", model, "--db", db, "--trials", "200", "--budget", "20s", "--json",
+                               check=True).stdout)
     assert rerun["records"] == kept + rerun["trials"] and rerun["trials"] > 0
 
 
@@ -156,10 +159,11 @@ def loopback_rpc():
     import psutil
 
     port = _free_port()
-    tracker = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
-                                "--port-end", str(port + 1), "--silent"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    server = subprocess.Popen([sys.executable, "-m", "mlc", "rpc-server", "--tracker", f"127.0.0.1:{port}", "--key", "loop",
-                               "--host", "127.0.0.1", "--port", str(_free_port())],
+    tracker = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
+                                "--port", str(port), "--port-end", str(port + 1), "--silent"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen([sys.executable, "-m", "mlc", "rpc-server", "--tracker", f"127.0.0.1:{port}",
+                               "--key", "loop", "--host", "127.0.0.1", "--port", str(_free_port())],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         line = server.stderr.readline()  # blocks until the server listens (or dies)
@@ -190,7 +194,8 @@ def test_loopback_rpc_measures_a_kernel(loopback_rpc):
 @pytest.mark.tune
 def test_tune_through_loopback_rpc(loopback_rpc, tmp_path):
     model = mlp_onnx(tmp_path / "mlp.onnx")
-    assert_clean_error(run_mlc("tune", model, "--db", tmp_path / "db", "--rpc-tracker", loopback_rpc, "--rpc-key", "pi"),
+    assert_clean_error(run_mlc("tune", model, "--db", tmp_path / "db", "--rpc-tracker", loopback_rpc,
+                               "--rpc-key", "pi"),
                        1, "under key 'pi' (registered: loop)")
     proc = run_mlc("tune", model, "--db", tmp_path / "db", "--trials", "1", "--rpc-tracker", loopback_rpc,
                    "--rpc-key", "loop", "--json", check=True)

@@ -240,8 +240,8 @@ def _run_child(request: dict, request_path: Path, on_event,
     return result, log_path, tasks, errors
 
 
-# What `mlc tune` gained over mlc's default schedules on the zoo models (benchmarks/results/tuning.json).
-TUNING_GAIN_NOTE = "see benchmarks/results/tuning.json for what tuning gained on the zoo models"
+# What `mlc tune` gained over mlc's default schedules on the zoo models (benchmarks/tuning/results/tuning.json).
+TUNING_GAIN_NOTE = "see benchmarks/tuning/results/tuning.json for what tuning gained on the zoo models"
 
 
 def schedule_request(preset, db: Optional[str | Path], default: bool) -> Optional[dict]:

@@ -1,7 +1,7 @@
 """mlc untuned vs default schedules vs tuned vs ONNX Runtime (vs PyTorch eager where the model has
 a PyTorch source), side by side in one run, with the tuning time and budget.
 
-    .venv/bin/python benchmarks/tuning.py --models zoo:transformer,zoo:cnn --budget 10m
+    .venv/bin/python benchmarks/tuning/tuning.py --models zoo:transformer,zoo:cnn --budget 10m
 
 Models are mlc model specs (zoo:NAME or a path to .onnx). Each model gets its own tuning database
 under --work (kept, so a rerun with a larger budget continues it)."""
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
 from mlc.bench.machine import machine_info  # noqa: E402
 
 import mlc.api as api  # noqa: E402
@@ -61,7 +61,8 @@ def bench_model(spec: str, work: Path, budget: str, trials: int | None, warmup: 
         start = time.perf_counter()
         result = api.compile(spec, output=work / f"{name}-{variant}", db=None, **kwargs)
         builds[variant] = result
-        row[f"mlc_{variant}"] = {**mlc_latency(result.path, warmup, repeat), "compile_s": round(time.perf_counter() - start, 1),
+        row[f"mlc_{variant}"] = {**mlc_latency(result.path, warmup, repeat),
+                                 "compile_s": round(time.perf_counter() - start, 1),
                                  "check_passed": result.check.passed if result.check else None}
     db = work / f"{name}-db"
     tuned = tuning.tune(spec, db=db, trials=trials, budget=budget)
@@ -96,7 +97,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="zoo:transformer,zoo:cnn")
     parser.add_argument("--budget", default="10m", help="tuning wall time per model")
-    parser.add_argument("--trials", type=int, default=None, help="trials per kernel (with --budget: whichever ends first)")
+    parser.add_argument("--trials", type=int, default=None,
+                        help="trials per kernel (with --budget: whichever ends first)")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=100)
     parser.add_argument("--work", type=Path, default=Path("benchmarks/work-tuning"))

@@ -7,8 +7,8 @@ same machine; the result is each side's p50 and the median of the per-round rati
 
     mlc export zoo:bert-base -o bert-base.onnx
     mlc compile zoo:bert-base --input-shape input_ids:1x128 --input-shape attention_mask:1x128 --db DB -o art
-    .venv/bin/python benchmarks/interleaved.py --artifact art --onnx bert-base.onnx --label "bert-base b1 s128" \
-        -o benchmarks/results/interleaved.json        # appends a row
+    .venv/bin/python benchmarks/interleaved/interleaved.py --artifact art --onnx bert-base.onnx \
+        --label "bert-base b1 s128" -o benchmarks/interleaved/results/x.json   # appends a row
 
 ORT runs on the artifact's reference inputs (its static shapes); the ONNX may have dynamic dims."""
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
 
 
 def main() -> None:
@@ -100,7 +100,8 @@ def plot(doc: dict, path: Path) -> None:
 
     rows = doc["rows"]
     ratios = [r["mlc_over_ort_median"] for r in rows]
-    spread = np.array([[m - r["mlc_over_ort_p10_p90"][0], r["mlc_over_ort_p10_p90"][1] - m] for m, r in zip(ratios, rows)]).T
+    spread = np.array([[m - r["mlc_over_ort_p10_p90"][0], r["mlc_over_ort_p10_p90"][1] - m]
+                       for m, r in zip(ratios, rows)]).T
     longest = max(len(r["label"]) for r in rows)  # room for the labels left of the bars
     fig, ax = plt.subplots(figsize=(6 + 0.075 * longest, 0.45 * len(rows) + 1.2))
     ax.barh(range(len(rows)), ratios, xerr=spread, color=["tab:green" if x <= 1 else "tab:orange" for x in ratios],

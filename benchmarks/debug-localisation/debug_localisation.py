@@ -3,7 +3,7 @@
 A fault is injected into TVM's Erf converter (every Erf adds 0.05), in this process only; the
 benchmark records wall time and TVM builds for the exposed-values method and for bisection.
 
-    .venv/bin/python benchmarks/debug_localisation.py [--layers 12 --hidden 768 --seq 128]
+    .venv/bin/python benchmarks/debug-localisation/debug_localisation.py [--layers 12 --hidden 768 --seq 128]
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@ the conv kernel's time and GFLOP/s per layer from each one's profiler (layout co
 whole model does once, left out), to see which layer shapes a schedule rule leaves behind.
 
     mlc export zoo:resnet50 -o resnet50.onnx
-    .venv/bin/python benchmarks/conv_layers.py resnet50.onnx -o results/conv-layers-b.json --label "after X"
-    .venv/bin/python benchmarks/conv_layers.py --plot conv-layers.png results/conv-layers-a.json \
-        results/conv-layers-b.json
+    .venv/bin/python benchmarks/conv-layers/conv_layers.py resnet50.onnx --label "after X" \
+        -o benchmarks/conv-layers/results/b.json
+    .venv/bin/python benchmarks/conv-layers/conv_layers.py --plot benchmarks/conv-layers/ab.png \
+        benchmarks/conv-layers/results/a.json benchmarks/conv-layers/results/b.json
 
 Each layer is Conv(+bias) -> Relu on seeded random data, batch 1, with the model's shapes, strides,
 pads and groups. The model's own dims are read by ONNX shape inference (a dynamic batch takes 1)."""
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
 
 
 def conv_layers(path: Path) -> list[dict]:
@@ -139,7 +140,8 @@ def main() -> None:
     print(f"all convs, weighted by count: mlc {total_mlc:.1f} ms, ORT {total_ort:.1f} ms, "
           f"ratio {total_mlc / total_ort:.3f}")
     doc = {"benchmark": "conv_layers", "label": args.label, "model": args.model.name, "target": args.target,
-           "machine": machine_info(), "rows": rows, "total_mlc_ms": round(total_mlc, 3), "total_ort_ms": round(total_ort, 3)}
+           "machine": machine_info(), "rows": rows, "total_mlc_ms": round(total_mlc, 3),
+           "total_ort_ms": round(total_ort, 3)}
     args.output.write_text(json.dumps(doc, indent=1) + "\n")
 
 

@@ -3,9 +3,10 @@
 For every level: `mlc compile` (isolated TVM worker, as users run it) with its wall time and the
 per-pass report, the accuracy check, then latency of the artifact (thin runner, warm-up + repeats).
 
-    .venv/bin/python benchmarks/passes_levels.py zoo:transformer
-    .venv/bin/python benchmarks/passes_levels.py zoo:resnet50 --framework torch --levels 0 2
-    .venv/bin/python benchmarks/passes_levels.py bert.onnx --input-shape input_ids:1x128 --levels 0 2 --out results/x.json
+    .venv/bin/python benchmarks/passes-levels/passes_levels.py zoo:transformer
+    .venv/bin/python benchmarks/passes-levels/passes_levels.py zoo:resnet50 --framework torch --levels 0 2
+    .venv/bin/python benchmarks/passes-levels/passes_levels.py bert.onnx --input-shape input_ids:1x128 \
+        --levels 0 2 --out x.json
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
 from mlc.bench.machine import machine_info  # noqa: E402
 
 import mlc.api as api  # noqa: E402
@@ -52,7 +53,8 @@ def main() -> None:
                 "compile_s": round(compile_s, 2),
                 "tvm_build_s": timings.get("tvm_build"),
                 "check_passed": result.check.passed if result.check else None,
-                "max_abs_error": max((o.max_abs_error for o in result.check.outputs), default=None) if result.check else None,
+                "max_abs_error": (max((o.max_abs_error for o in result.check.outputs), default=None)
+                                  if result.check else None),
                 "latency_ms": {k: round(v, 3) for k, v in latency.items() if k.endswith("_ms")} if latency else None,
                 "passes": [p.model_dump() for p in result.manifest.compile.passes],
             })
@@ -60,7 +62,8 @@ def main() -> None:
                   f"check {'pass' if rows[-1]['check_passed'] else 'FAIL'}", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "passes_levels", "model": args.model, "target": args.target,
-                               "input_shapes": args.input_shape, "machine": machine_info(), "levels": rows}, indent=2) + "\n")
+                               "input_shapes": args.input_shape, "machine": machine_info(), "levels": rows},
+                               indent=2) + "\n")
     print(f"written {out}")
 
 

@@ -1,8 +1,9 @@
 """Export seed 001's stacked LSTM language model from torch to ONNX (vocab 10001, embedding 128,
 3 LSTM layers of 256, seq 50, dynamic batch; seeded random weights) for passes_levels.py:
 
-    .venv/bin/python benchmarks/lstm_lm_export.py /tmp/lstm_lm.onnx
-    .venv/bin/python benchmarks/passes_levels.py /tmp/lstm_lm.onnx --input-shape tokens:128x50 --levels 0 2
+    .venv/bin/python benchmarks/passes-levels/lstm_lm_export.py /tmp/lstm_lm.onnx
+    .venv/bin/python benchmarks/passes-levels/passes_levels.py /tmp/lstm_lm.onnx --input-shape tokens:128x50 \
+        --levels 0 2
 """
 
 from __future__ import annotations

@@ -1,0 +1,108 @@
+"""Helpers the tests import (`from helpers import ...`; pytest puts tests/ on sys.path): the CLI in a subprocess,
+error checks, and small models built in code. Fixtures live in conftest.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+
+
+def run_mlc(*args: str, cwd: Path | None = None, check: bool = False) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess, as a user would."""
+    proc = subprocess.run([sys.executable, "-m", "mlc", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env={**os.environ, "COLUMNS": "200"})
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def assert_clean_error(proc: subprocess.CompletedProcess, code: int, *fragments: str) -> None:
+    """A failure the user can read: the right exit code, the message, and no traceback."""
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    for fragment in fragments:
+        assert fragment in proc.stderr, (fragment, proc.stderr)
+
+
+def reseal(artifact: Path) -> None:
+    """Rewrite file hashes after a deliberate change, as a wrong compiler would have written them."""
+    from mlc import artifacts
+
+    artifacts.seal(artifact, artifacts.load(artifact, verify=False))
+
+
+def mlp_onnx(path: Path, seed: int = 0) -> Path:
+    """MatMul/Add/Relu MLP with a dynamic batch dimension."""
+    rng = np.random.default_rng(seed)
+    weights = {
+        "w1": rng.standard_normal((16, 32)).astype(np.float32),
+        "b1": rng.standard_normal(32).astype(np.float32),
+        "w2": rng.standard_normal((32, 4)).astype(np.float32),
+    }
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+            helper.make_node("Add", ["h", "b1"], ["h_bias"], name="fc1_bias"),
+            helper.make_node("Relu", ["h_bias"], ["h_relu"], name="relu"),
+            helper.make_node("MatMul", ["h_relu", "w2"], ["y"], name="fc2"),
+        ],
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+def torch_cnn_onnx(path: Path) -> Path:
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(), torch.nn.Linear(16, 10),
+    ).eval()
+    torch.onnx.export(model, (torch.randn(1, 3, 16, 16),), str(path), dynamo=False, input_names=["image"],
+                      output_names=["logits"], dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}})
+    return path
+
+
+class TinyBert:
+    """A 2-layer BERT-like encoder in torch: token + position embeddings, TransformerEncoder."""
+
+    @staticmethod
+    def build():
+        import torch
+
+        class Encoder(torch.nn.Module):
+            def __init__(self, vocab=100, hidden=32, seq=16):
+                super().__init__()
+                self.tokens = torch.nn.Embedding(vocab, hidden)
+                self.positions = torch.nn.Parameter(torch.randn(1, seq, hidden) * 0.02)
+                layer = torch.nn.TransformerEncoderLayer(hidden, 4, 64, dropout=0.0, batch_first=True)
+                self.encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+            def forward(self, input_ids):
+                return self.encoder(self.tokens(input_ids) + self.positions)
+
+        torch.manual_seed(0)
+        return Encoder().eval()
+
+
+def torch_bert_onnx(path: Path) -> Path:
+    import torch
+
+    torch.onnx.export(TinyBert.build(), (torch.zeros(1, 16, dtype=torch.long),), str(path), dynamo=False,
+                      input_names=["input_ids"], output_names=["hidden"],
+                      dynamic_axes={"input_ids": {0: "batch"}, "hidden": {0: "batch"}})
+    return path
