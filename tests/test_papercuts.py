@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_clean_error, run_mlc
+from helpers import assert_clean_error, run_mlc
 
 
 def test_run_inputs_that_are_not_npz(mlp_artifact, tmp_path):
