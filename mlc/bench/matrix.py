@@ -89,7 +89,7 @@ def validate(config: BenchConfig) -> None:
     if not config.targets and not config.baselines:
         raise InputError("nothing to measure: give --targets and/or --baselines")
     if config.db is not None:  # before any cell runs, not once per compile
-        from mlc.tuning import check_db_dir
+        from mlc.pipeline.schedules import check_db_dir
 
         check_db_dir(Path(config.db), create=False)
 

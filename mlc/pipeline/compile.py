@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from mlc import artifacts, compiler, frontends, targets, tuning
+from mlc import artifacts, compiler, frontends, targets
 from mlc.artifacts.manifest import Manifest
 from mlc.check import CheckResult
 from mlc.compiler import runtimes
 from mlc.errors import CompilerError, InputError, MlcError, TargetError, UnsupportedModelError
 from mlc.pipeline import buckets as bucketing
+from mlc.pipeline import schedules as tuning_records
 from mlc.pipeline import source as sources
 from mlc.pipeline.options import CompileOptions, ModelSpec, check_tolerances, recipe
 from mlc.pipeline.package import KERNELS, LIBRARY, OBJECTS, default_output, package
@@ -90,7 +91,7 @@ def plan_compile(model: ModelSpec, options: CompileOptions) -> CompilePlan:
     model = sources.resolve(model)
     frontends.check_exporter(model.framework, model.exporter)
     preset = targets.resolve(options.target)
-    schedules = tuning.schedule_request(preset, options.db, options.default_schedules)
+    schedules = tuning_records.schedule_request(preset, options.db, options.default_schedules)
     steps = options.pass_options.plan(preset.device)
     runtime, cross = prepare_target(preset)
     output = options.output or default_output(sources.model_name(model.source), preset.name)
@@ -168,7 +169,7 @@ def _package(plan: CompilePlan, prepared: Prepared, refs: References, bucket_pla
 def _schedule_notes(plan: CompilePlan, result: dict) -> list[str]:
     db = plan.options.db
     notes = list(plan.runtime.notes)
-    notes += tuning.schedule_notes(result.get("schedules"), plan.model.source, plan.options.target, db)
+    notes += tuning_records.schedule_notes(result.get("schedules"), plan.model.source, plan.options.target, db)
     if db is not None and plan.dynamic:
         notes.append("tuning records match static kernels: the symbolic-shape kernels of --dynamic use "
                      "mlc's default schedules; for tuned kernels per length use --buckets with --db")

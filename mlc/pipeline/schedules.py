@@ -1,0 +1,91 @@
+"""Tuning records in a compile: the database folder `mlc tune` writes and `mlc compile --db` reads
+(MetaSchedule's JSON database), what the compile worker is asked to schedule with, and what the user is told."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+from mlc.errors import InputError, TargetError
+
+DB_FILES = ("database_workload.json", "database_tuning_record.json")
+
+
+def check_db_dir(db: Path, create: bool) -> Path:
+    """A usable database folder (created when `create`); repairs a record line cut short by a kill."""
+    if db.exists() and not db.is_dir():
+        raise InputError(f"--db {db} is a file; give a folder for the tuning database")
+    if not db.exists():
+        if not create:
+            raise InputError(f"--db {db} does not exist; run `mlc tune MODEL --db {db}` first")
+        try:
+            db.mkdir(parents=True)
+        except OSError as e:
+            raise InputError(f"--db {db}: cannot create the folder ({e.strerror})") from None
+    if not os.access(db, os.W_OK | os.X_OK) and create:
+        raise InputError(f"--db {db} is not writable")
+    if not create and not any((db / name).is_file() for name in DB_FILES):
+        raise InputError(f"--db {db} holds no tuning database ({DB_FILES[1]}); run `mlc tune` into it first")
+    for name in DB_FILES:
+        _repair(db / name)
+    return db
+
+
+def _repair(path: Path) -> None:
+    """Drop a final line that a killed writer left incomplete; any other bad line is corruption."""
+    if not path.is_file():
+        return
+    lines = path.read_text(errors="replace").splitlines(keepends=True)
+    good = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            json.loads(line)
+        except ValueError:
+            if number == len(lines):
+                break
+            raise InputError(f"{path} line {number} is not a tuning record; the database is corrupt "
+                             "(remove the line or the file, or use another --db)") from None
+        good.append(line if line.endswith("\n") else line + "\n")
+    if len(good) != sum(1 for ln in lines if ln.strip()) or (lines and not lines[-1].endswith("\n")):
+        tmp = path.with_suffix(".repair")
+        tmp.write_text("".join(good))
+        tmp.replace(path)
+
+
+def record_count(db: Path) -> int:
+    path = db / DB_FILES[1]
+    return sum(1 for ln in path.read_text().splitlines() if ln.strip()) if path.is_file() else 0
+
+
+# What `mlc tune` gained over mlc's default schedules on the zoo models.
+TUNING_GAIN_NOTE = "see benchmarks/tuning/results/tuning.json for what tuning gained on the zoo models"
+
+
+def schedule_request(preset, db: Optional[str | Path], default: bool) -> Optional[dict]:
+    """What the compile worker is asked to schedule with, or None for TVM's own pipeline (GPU:
+    rule-based dlight schedules; only CPU builds use tuning records and mlc's default rules)."""
+    if preset.tvm.get("kind") != "llvm":
+        if db is not None:
+            raise TargetError(f"--db applies to CPU targets; {preset.name} builds use rule-based GPU schedules")
+        return None
+    return {"db": str(check_db_dir(Path(db), create=False).resolve()) if db is not None else None, "default": default}
+
+
+def schedule_notes(report: Optional[dict], source: str, target: str, db: Optional[str | Path]) -> list[str]:
+    """Tell the user whether the build is tuned and what to run if it is not."""
+    if not report:
+        return []
+    total = sum(len(v) for v in report.values())
+    tuned = len(report.get("tuned", []))
+    if tuned == total:
+        return []
+    hint = f"`mlc tune {source} --target {target} --db DIR` then `mlc compile ... --db DIR`"
+    if db is None:
+        return [f"untuned build: {total} kernels use mlc's default CPU schedules; {hint} tunes them "
+                f"({TUNING_GAIN_NOTE})"]
+    return [f"{tuned} of {total} kernels were tuned (records in {db}); the other {total - tuned} use default "
+            f"schedules: tune this model into the database to cover them ({hint})"]
