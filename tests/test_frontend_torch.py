@@ -117,13 +117,15 @@ def test_factory_compiles_and_records_recipe(factory_file, tmp_path):
 
 
 def test_torchscript_trace_is_caught_at_a_new_sequence_length(factory_file, tmp_path):
-    """Traced at seq 8, checked at seq 16: the TorchScript export divides by 8 for ever. ONNX
-    Runtime agrees with TVM, so only the eager reference shows it — and the check must fail."""
-    proc = run_mlc("compile", f"{factory_file}:make", "--exporter", "torchscript", "-o", tmp_path / "pool")
+    """Traced at seq 8, compiled with seq symbolic and checked at seq 16: the TorchScript export divides by 8 for
+    ever. ONNX Runtime agrees with TVM, so only the eager reference shows it — and the check must fail."""
+    proc = run_mlc("compile", f"{factory_file}:make", "--exporter", "torchscript", "--dynamic", "seq",
+                   "-o", tmp_path / "pool")
     assert_clean_error(proc, ExitCode.ACCURACY, "the export lost the accuracy")
     assert "conversion: ONNX Runtime on the export" in proc.stdout and "FAIL" in proc.stdout
-    # The dynamo exporter (the default) gets the same model right.
-    assert api.compile(f"{factory_file}:make", target="x86", output=tmp_path / "pool-dynamo").check.passed
+    # The dynamo exporter (the default) gets the same model right: it fixes seq at the example's size, and says so.
+    result = api.compile(f"{factory_file}:make", target="x86", output=tmp_path / "pool-dynamo")
+    assert result.check.passed and "fixed the dynamic dim(s) seq" in result.manifest.source.exporter
 
 
 def test_export_command_writes_onnx_and_compares(factory_file, tmp_path):

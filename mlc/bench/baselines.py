@@ -99,13 +99,13 @@ def _native(ctx: Context, what: str):
 def _torch_call(module, ctx: Context) -> Callable[[], list[np.ndarray]]:
     import torch
 
-    from mlc.frontends.torch import _flatten
+    from mlc.frontends.torch import flatten_outputs
 
     args = [torch.from_numpy(np.ascontiguousarray(a)) for a in ctx.inputs]
 
     def run() -> list[np.ndarray]:
         with torch.no_grad():
-            return _flatten(module(*args))
+            return flatten_outputs(module(*args))
 
     return run
 

@@ -33,9 +33,9 @@ def shape_key(batch: int, seq: int | None) -> str:
 
 
 def _framework_model(source: str, framework: str):
-    from mlc.frontends import worker as frontend_worker
+    from mlc.pipeline import convert_worker
 
-    return frontend_worker._framework_model({"source": source, "framework": framework})
+    return convert_worker.framework_model({"source": source, "framework": framework})
 
 
 def prepare(request: dict) -> dict:
@@ -57,9 +57,9 @@ def prepare(request: dict) -> dict:
     else:
         fm = _framework_model(source, framework)
         exporter = fm.export(out / MODEL, set(fm.symbolic_dims()))
-        from mlc.frontends.worker import _version
+        from mlc.pipeline.convert_worker import framework_version
 
-        version = f"{framework} {_version(framework)} eager"
+        version = f"{framework} {framework_version(framework)} eager"
     model = onnx_frontend.load(out / MODEL)
     specs = onnx_frontend.input_specs(model)
     names = [o.name for o in model.graph.output]
@@ -187,14 +187,14 @@ def sequence(request: dict) -> dict:
         import torch
 
         from mlc.bench import baselines
-        from mlc.frontends.torch import _flatten
+        from mlc.frontends.torch import flatten_outputs
 
         baselines.limit_threads("torch", request["threads"])
         module = _framework_model(request["source"], "torch").native
 
         def call(n: int) -> dict:
             with torch.no_grad():
-                out = _flatten(module(*[torch.from_numpy(feeds[n][k]) for k in names]))
+                out = flatten_outputs(module(*[torch.from_numpy(feeds[n][k]) for k in names]))
             return dict(zip(request["outputs"], out))
     else:
         raise ValueError(f"unknown strategy backend {backend!r}")

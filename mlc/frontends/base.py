@@ -1,6 +1,6 @@
 """What every framework frontend gives the frontend worker, and the registry of frameworks.
 
-A frontend runs only inside the frontend worker process (`python -m mlc.frontends.worker`),
+A frontend runs only inside the frontend worker process (`python -m mlc.pipeline.convert_worker`),
 one framework per process: tensorflow and paddle segfault when imported together, and a framework
 crash must not take mlc down. This module imports no framework."""
 

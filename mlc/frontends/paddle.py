@@ -41,7 +41,7 @@ def detect(path: str) -> bool:
     return model is not None and (model.suffix == ".pdmodel" or params.is_file())
 
 
-def _paddle():
+def import_paddle():
     os.environ.setdefault("GLOG_minloglevel", "2")  # Paddle's C++ INFO lines
     # paddle2onnx's polygraphy pass pip-installs packages at run time when this is set: never.
     os.environ["POLYGRAPHY_AUTOINSTALL_DEPS"] = "0"
@@ -64,7 +64,7 @@ def open_model(path: str) -> FrameworkModel:
     if model_file is None:
         raise InputError(f"no Paddle model at {prefix}: expected {prefix}.json (or .pdmodel) and "
                          f"{prefix}.pdiparams, as paddle.jit.save(layer, '{prefix}') writes them")
-    paddle = _paddle()
+    paddle = import_paddle()
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             if model_file.suffix == ".pdmodel":
@@ -119,7 +119,7 @@ def from_layer(layer, inputs: list[InputDecl], example_sizes: Optional[dict[str,
                output_names: Optional[list[str]] = None) -> FrameworkModel:
     """A dygraph Layer (eager = the Layer itself), exported through paddle.jit.save. Its forward
     must name its first argument `self` (jit.save's dy2static requires it)."""
-    paddle = _paddle()
+    paddle = import_paddle()
     layer.eval()
     sizes = example_sizes_for(inputs, example_sizes)
 

@@ -31,7 +31,7 @@ def detect(path: str) -> bool:
     return p.suffix.lower() in KERAS_SUFFIXES
 
 
-def _tf():
+def import_tensorflow():
     # Quiet before the import: TF logs from C++ at import time.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # also makes eager results reproducible
@@ -67,7 +67,7 @@ def _open_keras_file(path: Path) -> FrameworkModel:
     if path.suffix.lower() == ".keras" and not zipfile.is_zipfile(path):  # Keras would say "file not found"
         raise InputError(f"{path} is not a Keras archive (a .keras file is a zip); save it again with "
                          "model.save('model.keras')")
-    _tf()
+    import_tensorflow()
     import keras
 
     try:
@@ -103,7 +103,7 @@ def from_keras(model, inputs: Optional[list[InputDecl]] = None,
 
 
 def _open_saved_model(path: Path) -> FrameworkModel:
-    tf = _tf()
+    tf = import_tensorflow()
     try:
         loaded = tf.saved_model.load(str(path))
     except Exception as e:  # corrupt protobufs and missing variables surface as many exception types
@@ -131,7 +131,7 @@ def _open_saved_model(path: Path) -> FrameworkModel:
 
 
 def _decl(name: str, dtype, shape) -> InputDecl:
-    tf = _tf()
+    tf = import_tensorflow()
     dims: list[int | str] = []
     for axis, size in enumerate(list(shape)):
         if size is None or size < 0:
@@ -143,7 +143,7 @@ def _decl(name: str, dtype, shape) -> InputDecl:
 
 def _framework_model(call: Callable, inputs: list[InputDecl], example_sizes: Optional[dict[str, int]],
                      output_names: Sequence[str]) -> FrameworkModel:
-    tf = _tf()
+    tf = import_tensorflow()
     sizes = example_sizes_for(inputs, example_sizes)
 
     def export(onnx_path: Path, dynamic: set[str]) -> str:

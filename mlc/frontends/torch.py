@@ -48,7 +48,7 @@ def _first_line(e: BaseException) -> str:
     return (text[0] if text else type(e).__name__)[:300]
 
 
-def _flatten(value: Any) -> list[np.ndarray]:
+def flatten_outputs(value: Any) -> list[np.ndarray]:
     """Model outputs (tensor, tuple, dict, transformers ModelOutput...) as numpy, in pytree order:
     the order both ONNX exporters give the graph outputs."""
     import torch
@@ -58,7 +58,7 @@ def _flatten(value: Any) -> list[np.ndarray]:
 
 
 def _output_names(value: Any) -> list[str]:
-    """Names for the tensor leaves of a model's output, in _flatten's order: dict keys and dataclass fields
+    """Names for the tensor leaves of a model's output, in flatten_outputs's order: dict keys and dataclass fields
     (transformers' ModelOutput) by their keys, e.g. `score`, `hidden_states_0`; otherwise `output`,
     `output_0`, `output_1`..."""
     import torch
@@ -120,7 +120,7 @@ def from_module(module, example_inputs: Sequence, input_names: Sequence[str],
 
     def eager(inputs: list[np.ndarray]) -> list[np.ndarray]:
         with torch.no_grad():
-            return _flatten(module(*[torch.from_numpy(np.ascontiguousarray(x)) for x in inputs]))
+            return flatten_outputs(module(*[torch.from_numpy(np.ascontiguousarray(x)) for x in inputs]))
 
     return FrameworkModel("torch", decls, sizes, export, eager, native=module)
 
@@ -272,7 +272,7 @@ def _load_exported_program(path: Path) -> FrameworkModel:
 
     def eager(inputs: list[np.ndarray]) -> list[np.ndarray]:
         with torch.no_grad():
-            return _flatten(module(*[torch.from_numpy(np.ascontiguousarray(x)) for x in inputs]))
+            return flatten_outputs(module(*[torch.from_numpy(np.ascontiguousarray(x)) for x in inputs]))
 
     return FrameworkModel("torch", decls, sizes, export, eager, user_examples=True)
 

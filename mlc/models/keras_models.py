@@ -11,7 +11,7 @@ SEED = 0
 
 
 def _keras():
-    tf_frontend._tf()  # quiet logging before keras imports tensorflow
+    tf_frontend.import_tensorflow()  # quiet logging before keras imports tensorflow
     import keras
 
     keras.utils.set_random_seed(SEED)

@@ -12,7 +12,7 @@ SEED = 0
 
 
 def _paddle():
-    paddle = paddle_frontend._paddle()
+    paddle = paddle_frontend.import_paddle()
     paddle.seed(SEED)
     return paddle
 

@@ -17,6 +17,7 @@ from mlc.errors import InputError
 from mlc.frontends import onnx as onnx_frontend
 from mlc.passes import onnx as onnx_passes
 from mlc.pipeline import source as sources
+from mlc.pipeline.convert import Converted
 from mlc.pipeline.options import ModelSpec
 from mlc.pipeline.steps import Timer
 from mlc.runtime import runner as thin_runtime
@@ -35,7 +36,7 @@ class Prepared:
     cleaned: onnx.ModelProto
     cleaned_path: Path
     notes: list[str]
-    converted: Optional[frontends.Converted] = None  # framework models: the export and eager outputs
+    converted: Optional[Converted] = None  # framework models: the export and eager outputs
     pass_records: list[dict] = field(default_factory=list)  # what each graph pass did
 
 

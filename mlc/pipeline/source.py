@@ -11,6 +11,7 @@ from typing import Optional
 from mlc import frontends, models
 from mlc.artifacts.manifest import SourceInfo
 from mlc.errors import InputError
+from mlc.pipeline.convert import Converted, convert
 from mlc.pipeline.options import ModelSpec
 from mlc.pipeline.steps import Timer
 from mlc.runtime import runner as thin_runtime
@@ -77,7 +78,7 @@ class Source:
 
     path: Path  # the ONNX file: the user's, the zoo model written out, or the framework model's export
     info: SourceInfo  # sha256 stays "" for a user's ONNX file until it is loaded (hashed once, there)
-    converted: Optional[frontends.Converted] = None  # framework models: the export and the eager outputs
+    converted: Optional[Converted] = None  # framework models: the export and the eager outputs
 
 
 def to_onnx(model: ModelSpec, workdir: Path, timed: Timer) -> Source:
@@ -97,7 +98,7 @@ def to_onnx(model: ModelSpec, workdir: Path, timed: Timer) -> Source:
     display = frontends.FRAMEWORKS[framework].display
     dynamic = model.dynamic_dims()
     with timed("export", f"Exporting the {display} model to ONNX and running it eagerly"):
-        converted = frontends.convert(source, framework, workdir, dynamic=None if dynamic is None else list(dynamic),
+        converted = convert(source, framework, workdir, dynamic=None if dynamic is None else list(dynamic),
                                       input_shapes=model.input_shapes, exporter=model.exporter)
     sha = thin_runtime.sha256_file(converted.onnx_path) if zoo else source_sha256(source)
     info = SourceInfo(name=name, path=source if zoo or ".py:" in source else str(Path(source).resolve()),

@@ -1,7 +1,7 @@
 """The frontend worker: loads a model in its own framework, exports it to ONNX and records the
 framework's eager outputs on seeded inputs. Run as
 
-    python -m mlc.frontends.worker REQUEST.json
+    python -m mlc.pipeline.convert_worker REQUEST.json
 
 One framework per process (tensorflow and paddle crash when imported together), and a framework
 crash cannot take mlc down. Writes its result beside the request for the parent (mlc._proc)."""
@@ -18,7 +18,7 @@ FEEDS = "feeds.npz"
 EAGER = "eager.npz"
 
 
-def _framework_model(request: dict):
+def framework_model(request: dict):
     from mlc import models
     from mlc.frontends.base import FRAMEWORKS
 
@@ -35,7 +35,7 @@ def _framework_model(request: dict):
     return open_model(source, **options)
 
 
-def _version(framework: str) -> str:
+def framework_version(framework: str) -> str:
     from mlc.frontends.base import FRAMEWORKS
 
     package = importlib.import_module(FRAMEWORKS[framework].package)
@@ -51,7 +51,7 @@ def convert(request: dict) -> dict:
     from mlc.runtime.runner import save_npz
 
     out = Path(request["out_dir"])
-    fm = _framework_model(request)
+    fm = framework_model(request)
     symbolic = fm.symbolic_dims()
     dynamic = request.get("dynamic")
     dynamic = set(symbolic) if dynamic is None else set(dynamic)
@@ -63,7 +63,10 @@ def convert(request: dict) -> dict:
     model = onnx_frontend.load(out / MODEL)
     specs = onnx_frontend.input_specs(model)
     fixed = onnx_frontend.resolve_input_shapes(specs, request.get("input_shapes", []))
-    sizes = fm.example_sizes if fm.user_examples else None
+    # The user's example sizes are the compile sizes, but for dims --dynamic keeps symbolic: those are checked at
+    # other sizes (batch 2 / 16), where an export that baked in a traced size shows it.
+    kept = set(request["dynamic"] or ())
+    sizes = {d: n for d, n in fm.example_sizes.items() if d not in kept} if fm.user_examples else None
     feeds = onnx_frontend.make_inputs(specs, onnx_frontend.concrete_shapes(specs, fixed, sizes))
     outputs = fm.eager([feeds[s.name] for s in specs])
     names = [o.name for o in model.graph.output]
@@ -72,7 +75,7 @@ def convert(request: dict) -> dict:
                          f"{len(names)} outputs; return a flat tuple of tensors from the model")
     save_npz(out / FEEDS, feeds)
     save_npz(out / EAGER, {n: np.asarray(v) for n, v in zip(names, outputs)})
-    return {"ok": True, "framework": fm.framework, "framework_version": _version(fm.framework),
+    return {"ok": True, "framework": fm.framework, "framework_version": framework_version(fm.framework),
             "exporter": exporter, "dynamic": sorted(dynamic), "notes": fm.notes,
             "onnx_opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None),
             "onnx_nodes": len(model.graph.node), "onnx_ir": onnx.IR_VERSION}
