@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -89,7 +88,8 @@ def test_worker_kinds_and_stage_pass_through(child):
     result, log = child({"mode": "typed"})
     log.unlink()
     assert (result.ok, result.kind, result.stage, result.message) == (False, "pass", "passes", "the pass cannot")
-    assert result.as_dict() == {"ok": False, "kind": "pass", "stage": "passes", "message": "the pass cannot", "op": "Erf"}
+    assert result.as_dict() == {"ok": False, "kind": "pass", "stage": "passes", "message": "the pass cannot",
+                                "op": "Erf"}
 
 
 def test_mlc_error_is_raised_again_with_class_and_stage(child):
