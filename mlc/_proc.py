@@ -246,10 +246,16 @@ def crash_text(what: str, returncode: int, log_path: Path) -> str:
     return f"{what} {how}{': ' + tail if tail else ''}"
 
 
+# Lines of a stack dump (Python's, or the one TVM prints on a segfault): the line before them says what happened.
+_FRAME_LINES = ("File ", "Traceback", "Stack trace", "at ", "^", "~")
+
+
 def log_tail(log_path: Path) -> str:
-    """The log's last non-empty line (what the child said last before it died), cut to 300 characters."""
+    """What the child said last before it died: the log's last line that is not part of a stack dump
+    (TVM's "!!!!!!! Segfault encountered !!!!!!!" becomes "Segfault encountered"), cut to 300 characters."""
     try:
         lines = [ln.strip() for ln in Path(log_path).read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return ""
-    return lines[-1][:300] if lines else ""
+    said = [ln for ln in lines if not ln.startswith(_FRAME_LINES)] or lines
+    return said[-1].strip("! ")[:300] if said else ""

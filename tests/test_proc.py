@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -89,7 +88,8 @@ def test_worker_kinds_and_stage_pass_through(child):
     result, log = child({"mode": "typed"})
     log.unlink()
     assert (result.ok, result.kind, result.stage, result.message) == (False, "pass", "passes", "the pass cannot")
-    assert result.as_dict() == {"ok": False, "kind": "pass", "stage": "passes", "message": "the pass cannot", "op": "Erf"}
+    assert result.as_dict() == {"ok": False, "kind": "pass", "stage": "passes", "message": "the pass cannot",
+                                "op": "Erf"}
 
 
 def test_mlc_error_is_raised_again_with_class_and_stage(child):
@@ -188,3 +188,16 @@ def test_compile_worker_results_map_to_errors():
     with pytest.raises(UnsupportedModelError, match="Erf x1"):
         _check_result(_proc.WorkerResult.failure("unsupported", "", ops={"Erf": {"count": 1, "first_nodes": ["e"]}}),
                       None)
+
+
+def test_log_tail_skips_stack_dumps(tmp_path):
+    log = tmp_path / "w.log"
+    log.write_text("compiling\n!!!!!!! Segfault encountered !!!!!!!\n  File \"<unknown>\", line 0, in _start\n"
+                   "  File \"<unknown>\", line 0, in 0xffffffffffffffff\n\n")
+    assert _proc.log_tail(log) == "Segfault encountered"
+    log.write_text("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n    boom()\n"
+                   "ValueError: boom\n")
+    assert _proc.log_tail(log) == "ValueError: boom"
+    log.write_text("  File \"a\", line 1\n")  # nothing but frames: the last line still says something
+    assert _proc.log_tail(log) == 'File "a", line 1'
+    assert _proc.log_tail(tmp_path / "missing.log") == ""

@@ -1,5 +1,5 @@
-"""The compiler: frontends (-> ONNX + reference), ONNX passes, and the TVM worker process that
-imports ONNX into Relax and builds it. Only the worker (and modules it imports) imports tvm."""
+"""The parent side of the TVM compile worker (compile_in_worker: request, run through mlc._proc, result read
+back into a dict or an MlcError), and the checks that need no tvm. Only the worker imports tvm."""
 
 from __future__ import annotations
 
