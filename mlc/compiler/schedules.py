@@ -24,8 +24,11 @@ def _legalize_and_fuse(mod, target):
     from tvm import relax
     from tvm.relax.backend.cpu_generic import pipeline as cpu
 
+    from mlc.compiler.sorting import portable_topk
+
     with target:
         passes = [relax.transform.ConvertLayout(CONV_LAYOUT)]
+        mod = portable_topk(mod, target)
         return tvm.transform.Sequential(passes + cpu.library_dispatch_passes(target) + cpu.legalize_passes(target))(mod)
 
 
