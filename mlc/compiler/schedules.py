@@ -66,13 +66,19 @@ def _convert_layout(mod, notes: list[str]):
 
 def _legalize_and_fuse(mod, target, notes: Optional[list[str]] = None):
     import tvm
+    from tvm import relax
     from tvm.relax.backend.cpu_generic import pipeline as cpu
 
     from mlc.compiler.sorting import portable_topk
 
+    from mlc.passes.relax import nan_preserving_legalizations
+
     with target:
         mod = portable_topk(_convert_layout(mod, notes if notes is not None else []), target)
-        return tvm.transform.Sequential(cpu.library_dispatch_passes(target) + cpu.legalize_passes(target))(mod)
+        # relu/clip/max/min that keep NaN first; TVM's LegalizeOps then handles the other ops
+        return tvm.transform.Sequential(cpu.library_dispatch_passes(target)
+                                        + [relax.transform.LegalizeOps(nan_preserving_legalizations())]
+                                        + cpu.legalize_passes(target))(mod)
 
 
 def extract_tasks(mod, target):
