@@ -170,7 +170,7 @@ def _is_float(expr) -> bool:
 
 
 def nan_preserving_legalizations() -> dict:
-    """LegalizeOps overrides (op name -> legalize function) for relu, clip, maximum and minimum on
+    """LegalizeOps overrides (op name -> legalize function) for relu, clip, erf, maximum and minimum on
     floats that keep NaN where ONNX Runtime and torch keep it. TVM's versions are max/min, which
     LLVM emits as `a > b ? a : b`: max(NaN, 0) is 0, so a NaN disappeared behind a Relu."""
     from tvm import topi
@@ -193,7 +193,12 @@ def nan_preserving_legalizations() -> dict:
 
         return legalize
 
-    return {"relax.nn.relu": relu, "relax.clip": clip,
+    def erf(bb, call):  # TVM's LLVM erf is a clamped polynomial: erf(NaN) was 1
+        if not _is_float(call.args[0]):
+            return bb.call_te(topi.erf, call.args[0])
+        return bb.call_te(_keep_nan(topi.erf), call.args[0], primfunc_name_hint="erf")
+
+    return {"relax.nn.relu": relu, "relax.clip": clip, "relax.erf": erf,
             "relax.maximum": binary_op(topi.maximum, "maximum"), "relax.minimum": binary_op(topi.minimum, "minimum")}
 
 
