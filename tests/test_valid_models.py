@@ -71,13 +71,14 @@ def test_dynamo_multihead_attention(tmp_path: Path) -> None:
 
 
 def test_nan_propagates_like_onnxruntime(tmp_path: Path) -> None:
-    """Relu -> Softmax and the fast-math polynomials (-O2) keep NaN where ONNX Runtime does."""
+    """Relu -> Softmax, clip and the fast-math polynomials (-O2) keep NaN where ONNX Runtime does."""
     import onnxruntime as ort
 
     nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Softmax", ["r"], ["s"], axis=-1),
              helper.make_node("Tanh", ["x"], ["t"]), helper.make_node("Sigmoid", ["x"], ["g"]),
-             helper.make_node("Erf", ["x"], ["e"]), helper.make_node("Exp", ["x"], ["x_exp"])]
-    names = ["s", "t", "g", "e", "x_exp"]
+             helper.make_node("Erf", ["x"], ["e"]), helper.make_node("Exp", ["x"], ["x_exp"]),
+             helper.make_node("HardSigmoid", ["x"], ["h"])]  # a relax clip
+    names = ["s", "t", "g", "e", "x_exp", "h"]
     model = _save(tmp_path / "nan.onnx", nodes, [_float("x", [4, 16])], [_float(n, [4, 16]) for n in names])
     _compile(model, tmp_path / "art")
     x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)

@@ -103,9 +103,9 @@ def _keep_nan(fn):
     their input first, and a clamp is a max/min, which returns the bound for NaN."""
     from tvm import te, tirx
 
-    def wrapped(x, *args):
+    def wrapped(x, *args):  # isnan, not x != x: TVM's simplifier folds x != x to false
         y = fn(x, *args)
-        return te.compute(x.shape, lambda *i: tirx.Select(x(*i) != x(*i), x(*i), y(*i)), name="keep_nan")
+        return te.compute(x.shape, lambda *i: tirx.Select(tirx.isnan(x(*i)), x(*i), y(*i)), name="keep_nan")
 
     return wrapped
 
@@ -170,7 +170,7 @@ def _is_float(expr) -> bool:
 
 
 def nan_preserving_legalizations() -> dict:
-    """LegalizeOps overrides (op name -> legalize function) for relu, clip, erf, maximum and minimum on
+    """LegalizeOps overrides (op name -> legalize function) for relu, clip, maximum and minimum on
     floats that keep NaN where ONNX Runtime and torch keep it. TVM's versions are max/min, which
     LLVM emits as `a > b ? a : b`: max(NaN, 0) is 0, so a NaN disappeared behind a Relu."""
     from tvm import topi
@@ -193,12 +193,7 @@ def nan_preserving_legalizations() -> dict:
 
         return legalize
 
-    def erf(bb, call):  # TVM's LLVM erf is a clamped polynomial: erf(NaN) was 1
-        if not _is_float(call.args[0]):
-            return bb.call_te(topi.erf, call.args[0])
-        return bb.call_te(_keep_nan(topi.erf), call.args[0], primfunc_name_hint="erf")
-
-    return {"relax.nn.relu": relu, "relax.clip": clip, "relax.erf": erf,
+    return {"relax.nn.relu": relu, "relax.clip": clip,
             "relax.maximum": binary_op(topi.maximum, "maximum"), "relax.minimum": binary_op(topi.minimum, "minimum")}
 
 
