@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.conftest import run_mlc
+from conftest import run_mlc
 
 
 def _save(path: Path, nodes, inputs, outputs, initializers=()) -> Path:
@@ -71,15 +71,23 @@ def test_dynamo_multihead_attention(tmp_path: Path) -> None:
 
 
 def test_nan_propagates_like_onnxruntime(tmp_path: Path) -> None:
-    """Relu -> Softmax, clip and the fast-math polynomials (-O2) keep NaN where ONNX Runtime does."""
+    """Relu -> Softmax, clip, a conv's fused relu and the fast-math polynomials (-O2) keep NaN where ONNX
+    Runtime does."""
     import onnxruntime as ort
 
     nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Softmax", ["r"], ["s"], axis=-1),
              helper.make_node("Tanh", ["x"], ["t"]), helper.make_node("Sigmoid", ["x"], ["g"]),
              helper.make_node("Erf", ["x"], ["e"]), helper.make_node("Exp", ["x"], ["x_exp"]),
-             helper.make_node("HardSigmoid", ["x"], ["h"])]  # a relax clip
-    names = ["s", "t", "g", "e", "x_exp", "h"]
-    model = _save(tmp_path / "nan.onnx", nodes, [_float("x", [4, 16])], [_float(n, [4, 16]) for n in names])
+             helper.make_node("HardSigmoid", ["x"], ["h"]),  # a relax clip
+             helper.make_node("Reshape", ["x", "image"], ["xi"]),  # conv + bias + relu: one fused kernel
+             helper.make_node("Conv", ["xi", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["cr"])]
+    rng = np.random.default_rng(1)
+    consts = [numpy_helper.from_array(np.array([1, 4, 4, 4], np.int64), "image"),
+              numpy_helper.from_array(rng.standard_normal((8, 4, 3, 3)).astype(np.float32), "w"),
+              numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b")]
+    names = ["s", "t", "g", "e", "x_exp", "h", "cr"]
+    model = _save(tmp_path / "nan.onnx", nodes, [_float("x", [4, 16])],
+                  [_float(n, [4, 16]) for n in names[:-1]] + [_float("cr", [1, 8, 4, 4])], consts)
     _compile(model, tmp_path / "art")
     x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
     x[0, 3], x[2, 5] = np.nan, np.nan

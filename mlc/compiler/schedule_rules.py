@@ -417,8 +417,8 @@ def fold_weight_packing(mod, target):
         split = relax.transform.SplitLayoutRewritePreproc()(split)
     for gv, f in aside.items():
         split[gv] = f
-    with target:
-        return relax.transform.FoldConstant()(split)
+    with target:  # the pass's own dead-code elimination skipped the split kernels while calls lacked callees
+        return tvm.transform.Sequential([relax.transform.DeadCodeElimination(), relax.transform.FoldConstant()])(split)
 
 
 class _SafeRule:

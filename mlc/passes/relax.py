@@ -138,18 +138,18 @@ def _fast_softmax(x, axis):
 
 
 def _relu(x):
+    """max(0, x), constant first: LLVM gets `0 > x ? 0 : x`, which passes NaN (max(x, 0) does not)."""
     from tvm import te, tirx
 
     zero = tirx.const(0, x.dtype)
-    return te.compute(x.shape, lambda *i: tirx.Select(x(*i) < zero, zero, x(*i)), name="compute")
+    return te.compute(x.shape, lambda *i: te.max(zero, x(*i)), name="compute")
 
 
 def _clip(x, lo, hi):
     from tvm import te, tirx
 
     lo, hi = tirx.Cast(x.dtype, lo), tirx.Cast(x.dtype, hi)
-    return te.compute(x.shape, lambda *i: tirx.Select(x(*i) < lo, lo, tirx.Select(x(*i) > hi, hi, x(*i))),
-                      name="compute")
+    return te.compute(x.shape, lambda *i: te.min(hi, te.max(lo, x(*i))), name="compute")
 
 
 def _extremum(pick):
