@@ -50,8 +50,8 @@ def _positive_squeeze_axes(mod):
 
 def _convert_layout(mod, notes: list[str]):
     """conv2d to NHWC/HWIO, an optimisation: where TVM's ConvertLayout fails on a model (e.g.
-    "Invalid SLayout" on a channel shuffle's 5-D reshape and transpose), the model builds in its own
-    layout and a note says so."""
+    "Invalid SLayout: can't find S in source layout ABC" on ONNX Max, which imports as stack + max), the
+    model builds in its own layout and a note says so."""
     from tvm import relax
 
     try:
@@ -70,7 +70,6 @@ def _legalize_and_fuse(mod, target, notes: Optional[list[str]] = None):
     from tvm.relax.backend.cpu_generic import pipeline as cpu
 
     from mlc.compiler.sorting import portable_topk
-
     from mlc.passes.relax import nan_preserving_legalizations
 
     with target:
