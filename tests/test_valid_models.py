@@ -111,3 +111,32 @@ def test_failing_layout_conversion_is_skipped_with_a_warning(tmp_path: Path) -> 
     assert "layout conversion (conv2d to NHWC) skipped" in proc.stderr, proc.stderr
     assert "Invalid SLayout" in proc.stderr
     assert "pass" in proc.stdout
+
+
+def test_build_retries_without_optional_steps(monkeypatch) -> None:
+    """The worker's build ladder: a failure with mlc's default schedules is retried without them, then
+    without the Relax passes; the note names the step and TVM's reason; a failure of every try raises."""
+    from mlc.compiler import worker
+
+    calls = []
+
+    def fake_build(mod, request, default_schedules, notes):
+        calls.append((mod, default_schedules))
+        if default_schedules or mod == "passed" and request.get("passes_fail"):
+            raise RuntimeError("Traceback:\n  File x\nInternalError: Check failed: rule blew up")
+        return f"exe({mod})", {"default": []}
+
+    monkeypatch.setattr(worker, "_build", fake_build)
+    request = {"target": {}, "schedules": {"db": None, "default": True}}
+    notes: list[str] = []
+    assert worker._build_with_fallbacks("imported", "passed", request, notes)[0] == "exe(passed)"
+    assert calls == [("passed", True), ("passed", False)]
+    assert notes == ["built without mlc's default CPU schedules: TVM failed with them: "
+                     "InternalError: Check failed: rule blew up"]
+    calls.clear()
+    notes.clear()
+    assert worker._build_with_fallbacks("imported", "passed", {**request, "passes_fail": True}, notes)[0] == "exe(imported)"
+    assert calls[-1] == ("imported", False) and "the Relax passes and mlc's default CPU schedules" in notes[0]
+    monkeypatch.setattr(worker, "_build", lambda *a: (_ for _ in ()).throw(ValueError("mandatory")))
+    with pytest.raises(ValueError, match="mandatory"):
+        worker._build_with_fallbacks("imported", None, request, [])
