@@ -26,8 +26,8 @@ def _float(name: str, shape) -> onnx.ValueInfoProto:
 
 def _compile(model, out: Path, *extra: str):
     proc = run_mlc("compile", model, "--target", "x86", "-o", out, *extra)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "fail" not in proc.stdout.lower(), proc.stdout
+    assert proc.returncode == 0, proc.stderr[-2000:]  # a failed check exits 3
+    assert "pass" in proc.stdout, proc.stdout
     return proc
 
 
