@@ -8,7 +8,11 @@ from typing import Any
 def build(mod, target_json: dict[str, Any]):
     import tvm
 
+    from mlc.compiler.sorting import portable_topk
+
     target = tvm.target.Target(target_json)
+    with target:
+        mod = portable_topk(mod, target)
     return tvm.compile(mod, target=target)
 
 

@@ -377,15 +377,49 @@ def apply_default_schedules(mod, target):
     return mod
 
 
+PREPROC = "meta_schedule.layout_rewrite_preproc"
+
+
+def _has_layout_rewrite(func) -> bool:
+    """Whether a PrimFunc holds a weight-repacking block (ours or a tuning record's)."""
+    from tvm import s_tir
+
+    try:
+        sch = s_tir.Schedule(func)
+        pending = sch.get_child_blocks(sch.get_sblock("root"))
+    except Exception:  # noqa: BLE001 - no "root" block (e.g. a hand-written opaque kernel): nothing to split
+        return False
+    while pending:
+        block = pending.pop()
+        annotations = sch.get(block).annotations
+        if PREPROC in annotations and bool(annotations[PREPROC]):
+            return True
+        pending.extend(sch.get_child_blocks(block))
+    return False
+
+
 def fold_weight_packing(mod, target):
     """Move the repacking blocks out of the kernels and evaluate them on the constant weights now
-    (MetaSchedule's layout-rewrite path), so no repacking runs at inference."""
+    (MetaSchedule's layout-rewrite path), so no repacking runs at inference.
+
+    TVM's SplitLayoutRewritePreproc visits every PrimFunc and asserts that its root block holds
+    compute blocks; TVM's generic cumsum, topk and sort kernels are one opaque block of loops
+    (IR-builder code), so it failed on them ("There should be a compute block ..."). Only the
+    kernels with a repacking block go through it; the others are put back unchanged."""
     import tvm
     from tvm import relax
 
+    kernels = {gv: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    if not any(_has_layout_rewrite(f) for f in kernels.values()):
+        return mod
+    aside = {gv: f for gv, f in kernels.items() if not _has_layout_rewrite(f)}
+    split = tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv not in aside}, attrs=mod.attrs)
     with target:
-        return tvm.transform.Sequential([relax.transform.SplitLayoutRewritePreproc(),
-                                         relax.transform.FoldConstant()])(mod)
+        split = relax.transform.SplitLayoutRewritePreproc()(split)
+    for gv, f in aside.items():
+        split[gv] = f
+    with target:  # the pass's own dead-code elimination skipped the split kernels while calls lacked callees
+        return tvm.transform.Sequential([relax.transform.DeadCodeElimination(), relax.transform.FoldConstant()])(split)
 
 
 class _SafeRule:

@@ -19,14 +19,65 @@ from mlc.compiler.schedule_rules import SCHEDULED
 CONV_LAYOUT = {"relax.nn.conv2d": ["NHWC", "HWIO"]}
 
 
-def _legalize_and_fuse(mod, target):
+def _positive_squeeze_axes(mod):
+    """`mod` with squeeze axes counted from the front: TVM 0.27's ConvertLayout runs out of memory
+    (std::bad_alloc) on a squeeze with a negative axis, which torch's dynamo exporter emits for
+    nn.MultiheadAttention."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    squeeze = tvm.ir.Op.get("relax.squeeze")
+
+    @mutator
+    class Rewrite(PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if not call.op.same_as(squeeze) or call.attrs.axis is None:
+                return call
+            axes = [int(a) for a in call.attrs.axis]
+            ndim = getattr(call.args[0].ty, "ndim", -1)
+            if ndim < 0 or all(a >= 0 for a in axes):
+                return call
+            return relax.op.squeeze(call.args[0], [a + ndim if a < 0 else a for a in axes])
+
+    rewrite = Rewrite(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            rewrite.builder_.update_func(gv, rewrite.visit_expr(func))
+    return rewrite.builder_.get()
+
+
+def _convert_layout(mod, notes: list[str]):
+    """conv2d to NHWC/HWIO, an optimisation: where TVM's ConvertLayout fails on a model (e.g.
+    "Invalid SLayout: can't find S in source layout ABC" on ONNX Max, which imports as stack + max), the
+    model builds in its own layout and a note says so."""
+    from tvm import relax
+
+    try:
+        return relax.transform.ConvertLayout(CONV_LAYOUT)(_positive_squeeze_axes(mod))
+    except Exception as e:  # noqa: BLE001 - TVM raises InternalError/ValueError/bad_alloc; the step is optional
+        from mlc.compiler.worker import summarize
+
+        notes.append(f"layout conversion (conv2d to NHWC) skipped: TVM's ConvertLayout failed on this model: "
+                     f"{summarize(e)}")
+        return mod
+
+
+def _legalize_and_fuse(mod, target, notes: Optional[list[str]] = None):
     import tvm
     from tvm import relax
     from tvm.relax.backend.cpu_generic import pipeline as cpu
 
+    from mlc.compiler.sorting import portable_topk
+    from mlc.passes.relax import nan_preserving_legalizations
+
     with target:
-        passes = [relax.transform.ConvertLayout(CONV_LAYOUT)]
-        return tvm.transform.Sequential(passes + cpu.library_dispatch_passes(target) + cpu.legalize_passes(target))(mod)
+        mod = portable_topk(_convert_layout(mod, notes if notes is not None else []), target)
+        # relu/clip/max/min that keep NaN first; TVM's LegalizeOps then handles the other ops
+        return tvm.transform.Sequential(cpu.library_dispatch_passes(target)
+                                        + [relax.transform.LegalizeOps(nan_preserving_legalizations())]
+                                        + cpu.legalize_passes(target))(mod)
 
 
 def extract_tasks(mod, target):
@@ -53,8 +104,10 @@ def _kernels(mod) -> dict[str, bool]:
             for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
 
 
-def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool) -> tuple[Any, dict[str, list[str]]]:
-    """Compile `mod`; returns the executable and which kernels were {tuned, default, unscheduled}."""
+def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool,
+          notes: Optional[list[str]] = None) -> tuple[Any, dict[str, list[str]]]:
+    """Compile `mod`; returns the executable and which kernels were {tuned, default, unscheduled}.
+    Optional steps skipped because TVM failed on them are appended to `notes`."""
     import tvm
     from tvm import relax
     from tvm.relax.backend.cpu_generic import pipeline as cpu
@@ -69,7 +122,7 @@ def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool
     @tvm.transform.module_pass(opt_level=0)
     def pipeline(mod, _ctx):
         with target:
-            mod = _legalize_and_fuse(mod, target)
+            mod = _legalize_and_fuse(mod, target, notes)
             before = _kernels(mod)
             if db_dir:
                 database = ms.database.JSONDatabase(work_dir=db_dir, module_equality="structural")

@@ -88,6 +88,43 @@ def _export_objects(executable, folder: Path) -> None:
             tar.extractall(folder, filter="data")
 
 
+def _build(mod, request: dict, default_schedules: bool, notes: list[str]):
+    from mlc.compiler import build
+
+    if request.get("schedules"):  # CPU: tuning records and/or default schedules (mlc.tuning)
+        from mlc.compiler import schedules
+
+        return schedules.build(mod, request["target"], request["schedules"].get("db"), default_schedules, notes)
+    return build.build(mod, request["target"]), None
+
+
+def _build_with_fallbacks(imported, passed, request: dict, notes: list[str]):
+    """Build; where TVM fails, build again without the optional steps, the likeliest culprit first:
+    mlc's default CPU schedules, then the Relax passes (`passed`: the module after them, None when
+    none applied). A fallback that builds adds a note naming the step left out and TVM's reason;
+    when every try fails, the first error is raised (a mandatory step failed)."""
+    default = bool(request.get("schedules") and request["schedules"].get("default", True))
+    attempts = [(passed if passed is not None else imported, default, None)]
+    if default:
+        attempts.append((attempts[0][0], False, "mlc's default CPU schedules"))
+    if passed is not None:
+        attempts.append((imported, False, "the Relax passes" + (" and mlc's default CPU schedules" if default else "")))
+    first = None
+    for mod, default_schedules, skipped in attempts:
+        tried: list[str] = []
+        try:
+            executable, report = _build(mod, request, default_schedules, tried)
+        except Exception as e:  # noqa: BLE001 - TVM raises many kinds; the last try re-raises the first
+            traceback.print_exc()  # into the log file
+            first = first or e
+            continue
+        notes.extend(n for n in tried if n not in notes)
+        if skipped:
+            notes.append(f"built without {skipped}: TVM failed with them: {summarize(first)}")
+        return executable, report
+    raise first
+
+
 def compile_request(request: dict) -> dict:
     import onnx
 
@@ -120,6 +157,7 @@ def compile_request(request: dict) -> dict:
         stage = "passes"
         from mlc.passes import relax as relax_passes
 
+        imported = mod
         # mlc.tuning's CPU build legalizes and fuses itself (its tuning keys are the kernels it fuses)
         mod, passes = relax_passes.run(mod, request.get("relax_passes") or [], request["target"], request.get("dump_ir"),
                                        fused_by_build=bool(request.get("schedules")))
@@ -127,14 +165,9 @@ def compile_request(request: dict) -> dict:
             return {"ok": False, "kind": "pass", "message": passes["error"]}
         stage = "build"
         start = time.perf_counter()
-        schedule_report = None
-        if request.get("schedules"):  # CPU: tuning records and/or default schedules (mlc.tuning)
-            from mlc.compiler import schedules
-
-            executable, schedule_report = schedules.build(mod, request["target"], request["schedules"].get("db"),
-                                                          request["schedules"].get("default", True))
-        else:
-            executable = build.build(mod, request["target"])
+        applied = any(r["status"] == "applied" for r in passes["records"])
+        executable, schedule_report = _build_with_fallbacks(imported, mod if applied else None, request,
+                                                            passes["notes"])
         timings["build"] = time.perf_counter() - start
         if request.get("library"):
             stage = "export"

@@ -1,0 +1,142 @@
+"""Valid models that used to end in exit 70 or lose a NaN (issues #19, #20): each compiles through the
+real CLI and passes its check."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import run_mlc
+
+
+def _save(path: Path, nodes, inputs, outputs, initializers=()) -> Path:
+    graph = helper.make_graph(nodes, path.stem, inputs, outputs, list(initializers))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+def _float(name: str, shape) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def _compile(model, out: Path, *extra: str):
+    proc = run_mlc("compile", model, "--target", "x86", "-o", out, *extra)
+    assert proc.returncode == 0, proc.stderr[-2000:]  # a failed check exits 3
+    assert "pass" in proc.stdout, proc.stdout
+    return proc
+
+
+@pytest.mark.parametrize("op", ["CumSum", "TopK"])
+def test_scan_and_sort_kernels_build_and_run(tmp_path: Path, op: str) -> None:
+    """TVM's cumsum and topk kernels are one opaque block, which SplitLayoutRewritePreproc (weight
+    packing) rejected; topk also called a packed function the artifact's runtime lacks."""
+    if op == "CumSum":
+        nodes = [helper.make_node("CumSum", ["x", "axis"], ["y"])]
+        consts = [numpy_helper.from_array(np.array(-1, np.int64), "axis")]
+        outputs = [_float("y", [1, 4, 8, 8])]
+    else:
+        nodes = [helper.make_node("TopK", ["x", "k"], ["y", "i"], axis=-1)]
+        consts = [numpy_helper.from_array(np.array([3], np.int64), "k")]
+        outputs = [_float("y", [1, 4, 8, 3]), helper.make_tensor_value_info("i", TensorProto.INT64, [1, 4, 8, 3])]
+    model = _save(tmp_path / f"{op}.onnx", nodes, [_float("x", [1, 4, 8, 8])], outputs, consts)
+    proc = _compile(model, tmp_path / "art")
+    assert proc.stdout.count("pass") >= len(outputs), proc.stdout
+
+
+def test_dynamo_multihead_attention(tmp_path: Path) -> None:
+    """torch's dynamo exporter writes Squeeze(axis=-2); TVM's ConvertLayout ran out of memory on it."""
+    factory = tmp_path / "mha.py"
+    factory.write_text(textwrap.dedent("""
+        import torch
+
+        class Attention(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.mha = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+
+            def forward(self, x):
+                return self.mha(x, x, x, need_weights=False)[0]
+
+        def make():
+            torch.manual_seed(0)
+            return Attention().eval(), (torch.randn(1, 4, 8),)
+    """))
+    proc = _compile(f"{factory}:make", tmp_path / "art", "-O0")
+    assert "pass" in proc.stdout and "skipped" not in proc.stderr, proc.stderr
+
+
+def test_nan_propagates_like_onnxruntime(tmp_path: Path) -> None:
+    """Relu -> Softmax, clip, a conv's fused relu and the fast-math polynomials (-O2) keep NaN where ONNX
+    Runtime does."""
+    import onnxruntime as ort
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Softmax", ["r"], ["s"], axis=-1),
+             helper.make_node("Tanh", ["x"], ["t"]), helper.make_node("Sigmoid", ["x"], ["g"]),
+             helper.make_node("Erf", ["x"], ["e"]), helper.make_node("Exp", ["x"], ["x_exp"]),
+             helper.make_node("HardSigmoid", ["x"], ["h"]),  # a relax clip
+             helper.make_node("Reshape", ["x", "image"], ["xi"]),  # conv + bias + relu: one fused kernel
+             helper.make_node("Conv", ["xi", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["cr"])]
+    rng = np.random.default_rng(1)
+    consts = [numpy_helper.from_array(np.array([1, 4, 4, 4], np.int64), "image"),
+              numpy_helper.from_array(rng.standard_normal((8, 4, 3, 3)).astype(np.float32), "w"),
+              numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b")]
+    names = ["s", "t", "g", "e", "x_exp", "h", "cr"]
+    model = _save(tmp_path / "nan.onnx", nodes, [_float("x", [4, 16])],
+                  [_float(n, [4, 16]) for n in names[:-1]] + [_float("cr", [1, 8, 4, 4])], consts)
+    _compile(model, tmp_path / "art")
+    x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
+    x[0, 3], x[2, 5] = np.nan, np.nan
+    np.savez(tmp_path / "in.npz", x=x)
+    proc = run_mlc("run", tmp_path / "art", "-i", tmp_path / "in.npz", "-o", tmp_path / "out.npz", "--repeat", "0")
+    assert proc.returncode == 0, proc.stderr
+    expected = ort.InferenceSession(str(model)).run(None, {"x": x})
+    with np.load(tmp_path / "out.npz") as got:
+        for name, want in zip(names, expected):
+            np.testing.assert_array_equal(np.isnan(got[name]), np.isnan(want), err_msg=name)
+            np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5, equal_nan=True, err_msg=name)
+    assert np.isnan(expected[0][0]).all()  # the softmax row holding the NaN is all NaN
+
+
+def test_failing_layout_conversion_is_skipped_with_a_warning(tmp_path: Path) -> None:
+    """ONNX Max of two tensors imports as stack + max; TVM's ConvertLayout fails on it ("Invalid
+    SLayout"). Layout conversion is optional: the model builds without it and a warning names it."""
+    model = _save(tmp_path / "max.onnx", [helper.make_node("Max", ["x", "z"], ["y"])],
+                  [_float("x", [4, 16]), _float("z", [4, 16])], [_float("y", [4, 16])])
+    proc = _compile(model, tmp_path / "art")
+    assert "layout conversion (conv2d to NHWC) skipped" in proc.stderr, proc.stderr
+    assert "Invalid SLayout" in proc.stderr
+    assert "pass" in proc.stdout
+
+
+def test_build_retries_without_optional_steps(monkeypatch) -> None:
+    """The worker's build ladder: a failure with mlc's default schedules is retried without them, then
+    without the Relax passes; the note names the step and TVM's reason; a failure of every try raises."""
+    from mlc.compiler import worker
+
+    calls = []
+
+    def fake_build(mod, request, default_schedules, notes):
+        calls.append((mod, default_schedules))
+        if default_schedules or mod == "passed" and request.get("passes_fail"):
+            raise RuntimeError("Traceback:\n  File x\nInternalError: Check failed: rule blew up")
+        return f"exe({mod})", {"default": []}
+
+    monkeypatch.setattr(worker, "_build", fake_build)
+    request = {"target": {}, "schedules": {"db": None, "default": True}}
+    notes: list[str] = []
+    assert worker._build_with_fallbacks("imported", "passed", request, notes)[0] == "exe(passed)"
+    assert calls == [("passed", True), ("passed", False)]
+    assert notes == ["built without mlc's default CPU schedules: TVM failed with them: "
+                     "InternalError: Check failed: rule blew up"]
+    calls.clear()
+    notes.clear()
+    assert worker._build_with_fallbacks("imported", "passed", {**request, "passes_fail": True}, notes)[0] == "exe(imported)"
+    assert calls[-1] == ("imported", False) and "the Relax passes and mlc's default CPU schedules" in notes[0]
+    monkeypatch.setattr(worker, "_build", lambda *a: (_ for _ in ()).throw(ValueError("mandatory")))
+    with pytest.raises(ValueError, match="mandatory"):
+        worker._build_with_fallbacks("imported", None, request, [])
