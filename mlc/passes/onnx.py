@@ -469,11 +469,57 @@ def _ranges_over_dims(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return (_rewritten(model, nodes, {}, inits), changed) if changed else (model, 0)
 
 
+_DIM_ARITHMETIC = ("Mul", "Add", "Sub", "Div")
+_SHAPE_INPUT = {"Reshape": 1, "Expand": 1, "ConstantOfShape": 0}  # the input that is a shape
+
+
 def _followable(name: str, producers: dict, constants: dict) -> bool:
-    """Whether TVM's importer sees this shape as a shape: a constant, a Shape, a Concat of those."""
+    """Whether TVM's importer sees this shape as a shape: a constant, a Shape, an Unsqueeze of a
+    followable scalar, a Concat of those."""
     node = producers.get(name)
     return name in constants or node is not None and (
-        node.op_type == "Shape" or node.op_type == "Concat" and all(_followable(i, producers, constants) for i in node.input))
+        node.op_type == "Shape" or node.op_type == "Concat" and all(_followable(i, producers, constants) for i in node.input)
+        or node.op_type == "Unsqueeze" and _followable_scalar(node.input[0], producers, constants))
+
+
+def _followable_scalar(name: str, producers: dict, constants: dict) -> bool:
+    """Whether TVM's importer sees this scalar as an expression of dims: an int64 constant, a Gather of
+    one index out of a Shape, integer arithmetic of those."""
+    if name in constants:
+        return constants[name].dtype == np.int64 and constants[name].ndim == 0
+    node = producers.get(name)
+    if node is None:
+        return False
+    if node.op_type == "Gather":
+        source, index = producers.get(node.input[0]), constants.get(node.input[1])
+        return source is not None and source.op_type == "Shape" and index is not None and index.ndim == 0
+    return node.op_type in _DIM_ARITHMETIC and all(_followable_scalar(i, producers, constants) for i in node.input)
+
+
+def _dim_expression(expr, out: str, model: onnx.ModelProto, symbols: dict, available: set[str],
+                    nodes: list, inits: list) -> Optional[str]:
+    """ONNX nodes (appended to `nodes`/`inits`) computing an element `_evaluate` found, an int or an
+    expression of dims, as an int64 scalar in the form TVM follows; its name, or None."""
+    if isinstance(expr, (int, np.integer)):
+        name = f"{out}_{len(nodes) + len(inits)}"
+        inits.append(numpy_helper.from_array(np.array(expr, np.int64), name))
+        return name
+    if isinstance(expr, tuple) and expr and expr[0] in _DIM_ARITHMETIC and len(expr) == 3:
+        a = _dim_expression(expr[1], out, model, symbols, available, nodes, inits)
+        b = _dim_expression(expr[2], out, model, symbols, available, nodes, inits) if a else None
+        if b is None:
+            return None
+        name = f"{out}_{len(nodes) + len(inits)}"  # named after its operands: names stay unique
+        nodes.append(helper.make_node(expr[0], [a, b], [name]))
+        return name
+    name = f"{out}_{len(nodes) + len(inits)}"
+    source = _dim_source(model, symbols, expr, available)
+    if source is None:
+        return None
+    inits.append(numpy_helper.from_array(np.array(source[1], np.int64), f"{name}_axis"))
+    nodes += [helper.make_node("Shape", [source[0]], [f"{name}_shape"]),
+              helper.make_node("Gather", [f"{name}_shape", f"{name}_axis"], [name], axis=0)]
+    return name
 
 
 def _without_shape_round_trips(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
@@ -495,20 +541,30 @@ def _without_shape_round_trips(model: onnx.ModelProto) -> tuple[onnx.ModelProto,
                 rename[out] = node.input[0]
                 changed += 1
                 continue
-        target = values.get(node.input[1]) if node.op_type in ("Reshape", "Expand") else None
-        if isinstance(target, list) and target and not _followable(node.input[1], producers, constants):
-            pieces = [("const", e) if isinstance(e, (int, np.integer)) else _dim_source(model, symbols, e, available)
-                      for e in target]
-            if all(p is not None for p in pieces):
-                names = []
-                for k, (source, index) in enumerate(pieces):
-                    names.append(f"{out}_shape{k}")
-                    if source == "const":
-                        inits.append(numpy_helper.from_array(np.array([index], np.int64), names[-1]))
-                    else:
-                        nodes.append(helper.make_node("Shape", [source], [names[-1]], start=index, end=index + 1))
-                nodes.append(helper.make_node("Concat", names, [f"{out}_shape"], axis=0))
-                node.input[1] = f"{out}_shape"
+        slot = _SHAPE_INPUT.get(node.op_type)
+        target = values.get(node.input[slot]) if slot is not None else None
+        if isinstance(target, list) and target and not _followable(node.input[slot], producers, constants):
+            # A dim is a Shape slice; an expression of dims (seq * heads) int64 scalar arithmetic on
+            # Gathers out of Shapes, unsqueezed; all or nothing.
+            new_nodes, new_inits, names = [], [], []
+            for k, e in enumerate(target):
+                names.append(f"{out}_shape{k}")
+                if isinstance(e, (int, np.integer)):
+                    new_inits.append(numpy_helper.from_array(np.array([e], np.int64), names[-1]))
+                    continue
+                source = _dim_source(model, symbols, e, available)
+                if source is not None:
+                    new_nodes.append(helper.make_node("Shape", [source[0]], [names[-1]], start=source[1], end=source[1] + 1))
+                    continue
+                scalar = _dim_expression(e, names[-1], model, symbols, available, new_nodes, new_inits)
+                if scalar is None:
+                    break
+                new_inits.append(numpy_helper.from_array(np.array([0], np.int64), f"{names[-1]}_axes"))
+                new_nodes.append(helper.make_node("Unsqueeze", [scalar, f"{names[-1]}_axes"], [names[-1]]))
+            else:
+                nodes += new_nodes + [helper.make_node("Concat", names, [f"{out}_shape"], axis=0)]
+                inits += new_inits
+                node.input[slot] = f"{out}_shape"
                 changed += 1
         nodes.append(node)
         available.update(node.output)
