@@ -1,0 +1,114 @@
+"""Issue #19: transformers models exported the usual ways (the TorchScript exporter with dynamic_axes, the
+dynamo exporter with dynamic_shapes), dynamic batch and seq, compile as plain ONNX files with no flags, keep
+both dims symbolic, and match ONNX Runtime on the same file at sizes other than the reference's."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from mlc import api
+from mlc.runtime import runner as thin_runtime
+from tests.conftest import run_mlc
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+VOCAB = 1000
+SIZES = ((1, 5), (2, 16), (3, 33))  # (batch, seq); the reference runs at (2, 16)
+INPUTS = ["input_ids", "attention_mask"]
+
+
+def _model(kind: str):
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if kind == "bert":
+        model = tf.BertModel(tf.BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                           intermediate_size=128))
+    elif kind == "distilbert":
+        model = tf.DistilBertModel(tf.DistilBertConfig(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=2, hidden_dim=128))
+    elif kind == "roberta":
+        model = tf.RobertaModel(tf.RobertaConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
+                                                 num_attention_heads=2, intermediate_size=128))
+    else:
+        model = tf.GPT2Model(tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=2, n_positions=128))
+
+    class Wrapped(torch.nn.Module):
+        """Keyword call: transformers 5's config-default decorator and the TorchScript exporter's
+        positional defaults both pass `use_cache` when the model is called positionally."""
+
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask):
+            extra = {"use_cache": False} if kind == "gpt2" else {}
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, **extra).to_tuple()
+
+    return Wrapped().eval()
+
+
+def export(kind: str, exporter: str, path) -> None:
+    import torch
+
+    model = _model(kind)
+    ids = torch.randint(0, VOCAB, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.int64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if exporter == "torchscript":
+            axes = {name: {0: "batch", 1: "seq"} for name in INPUTS}
+            torch.onnx.export(model, (ids, mask), str(path), input_names=INPUTS, dynamic_axes=axes, opset_version=17,
+                              dynamo=False)
+        else:
+            batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
+            shapes = {name: {0: batch, 1: seq} for name in INPUTS}
+            torch.onnx.export(model, (ids, mask), str(path), input_names=INPUTS, dynamic_shapes=shapes, opset_version=18,
+                              dynamo=True, verbose=False)
+
+
+def _feeds(batch: int, seq: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seq)
+    mask = np.ones((batch, seq), np.int64)
+    mask[-1, seq // 2 + 1:] = 0  # the last sentence is padded
+    return {"input_ids": rng.integers(2, VOCAB, (batch, seq), dtype=np.int64), "attention_mask": mask}
+
+
+CASES = [
+    ("bert", "torchscript"), ("bert", "dynamo"), ("gpt2", "torchscript"), ("gpt2", "dynamo"),
+    pytest.param("distilbert", "torchscript", marks=pytest.mark.slow),
+    pytest.param("distilbert", "dynamo", marks=pytest.mark.slow),
+    pytest.param("roberta", "torchscript", marks=pytest.mark.slow),
+    pytest.param("roberta", "dynamo", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("kind,exporter", CASES)
+def test_export_compiles_with_no_flags_and_stays_symbolic(kind, exporter, tmp_path):
+    path = tmp_path / f"{kind}.onnx"
+    export(kind, exporter, path)
+    out = tmp_path / "art"
+    if (kind, exporter) == ("bert", "torchscript"):  # the README's first command, as the user runs it
+        proc = run_mlc("compile", path, "--target", "x86", "-o", out)
+        assert proc.returncode == 0, proc.stderr
+    else:
+        assert api.compile(str(path), target="x86", output=out, isolate=False).check.passed
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [i["shape"] for i in manifest["inputs"]] == [["batch", "seq"]] * 2
+    assert manifest["outputs"][0]["shape"] == ["batch", "seq", 64]
+    runner = thin_runtime.Runner(out)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for batch, seq in SIZES:
+        feeds = _feeds(batch, seq)
+        want = session.run(None, feeds)
+        got = list(runner.run(feeds).values())
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape, (batch, seq)
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=f"batch {batch}, seq {seq}")
