@@ -237,6 +237,31 @@ def _prepare(source: str, input_shapes: Sequence[str], workdir: Path, timed: _Ti
                      records)
 
 
+def _bind_to_reference(prepared: _Prepared, steps: list, error: CompilerError) -> bool:
+    """TVM could not import the model with its symbolic dims: fix them at the reference inputs' sizes
+    (graph passes again), with a note and a record among the manifest's passes. False: none to fix."""
+    symbolic = {d: np.shape(prepared.feeds[s.name])[axis] for s in prepared.specs
+                for axis, d in enumerate(prepared.fixed.get(s.name, s.shape)) if isinstance(d, str)}
+    if not symbolic:
+        return False
+    start = time.perf_counter()
+    prepared.fixed = {s.name: list(np.shape(prepared.feeds[s.name])) for s in prepared.specs}
+    cleaned, records, notes = onnx_passes.run(onnx_frontend.fix_input_shapes(prepared.model, prepared.fixed),
+                                              [s for s in steps if s.level == "onnx"])
+    onnx.save(cleaned, str(prepared.cleaned_path))
+    bound = ", ".join(f"{d}={n}" for d, n in symbolic.items())
+    why = str(error).split(" (full log:")[0].removeprefix("TVM failed during import: ")
+    reason = f"TVM's importer could not keep them symbolic ({why[:160]}{'...' if len(why) > 160 else ''})"
+    prepared.notes += notes + [f"compiled for {bound} (the reference sizes): {reason}; other sizes need another "
+                               "compile with --input-shape, or --buckets"]
+    prepared.pass_records = records + [{
+        "name": "bind_symbolic_dims", "level": "onnx", "status": "applied", "ops_before": len(prepared.cleaned.graph.node),
+        "ops_after": len(cleaned.graph.node), "op_changes": {}, "time_s": round(time.perf_counter() - start, 4),
+        "reason": f"{bound}: {reason}"}]
+    prepared.cleaned = cleaned
+    return True
+
+
 def _check_dynamic(dynamic: dict, specs: list, feeds: Mapping[str, np.ndarray]) -> None:
     """--dynamic names the model's symbolic dims, and the reference inputs lie in its ranges."""
     symbolic = {d: np.shape(feeds[s.name])[axis] for s in specs for axis, d in enumerate(s.shape)
@@ -328,13 +353,21 @@ def compile(  # noqa: A001 - the verb users know
             for library, cleaned_path, what in builds:
                 with timed(f"tvm{what}", f"Compiling{what} with TVM for {preset.name} "
                                          f"({preset.tvm.get('mcpu', preset.tvm['kind'])})"):
-                    try:
-                        results[library] = compiler.compile_in_worker(
-                            cleaned_path, preset.tvm, library=staged / library, isolate=isolate,
+                    def build(path: Path) -> dict:
+                        return compiler.compile_in_worker(
+                            path, preset.tvm, library=staged / library, isolate=isolate,
                             cross_compiler=cross, kernels_dir=staged / KERNELS,
                             object_dir=staged / OBJECTS if macos else None, schedules=schedules,
                             relax_passes=[s.to_json() for s in steps], dump_ir=pass_options.dump_ir,
                             dim_upper_bounds={name: hi for name, (_, hi) in ranges.items()})
+
+                    try:
+                        try:
+                            results[library] = build(cleaned_path)
+                        except CompilerError as e:
+                            if e.stage != "import" or dynamic_dims or plan or not _bind_to_reference(prepared, steps, e):
+                                raise
+                            results[library] = build(prepared.cleaned_path)
                     except CompilerError as e:
                         if dynamic_dims and "during import" in str(e):
                             raise UnsupportedModelError(

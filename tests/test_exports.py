@@ -112,3 +112,37 @@ def test_export_compiles_with_no_flags_and_stays_symbolic(kind, exporter, tmp_pa
         for g, w in zip(got, want):
             assert g.shape == w.shape, (batch, seq)
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=f"batch {batch}, seq {seq}")
+
+
+def _ceil_reshape(path) -> None:
+    """Reshape to [-1, ceil(seq * 0.5), 16]: float math on a dim, which TVM's importer cannot follow."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    def const(name, value, dtype=np.int64):
+        return numpy_helper.from_array(np.array(value, dtype), name)
+
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Gather", ["shape", "one"], ["seq"]),
+             helper.make_node("Cast", ["seq"], ["seq_f"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["seq_f", "half"], ["half_f"]), helper.make_node("Ceil", ["half_f"], ["ceil_f"]),
+             helper.make_node("Cast", ["ceil_f"], ["ceil"], to=TensorProto.INT64),
+             helper.make_node("Unsqueeze", ["ceil", "axis0"], ["ceil_1d"]),
+             helper.make_node("Concat", ["minus1", "ceil_1d", "sixteen"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"])]
+    graph = helper.make_graph(nodes, "ceil_reshape", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", None, 16])],
+                              [const("one", 1), const("half", 0.5, np.float32), const("axis0", [0]), const("minus1", [-1]),
+                               const("sixteen", [16])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+
+
+def test_a_dim_that_cannot_stay_symbolic_is_bound_to_the_reference_size_and_said(tmp_path):
+    path = tmp_path / "ceil.onnx"
+    _ceil_reshape(path)
+    result = api.compile(str(path), target="x86", output=tmp_path / "art", isolate=False)
+    assert result.check.passed
+    assert [n for n in result.notes if n.startswith("compiled for batch=2, seq=16 (the reference sizes)")]
+    manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
+    assert manifest["inputs"][0]["shape"] == [2, 16, 8]
+    record = next(p for p in manifest["compile"]["passes"] if p["name"] == "bind_symbolic_dims")
+    assert record["reason"].startswith("batch=2, seq=16: TVM's importer could not keep them symbolic")
