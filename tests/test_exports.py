@@ -89,10 +89,37 @@ CASES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """(kind, exporter) -> the ONNX file, exported once per module."""
+    files = {}
+
+    def get(kind: str, exporter: str):
+        if (kind, exporter) not in files:
+            folder = tmp_path_factory.mktemp(f"{kind}-{exporter}")  # dynamo writes weights beside the file
+            export(kind, exporter, folder / f"{kind}.onnx")
+            files[kind, exporter] = folder / f"{kind}.onnx"
+        return files[kind, exporter]
+
+    return get
+
+
+def _matches_onnxruntime(path, artifact, sizes=SIZES) -> None:
+    runner = thin_runtime.Runner(artifact)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for batch, seq in sizes:
+        feeds = _feeds(batch, seq)
+        want = session.run(None, feeds)
+        got = list(runner.run(feeds).values())
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape, (batch, seq)
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=f"batch {batch}, seq {seq}")
+
+
 @pytest.mark.parametrize("kind,exporter", CASES)
-def test_export_compiles_with_no_flags_and_stays_symbolic(kind, exporter, tmp_path):
-    path = tmp_path / f"{kind}.onnx"
-    export(kind, exporter, path)
+def test_export_compiles_with_no_flags_and_stays_symbolic(kind, exporter, exported, tmp_path):
+    path = exported(kind, exporter)
     out = tmp_path / "art"
     if (kind, exporter) == ("bert", "torchscript"):  # the README's first command, as the user runs it
         proc = run_mlc("compile", path, "--target", "x86", "-o", out)
@@ -102,16 +129,17 @@ def test_export_compiles_with_no_flags_and_stays_symbolic(kind, exporter, tmp_pa
     manifest = json.loads((out / "manifest.json").read_text())
     assert [i["shape"] for i in manifest["inputs"]] == [["batch", "seq"]] * 2
     assert manifest["outputs"][0]["shape"] == ["batch", "seq", 64]
-    runner = thin_runtime.Runner(out)
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    for batch, seq in SIZES:
-        feeds = _feeds(batch, seq)
-        want = session.run(None, feeds)
-        got = list(runner.run(feeds).values())
-        assert len(got) == len(want)
-        for g, w in zip(got, want):
-            assert g.shape == w.shape, (batch, seq)
-            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=f"batch {batch}, seq {seq}")
+    _matches_onnxruntime(path, out)
+
+
+def test_dynamic_range_on_a_torchscript_export(exported, tmp_path):
+    path = exported("bert", "torchscript")
+    result = api.compile(str(path), target="x86", output=tmp_path / "art", isolate=False, dynamic=["seq=1..256"])
+    assert result.check.passed
+    manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
+    assert [i["shape"] for i in manifest["inputs"]] == [["batch", "seq"]] * 2
+    assert manifest["dynamic_ranges"] == {"seq": [1, 256]}
+    _matches_onnxruntime(path, tmp_path / "art", SIZES + ((1, 256),))
 
 
 def _ceil_reshape(path) -> None:

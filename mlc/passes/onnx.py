@@ -523,9 +523,9 @@ def _dim_expression(expr, out: str, model: onnx.ModelProto, symbols: dict, avail
 
 
 def _without_shape_round_trips(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
-    """Shapes that went through Casts (tf2onnx computes them in int32) and Gathers are rebuilt from
-    Shape(x, start, end) pieces and constants (TVM: a Cast makes a shape a runtime tensor), and a
-    Reshape to its input's own dims (0 = keep) is removed."""
+    """Reshape/Expand/ConstantOfShape shapes that went through Casts (tf2onnx computes them in int32) and
+    Gathers are rebuilt from Shape(x, start, end) pieces, constants and int64 arithmetic on dims (TVM: a
+    Cast makes a shape a runtime tensor), and a Reshape to its input's own dims (0 = keep) is removed."""
     model = _clone(model)
     constants, values, symbols = constant_values(model), _evaluate(model), _dim_symbols(model)
     producers = {o: n for n in model.graph.node for o in n.output}
@@ -620,8 +620,9 @@ def _dim_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
 def keep_symbolic_dims(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
     """Exporters' shape subgraphs (tf2onnx, paddle2onnx) rewritten onto paths TVM's importer follows
     symbolically: whole-axis Slices removed, Slice+Squeeze of one index made a Gather, Gathers from a
-    Shape made Shape slices, Ranges over a dim read it from a Shape, Reshape/Expand targets computed
-    through Casts rebuilt from Shape slices, identity Reshapes removed, ReduceProd of dims made Muls.
+    Shape made Shape slices, Ranges over a dim read it from a Shape, Reshape/Expand/ConstantOfShape shapes
+    computed through Casts rebuilt from Shape slices and int64 arithmetic on dims, identity Reshapes removed,
+    ReduceProd of dims made Muls.
     Repeated while something changes: each rewrite lets shape inference see more dims."""
     for _ in range(8):
         changed = 0
