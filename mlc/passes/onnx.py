@@ -531,6 +531,7 @@ def _without_shape_round_trips(model: onnx.ModelProto) -> tuple[onnx.ModelProto,
     producers = {o: n for n in model.graph.node for o in n.output}
     graph_outputs = {o.name for o in model.graph.output}
     available = {i.name for i in model.graph.input} | set(constants)
+    taken = available | {o for n in model.graph.node for o in n.output}
     nodes, rename, inits, changed = [], {}, [], 0
     for node in model.graph.node:
         out = node.output[0] if node.output else None
@@ -547,8 +548,12 @@ def _without_shape_round_trips(model: onnx.ModelProto) -> tuple[onnx.ModelProto,
             # A dim is a Shape slice; an expression of dims (seq * heads) int64 scalar arithmetic on
             # Gathers out of Shapes, unsqueezed; all or nothing.
             new_nodes, new_inits, names = [], [], []
+            base = f"{out}_shape"
+            while any(n == base or n.startswith(f"{base}") for n in taken):  # the graph may use the name
+                base += "_"
+            taken.add(base)
             for k, e in enumerate(target):
-                names.append(f"{out}_shape{k}")
+                names.append(f"{base}{k}")
                 if isinstance(e, (int, np.integer)):
                     new_inits.append(numpy_helper.from_array(np.array([e], np.int64), names[-1]))
                     continue
@@ -562,9 +567,9 @@ def _without_shape_round_trips(model: onnx.ModelProto) -> tuple[onnx.ModelProto,
                 new_inits.append(numpy_helper.from_array(np.array([0], np.int64), f"{names[-1]}_axes"))
                 new_nodes.append(helper.make_node("Unsqueeze", [scalar, f"{names[-1]}_axes"], [names[-1]]))
             else:
-                nodes += new_nodes + [helper.make_node("Concat", names, [f"{out}_shape"], axis=0)]
+                nodes += new_nodes + [helper.make_node("Concat", names, [base], axis=0)]
                 inits += new_inits
-                node.input[slot] = f"{out}_shape"
+                node.input[slot] = base
                 changed += 1
         nodes.append(node)
         available.update(node.output)
