@@ -629,6 +629,7 @@ def keep_symbolic_dims(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
     computed through Casts rebuilt from Shape slices and int64 arithmetic on dims, identity Reshapes removed,
     ReduceProd of dims made Muls.
     Repeated while something changes: each rewrite lets shape inference see more dims."""
+    model, weights = _weights_as_inputs(model)
     for _ in range(8):
         changed = 0
         for rewrite in (_without_whole_slices, _gathers_for_one_index, _ranges_over_dims, _without_shape_round_trips,
@@ -637,7 +638,44 @@ def keep_symbolic_dims(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
             changed += count
         if not changed:
             break
-    return eliminate_dead_nodes(model, {})
+    return _weights_back(eliminate_dead_nodes(model, {}), weights)
+
+
+_WEIGHT_ELEMENTS = 64  # initializers larger than this hold weights, not shape constants
+
+
+def _weights_as_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, tuple[onnx.TensorProto, bool]]]:
+    """The model with its large initializers declared as graph inputs instead (same name, type and
+    shape): the rewrites clone the model and run shape inference many times, and on bert-base the
+    440 MB of weights made that minutes."""
+    light = onnx.ModelProto()
+    light.CopyFrom(model)
+    weights = {t.name: t for t in model.graph.initializer if int(np.prod(t.dims, dtype=np.int64)) > _WEIGHT_ELEMENTS}
+    if not weights:
+        return light, {}
+    keep = [t for t in light.graph.initializer if t.name not in weights]
+    del light.graph.initializer[:]
+    light.graph.initializer.extend(keep)
+    declared = {i.name for i in light.graph.input}
+    light.graph.input.extend(helper.make_tensor_value_info(name, t.data_type, list(t.dims))
+                             for name, t in weights.items() if name not in declared)
+    return light, {name: (t, name in declared) for name, t in weights.items()}
+
+
+def _weights_back(model: onnx.ModelProto, weights: dict) -> onnx.ModelProto:
+    """Undo `_weights_as_inputs` for the weights the graph still reads."""
+    if not weights:
+        return model
+    used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+    for n in model.graph.node:  # subgraphs (If/Loop/Scan) may read outer initializers
+        for a in n.attribute:
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                used |= {i for sub in g.node for i in sub.input}
+    inputs = [i for i in model.graph.input if i.name not in weights or weights[i.name][1]]
+    del model.graph.input[:]
+    model.graph.input.extend(inputs)
+    model.graph.initializer.extend(t for name, (t, _) in weights.items() if name in used)
+    return model
 
 
 # --- the runner
