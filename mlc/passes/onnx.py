@@ -75,7 +75,11 @@ def _elem_type(model: onnx.ModelProto) -> dict[str, int]:
 
 def eliminate_dead_nodes(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
     """Identity, inference Dropout and same-type Cast are bypassed; nodes nothing needs are dropped."""
-    model = _clone(model)  # node inputs are rewritten in place below
+    model, weights = _weights_as_inputs(model)  # a copy: node inputs are rewritten in place below
+    return _weights_back(_eliminate_dead_nodes(model), weights)
+
+
+def _eliminate_dead_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
     graph_outputs = {o.name for o in model.graph.output}
     types = _elem_type(onnx.shape_inference.infer_shapes(model))
     rename: dict[str, str] = {}
@@ -267,7 +271,11 @@ def _evaluate(model: onnx.ModelProto) -> dict[str, object]:
 def canonicalize_shapes(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
     """Reshape(x, <computed shape>) -> Reshape(x, <constant>): an element equal to x's own dim k at
     position k becomes 0 (copy), a plain number stays, and one remaining element becomes -1."""
-    model = _clone(model)  # Reshape inputs are rewritten in place below
+    model, weights = _weights_as_inputs(model)  # a copy: Reshape inputs are rewritten in place below
+    return _weights_back(_canonicalize_shapes(model), weights)
+
+
+def _canonicalize_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     constants = constant_values(model)
     values = _evaluate(model)
     symbols = _dim_symbols(model)
