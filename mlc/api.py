@@ -255,8 +255,9 @@ def _bind_to_reference(prepared: _Prepared, steps: list, error: CompilerError) -
     prepared.notes += notes + [f"compiled for {bound} (the reference sizes): {reason}; other sizes need another "
                                "compile with --input-shape, or --buckets"]
     prepared.pass_records = records + [{
-        "name": "bind_symbolic_dims", "level": "onnx", "status": "applied", "ops_before": len(prepared.cleaned.graph.node),
-        "ops_after": len(cleaned.graph.node), "op_changes": {}, "time_s": round(time.perf_counter() - start, 4),
+        "name": "bind_symbolic_dims", "level": "onnx", "status": "applied",
+        "ops_before": len(prepared.cleaned.graph.node), "ops_after": len(cleaned.graph.node), "op_changes": {},
+        "time_s": round(time.perf_counter() - start, 4),
         "reason": f"{bound}: {reason}"}]
     prepared.cleaned = cleaned
     return True
@@ -365,7 +366,8 @@ def compile(  # noqa: A001 - the verb users know
                         try:
                             results[library] = build(cleaned_path)
                         except CompilerError as e:
-                            if e.stage != "import" or dynamic_dims or plan or not _bind_to_reference(prepared, steps, e):
+                            if e.stage != "import" or dynamic_dims or plan \
+                                    or not _bind_to_reference(prepared, steps, e):
                                 raise
                             results[library] = build(prepared.cleaned_path)
                     except CompilerError as e:

@@ -69,8 +69,8 @@ def export(kind: str, exporter: str, path) -> None:
         else:
             batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
             shapes = {name: {0: batch, 1: seq} for name in INPUTS}
-            torch.onnx.export(model, (ids, mask), str(path), input_names=INPUTS, dynamic_shapes=shapes, opset_version=18,
-                              dynamo=True, verbose=False)
+            torch.onnx.export(model, (ids, mask), str(path), input_names=INPUTS, dynamic_shapes=shapes,
+                              opset_version=18, dynamo=True, verbose=False)
 
 
 def _feeds(batch: int, seq: int) -> dict[str, np.ndarray]:
@@ -157,10 +157,11 @@ def _ceil_reshape(path) -> None:
              helper.make_node("Unsqueeze", ["ceil", "axis0"], ["ceil_1d"]),
              helper.make_node("Concat", ["minus1", "ceil_1d", "sixteen"], ["target"], axis=0),
              helper.make_node("Reshape", ["x", "target"], ["y"])]
-    graph = helper.make_graph(nodes, "ceil_reshape", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", None, 16])],
-                              [const("one", 1), const("half", 0.5, np.float32), const("axis0", [0]), const("minus1", [-1]),
-                               const("sixteen", [16])])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", None, 16])
+    graph = helper.make_graph(nodes, "ceil_reshape", [x], [y],
+                              [const("one", 1), const("half", 0.5, np.float32), const("axis0", [0]),
+                               const("minus1", [-1]), const("sixteen", [16])])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
 
 
@@ -184,13 +185,16 @@ def test_shape_arithmetic_in_int32_stays_symbolic(tmp_path):
     def const(name, value, dtype=np.int64):
         return numpy_helper.from_array(np.array(value, dtype), name)
 
-    nodes = [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Cast", ["shape"], ["shape32"], to=TensorProto.INT32),
-             helper.make_node("Gather", ["shape32", "one"], ["seq"]), helper.make_node("Mul", ["seq", "eight"], ["width"]),
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Cast", ["shape"], ["shape32"], to=TensorProto.INT32),
+             helper.make_node("Gather", ["shape32", "one"], ["seq"]),
+             helper.make_node("Mul", ["seq", "eight"], ["width"]),
              helper.make_node("Unsqueeze", ["width", "axis0"], ["width_1d"]),
              helper.make_node("Concat", ["minus1", "width_1d"], ["target32"], axis=0),
              helper.make_node("Cast", ["target32"], ["target"], to=TensorProto.INT64),
              helper.make_node("Reshape", ["x", "target"], ["y"])]
-    graph = helper.make_graph(nodes, "int32_shape", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])],
+    graph = helper.make_graph(nodes, "int32_shape",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", None])],
                               [const("one", 1), const("eight", 8, np.int32), const("axis0", [0]),
                                const("minus1", [-1], np.int32)])

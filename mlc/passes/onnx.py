@@ -486,7 +486,8 @@ def _followable(name: str, producers: dict, constants: dict) -> bool:
     followable scalar, a Concat of those."""
     node = producers.get(name)
     return name in constants or node is not None and (
-        node.op_type == "Shape" or node.op_type == "Concat" and all(_followable(i, producers, constants) for i in node.input)
+        node.op_type == "Shape"
+        or node.op_type == "Concat" and all(_followable(i, producers, constants) for i in node.input)
         or node.op_type == "Unsqueeze" and _followable_scalar(node.input[0], producers, constants))
 
 
@@ -567,7 +568,8 @@ def _without_shape_round_trips(model: onnx.ModelProto) -> tuple[onnx.ModelProto,
                     continue
                 source = _dim_source(model, symbols, e, available)
                 if source is not None:
-                    new_nodes.append(helper.make_node("Shape", [source[0]], [names[-1]], start=source[1], end=source[1] + 1))
+                    new_nodes.append(helper.make_node("Shape", [source[0]], [names[-1]], start=source[1],
+                                                      end=source[1] + 1))
                     continue
                 scalar = _dim_expression(e, names[-1], model, symbols, available, new_nodes, new_inits)
                 if scalar is None:
