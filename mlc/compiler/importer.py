@@ -57,6 +57,7 @@ def to_relax(model: onnx.ModelProto, dim_upper_bounds: Optional[dict[str, int]] 
     from tvm.relax.frontend.onnx import from_onnx
 
     _keep_symbolic_range_lengths()
+    _shape_inputs_as_tensors()
     # Weights become constants of the module so the compiled library is self-contained.
     mod = from_onnx(model, keep_params_in_input=False)
     if dim_upper_bounds:
@@ -92,3 +93,48 @@ def _keep_symbolic_range_lengths() -> None:
         return tvm_range(cls, bb, inputs, attr, params)
 
     onnx_frontend.Range._impl_v12 = classmethod(range_v12)
+
+
+# --- symbolic dims (issue #19): TVM 0.27's importer keeps Shape outputs as ShapeExprs and a scalar taken
+# from one as a PrimExpr, but only a fixed list of ops accepts a ShapeExpr ("Node /m/Mul cannot handle
+# ShapeExpr inputs"): transformers 5's mask code multiplies arange(batch) by Shape(mask)[1:2]. Such a
+# node gets its shape inputs as int64 tensors instead (what ONNX means by them anyway).
+
+# The ops TVM's _construct_nodes lets see a ShapeExpr (its own list, onnx_frontend.py).
+_SHAPE_COMPATIBLE_OPS = frozenset({"Reshape", "Resize", "ConstantOfShape", "Gather", "Slice", "Shape", "Expand",
+                                   "Concat", "Equal", "Where", "Cast", "CastLike", "Squeeze"})
+
+
+@functools.lru_cache(maxsize=1)
+def _shape_inputs_as_tensors() -> None:
+    from tvm import relax
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    importer = onnx_frontend.ONNXGraphImporter
+    construct = importer._construct_nodes
+
+    def is_shape(value) -> bool:
+        return isinstance(value, relax.Expr) and isinstance(getattr(value, "ty", None), relax.ShapeType)
+
+    def construct_nodes(self, graph):
+        for node in graph.node:
+            if node.op_type not in _SHAPE_COMPATIBLE_OPS and any(is_shape(self._nodes.get(i)) for i in node.input):
+                copy = onnx.NodeProto()
+                copy.CopyFrom(node)
+                for k, name in enumerate(node.input):
+                    if is_shape(self._nodes.get(name)):
+                        alias = f"{name}__mlc_tensor"
+                        if alias not in self._nodes:
+                            self._nodes[alias] = self.bb.normalize(relax.op.shape_to_tensor(self._nodes[name]))
+                        copy.input[k] = alias
+                node = copy
+            construct(self, _OneNode(node))
+
+    importer._construct_nodes = construct_nodes
+
+
+class _OneNode:
+    """What TVM's _construct_nodes reads of a graph: its nodes."""
+
+    def __init__(self, node: onnx.NodeProto):
+        self.node = [node]

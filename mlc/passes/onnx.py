@@ -119,7 +119,11 @@ def _elem_type(model: onnx.ModelProto) -> dict[str, int]:
 
 def eliminate_dead_nodes(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
     """Identity, inference Dropout and same-type Cast are bypassed; nodes nothing needs are dropped."""
-    model = _clone(model)  # node inputs are rewritten in place below
+    model, weights = _weights_as_inputs(model)  # a copy: node inputs are rewritten in place below
+    return _weights_back(_eliminate_dead_nodes(model), weights)
+
+
+def _eliminate_dead_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
     graph_outputs = {o.name for o in model.graph.output}
     types = _elem_type(infer_shapes(model))
     rename: dict[str, str] = {}
@@ -313,7 +317,11 @@ def _evaluate(model: onnx.ModelProto) -> dict[str, object]:
 def canonicalize_shapes(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
     """Reshape(x, <computed shape>) -> Reshape(x, <constant>): an element equal to x's own dim k at
     position k becomes 0 (copy), a plain number stays, and one remaining element becomes -1."""
-    model = _clone(model)  # Reshape inputs are rewritten in place below
+    model, weights = _weights_as_inputs(model)  # a copy: Reshape inputs are rewritten in place below
+    return _weights_back(_canonicalize_shapes(model), weights)
+
+
+def _canonicalize_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     constants = constant_values(model)
     values = _evaluate(model)
     symbols = _dim_symbols(model)
@@ -515,22 +523,70 @@ def _ranges_over_dims(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return (_rewritten(model, nodes, {}, inits), changed) if changed else (model, 0)
 
 
+_DIM_ARITHMETIC = ("Mul", "Add", "Sub", "Div")
+_SHAPE_INPUT = {"Reshape": 1, "Expand": 1, "ConstantOfShape": 0}  # the input that is a shape
+
+
 def _followable(name: str, producers: dict, constants: dict) -> bool:
-    """Whether TVM's importer sees this shape as a shape: a constant, a Shape, a Concat of those."""
+    """Whether TVM's importer sees this shape as a shape: a constant, a Shape, an Unsqueeze of a
+    followable scalar, a Concat of those."""
     node = producers.get(name)
     return name in constants or node is not None and (
-        node.op_type == "Shape" or node.op_type == "Concat" and all(_followable(i, producers, constants) for i in node.input))
+        node.op_type == "Shape"
+        or node.op_type == "Concat" and all(_followable(i, producers, constants) for i in node.input)
+        or node.op_type == "Unsqueeze" and _followable_scalar(node.input[0], producers, constants))
+
+
+def _followable_scalar(name: str, producers: dict, constants: dict) -> bool:
+    """Whether TVM's importer sees this scalar as an expression of dims: an int64 constant, a Gather of
+    one index out of a Shape, integer arithmetic of those."""
+    if name in constants:
+        return constants[name].dtype == np.int64 and constants[name].ndim == 0
+    node = producers.get(name)
+    if node is None:
+        return False
+    if node.op_type == "Gather":
+        source, index = producers.get(node.input[0]), constants.get(node.input[1])
+        return source is not None and source.op_type == "Shape" and index is not None and index.ndim == 0
+    return node.op_type in _DIM_ARITHMETIC and all(_followable_scalar(i, producers, constants) for i in node.input)
+
+
+def _dim_expression(expr, out: str, model: onnx.ModelProto, symbols: dict, available: set[str],
+                    nodes: list, inits: list) -> Optional[str]:
+    """ONNX nodes (appended to `nodes`/`inits`) computing an element `_evaluate` found, an int or an
+    expression of dims, as an int64 scalar in the form TVM follows; its name, or None."""
+    if isinstance(expr, (int, np.integer)):
+        name = f"{out}_{len(nodes) + len(inits)}"
+        inits.append(numpy_helper.from_array(np.array(expr, np.int64), name))
+        return name
+    if isinstance(expr, tuple) and expr and expr[0] in _DIM_ARITHMETIC and len(expr) == 3:
+        a = _dim_expression(expr[1], out, model, symbols, available, nodes, inits)
+        b = _dim_expression(expr[2], out, model, symbols, available, nodes, inits) if a else None
+        if b is None:
+            return None
+        name = f"{out}_{len(nodes) + len(inits)}"  # named after its operands: names stay unique
+        nodes.append(helper.make_node(expr[0], [a, b], [name]))
+        return name
+    name = f"{out}_{len(nodes) + len(inits)}"
+    source = _dim_source(model, symbols, expr, available)
+    if source is None:
+        return None
+    inits.append(numpy_helper.from_array(np.array(source[1], np.int64), f"{name}_axis"))
+    nodes += [helper.make_node("Shape", [source[0]], [f"{name}_shape"]),
+              helper.make_node("Gather", [f"{name}_shape", f"{name}_axis"], [name], axis=0)]
+    return name
 
 
 def _without_shape_round_trips(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
-    """Shapes that went through Casts (tf2onnx computes them in int32) and Gathers are rebuilt from
-    Shape(x, start, end) pieces and constants (TVM: a Cast makes a shape a runtime tensor), and a
-    Reshape to its input's own dims (0 = keep) is removed."""
+    """Reshape/Expand/ConstantOfShape shapes that went through Casts (tf2onnx computes them in int32) and
+    Gathers are rebuilt from Shape(x, start, end) pieces, constants and int64 arithmetic on dims (TVM: a
+    Cast makes a shape a runtime tensor), and a Reshape to its input's own dims (0 = keep) is removed."""
     model = _clone(model)
     constants, values, symbols = constant_values(model), _evaluate(model), _dim_symbols(model)
     producers = {o: n for n in model.graph.node for o in n.output}
     graph_outputs = {o.name for o in model.graph.output}
     available = {i.name for i in model.graph.input} | set(constants)
+    taken = available | {o for n in model.graph.node for o in n.output}
     nodes, rename, inits, changed = [], {}, [], 0
     for node in model.graph.node:
         out = node.output[0] if node.output else None
@@ -541,20 +597,35 @@ def _without_shape_round_trips(model: onnx.ModelProto) -> tuple[onnx.ModelProto,
                 rename[out] = node.input[0]
                 changed += 1
                 continue
-        target = values.get(node.input[1]) if node.op_type in ("Reshape", "Expand") else None
-        if isinstance(target, list) and target and not _followable(node.input[1], producers, constants):
-            pieces = [("const", e) if isinstance(e, (int, np.integer)) else _dim_source(model, symbols, e, available)
-                      for e in target]
-            if all(p is not None for p in pieces):
-                names = []
-                for k, (source, index) in enumerate(pieces):
-                    names.append(f"{out}_shape{k}")
-                    if source == "const":
-                        inits.append(numpy_helper.from_array(np.array([index], np.int64), names[-1]))
-                    else:
-                        nodes.append(helper.make_node("Shape", [source], [names[-1]], start=index, end=index + 1))
-                nodes.append(helper.make_node("Concat", names, [f"{out}_shape"], axis=0))
-                node.input[1] = f"{out}_shape"
+        slot = _SHAPE_INPUT.get(node.op_type)
+        target = values.get(node.input[slot]) if slot is not None else None
+        if isinstance(target, list) and target and not _followable(node.input[slot], producers, constants):
+            # A dim is a Shape slice; an expression of dims (seq * heads) int64 scalar arithmetic on
+            # Gathers out of Shapes, unsqueezed; all or nothing.
+            new_nodes, new_inits, names = [], [], []
+            base = f"{out}_shape"
+            while any(n == base or n.startswith(f"{base}") for n in taken):  # the graph may use the name
+                base += "_"
+            taken.add(base)
+            for k, e in enumerate(target):
+                names.append(f"{base}{k}")
+                if isinstance(e, (int, np.integer)):
+                    new_inits.append(numpy_helper.from_array(np.array([e], np.int64), names[-1]))
+                    continue
+                source = _dim_source(model, symbols, e, available)
+                if source is not None:
+                    new_nodes.append(helper.make_node("Shape", [source[0]], [names[-1]], start=source[1],
+                                                      end=source[1] + 1))
+                    continue
+                scalar = _dim_expression(e, names[-1], model, symbols, available, new_nodes, new_inits)
+                if scalar is None:
+                    break
+                new_inits.append(numpy_helper.from_array(np.array([0], np.int64), f"{names[-1]}_axes"))
+                new_nodes.append(helper.make_node("Unsqueeze", [scalar, f"{names[-1]}_axes"], [names[-1]]))
+            else:
+                nodes += new_nodes + [helper.make_node("Concat", names, [base], axis=0)]
+                inits += new_inits
+                node.input[slot] = base
                 changed += 1
         nodes.append(node)
         available.update(node.output)
@@ -610,9 +681,11 @@ def _dim_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
 def keep_symbolic_dims(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
     """Exporters' shape subgraphs (tf2onnx, paddle2onnx) rewritten onto paths TVM's importer follows
     symbolically: whole-axis Slices removed, Slice+Squeeze of one index made a Gather, Gathers from a
-    Shape made Shape slices, Ranges over a dim read it from a Shape, Reshape/Expand targets computed
-    through Casts rebuilt from Shape slices, identity Reshapes removed, ReduceProd of dims made Muls.
+    Shape made Shape slices, Ranges over a dim read it from a Shape, Reshape/Expand/ConstantOfShape shapes
+    computed through Casts rebuilt from Shape slices and int64 arithmetic on dims, identity Reshapes removed,
+    ReduceProd of dims made Muls.
     Repeated while something changes: each rewrite lets shape inference see more dims."""
+    model, weights = _weights_as_inputs(model)
     for _ in range(8):
         changed = 0
         for rewrite in (_without_whole_slices, _gathers_for_one_index, _ranges_over_dims, _without_shape_round_trips,
@@ -621,7 +694,44 @@ def keep_symbolic_dims(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
             changed += count
         if not changed:
             break
-    return eliminate_dead_nodes(model, {})
+    return _weights_back(eliminate_dead_nodes(model, {}), weights)
+
+
+_WEIGHT_ELEMENTS = 64  # initializers larger than this hold weights, not shape constants
+
+
+def _weights_as_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, tuple[onnx.TensorProto, bool]]]:
+    """The model with its large initializers declared as graph inputs instead (same name, type and
+    shape): the rewrites clone the model and run shape inference many times, and on bert-base the
+    440 MB of weights made that minutes."""
+    light = onnx.ModelProto()
+    light.CopyFrom(model)
+    weights = {t.name: t for t in model.graph.initializer if int(np.prod(t.dims, dtype=np.int64)) > _WEIGHT_ELEMENTS}
+    if not weights:
+        return light, {}
+    keep = [t for t in light.graph.initializer if t.name not in weights]
+    del light.graph.initializer[:]
+    light.graph.initializer.extend(keep)
+    declared = {i.name for i in light.graph.input}
+    light.graph.input.extend(helper.make_tensor_value_info(name, t.data_type, list(t.dims))
+                             for name, t in weights.items() if name not in declared)
+    return light, {name: (t, name in declared) for name, t in weights.items()}
+
+
+def _weights_back(model: onnx.ModelProto, weights: dict) -> onnx.ModelProto:
+    """Undo `_weights_as_inputs` for the weights the graph still reads."""
+    if not weights:
+        return model
+    used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+    for n in model.graph.node:  # subgraphs (If/Loop/Scan) may read outer initializers
+        for a in n.attribute:
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                used |= {i for sub in g.node for i in sub.input}
+    inputs = [i for i in model.graph.input if i.name not in weights or weights[i.name][1]]
+    del model.graph.input[:]
+    model.graph.input.extend(inputs)
+    model.graph.initializer.extend(t for name, (t, _) in weights.items() if name in used)
+    return model
 
 
 # --- the runner

@@ -18,7 +18,7 @@ from mlc.pipeline import schedules as tuning_records
 from mlc.pipeline import source as sources
 from mlc.pipeline.options import CompileOptions, ModelSpec, check_tolerances, recipe
 from mlc.pipeline.package import KERNELS, LIBRARY, OBJECTS, default_output, package
-from mlc.pipeline.prepare import Prepared, References, dynamic_ranges, prepare, references
+from mlc.pipeline.prepare import Prepared, References, bind_to_reference, dynamic_ranges, prepare, references
 from mlc.pipeline.run import check
 from mlc.pipeline.steps import StepReporter, Timer, quiet_step
 from mlc.runtime import runner as thin_runtime
@@ -120,13 +120,23 @@ def _build(plan: CompilePlan, prepared: Prepared, refs: References, builds: list
     for build in builds:
         with timed(f"tvm{build.label}", f"Compiling{build.label} with TVM for {preset.name} "
                                         f"({preset.tvm.get('mcpu', preset.tvm['kind'])})"):
-            try:
-                results[build.library] = compiler.compile_in_worker(
-                    build.onnx, preset.tvm, library=staged / build.library, isolate=options.isolate,
+            def compile_(onnx_path: Path) -> dict:
+                return compiler.compile_in_worker(
+                    onnx_path, preset.tvm, library=staged / build.library, isolate=options.isolate,
                     cross_compiler=plan.cross, kernels_dir=staged / KERNELS,
                     object_dir=staged / OBJECTS if macos else None, schedules=plan.schedules,
                     relax_passes=[s.to_json() for s in plan.steps], dump_ir=options.pass_options.dump_ir,
                     dim_upper_bounds={name: hi for name, (_, hi) in plan.ranges.items()})
+
+            try:
+                try:
+                    results[build.library] = compile_(build.onnx)
+                except CompilerError as e:
+                    # A dim TVM cannot keep symbolic (no --dynamic asked for it): compile at the reference sizes.
+                    if e.stage != "import" or plan.dynamic or plan.buckets or not bind_to_reference(
+                            prepared, plan.steps, e):
+                        raise
+                    results[build.library] = compile_(prepared.cleaned_path)
             except CompilerError as e:
                 cause = _user_cause(e, plan, prepared, refs)
                 if cause is None:

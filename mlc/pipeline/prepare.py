@@ -3,6 +3,7 @@ cleaned by the ONNX passes, and the reference outputs the compiled model is chec
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional
@@ -13,7 +14,7 @@ import onnx
 from mlc import compiler, frontends
 from mlc import passes as graph_passes
 from mlc.artifacts.manifest import SourceInfo
-from mlc.errors import InputError
+from mlc.errors import CompilerError, InputError
 from mlc.frontends import onnx as onnx_frontend
 from mlc.passes import onnx as onnx_passes
 from mlc.pipeline import source as sources
@@ -126,3 +127,28 @@ def references(prepared: Prepared) -> References:
         return References(eager, onnx_frontend.onnxruntime_reference(prepared.path, prepared.feeds).outputs)
     except InputError as e:  # the export may be broken; TVM may still get it right, and the check decides
         return References(eager, onnxruntime_error=str(e))
+
+
+def bind_to_reference(prepared: Prepared, steps: list, error: CompilerError) -> bool:
+    """TVM could not import the model with its symbolic dims: fix them at the reference inputs' sizes
+    (graph passes again), with a note and a record among the manifest's passes. False: none to fix."""
+    symbolic = {d: np.shape(prepared.feeds[s.name])[axis] for s in prepared.specs
+                for axis, d in enumerate(prepared.fixed.get(s.name, s.shape)) if isinstance(d, str)}
+    if not symbolic:
+        return False
+    start = time.perf_counter()
+    prepared.fixed = {s.name: list(np.shape(prepared.feeds[s.name])) for s in prepared.specs}
+    cleaned, records, notes = onnx_passes.run(onnx_frontend.fix_input_shapes(prepared.model, prepared.fixed),
+                                              [s for s in steps if s.level == "onnx"])
+    onnx.save(cleaned, str(prepared.cleaned_path))
+    bound = ", ".join(f"{d}={n}" for d, n in symbolic.items())
+    why = str(error).split(" (full log:")[0].removeprefix("TVM failed during import: ")
+    reason = f"TVM's importer could not keep them symbolic ({why[:160]}{'...' if len(why) > 160 else ''})"
+    prepared.notes += notes + [f"compiled for {bound} (the reference sizes): {reason}; other sizes need another "
+                               "compile with --input-shape, or --buckets"]
+    prepared.pass_records = records + [{
+        "name": "bind_symbolic_dims", "level": "onnx", "status": "applied",
+        "ops_before": len(prepared.cleaned.graph.node), "ops_after": len(cleaned.graph.node), "op_changes": {},
+        "time_s": round(time.perf_counter() - start, 4), "reason": f"{bound}: {reason}"}]
+    prepared.cleaned = cleaned
+    return True
