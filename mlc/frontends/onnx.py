@@ -266,18 +266,68 @@ def make_inputs(specs: list[InputSpec], shapes: dict[str, list[int]], seed: int 
     return feeds
 
 
+# Old opsets (< 7) have no ONNX Runtime kernels; onnx's version converter upgrades them to this one.
+CONVERSION_OPSET = 13
+
+
 def onnxruntime_reference(path: Path, inputs: dict[str, np.ndarray]) -> Reference:
-    """Run the model as given by the user with ONNX Runtime on `inputs`."""
+    """Run the model as given by the user with ONNX Runtime on `inputs`. When ONNX Runtime cannot
+    (an old opset, an op or type it lacks), run it on onnx's opset-13 conversion, or else with onnx's
+    reference evaluator; `Reference.producer` names which one computed the outputs."""
+    try:
+        return _run_onnxruntime(str(path), inputs, "")
+    except Exception as e:  # onnxruntime raises its own untyped exceptions
+        ort_error = _first_line(e)
+    try:
+        model = onnx.load(str(path))
+    except Exception:  # noqa: BLE001 - ORT's message is the one to show
+        model = None
+    if model is not None:
+        converted = _upgraded(model)
+        if converted is not None:
+            try:
+                return _run_onnxruntime(converted.SerializeToString(), inputs,
+                                        f" on the opset-{CONVERSION_OPSET} conversion")
+            except Exception:  # noqa: BLE001 - fall through to the reference evaluator
+                pass
+        try:
+            return _reference_evaluator(model, inputs)
+        except Exception as e:  # noqa: BLE001 - onnx's evaluator raises anything numpy raises
+            raise InputError(f"ONNX Runtime cannot run {path.name} on the reference inputs: {ort_error}; "
+                             f"nor can onnx's reference evaluator: {_first_line(e)}") from None
+    raise InputError(f"ONNX Runtime cannot run {path.name} on the reference inputs: {ort_error}")
+
+
+def _run_onnxruntime(model: str | bytes, inputs: dict[str, np.ndarray], how: str) -> Reference:
     import onnxruntime as ort
 
     ort.set_default_logger_severity(3)
     options = ort.SessionOptions()
     options.log_severity_level = 4  # failures are reported by the exception, not printed on the terminal
-    try:
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        names = [o.name for o in session.get_outputs()]
-        values = session.run(names, inputs)
-    except Exception as e:  # onnxruntime raises its own untyped exceptions
-        raise InputError(f"ONNX Runtime cannot run {path.name} on the reference inputs: {_first_line(e)}") from None
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    values = session.run(names, inputs)
     outputs = {name: np.asarray(v) for name, v in zip(names, values)}
-    return Reference(producer=f"onnxruntime {ort.__version__}", inputs=inputs, outputs=outputs)
+    return Reference(producer=f"onnxruntime {ort.__version__}{how}", inputs=inputs, outputs=outputs)
+
+
+def _upgraded(model: onnx.ModelProto) -> Optional[onnx.ModelProto]:
+    """The model converted to CONVERSION_OPSET, or None if it is already that new or cannot be converted."""
+    from onnx import version_converter
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or opset >= CONVERSION_OPSET:
+        return None
+    try:
+        return version_converter.convert_version(model, CONVERSION_OPSET)
+    except Exception:  # noqa: BLE001 - the converter raises RuntimeError or its C++ errors
+        return None
+
+
+def _reference_evaluator(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> Reference:
+    from onnx.reference import ReferenceEvaluator
+
+    names = [o.name for o in model.graph.output]
+    values = ReferenceEvaluator(model).run(None, dict(inputs))
+    outputs = {name: np.asarray(v) for name, v in zip(names, values)}
+    return Reference(producer=f"onnx {onnx.__version__} reference evaluator", inputs=inputs, outputs=outputs)
