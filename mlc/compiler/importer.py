@@ -57,6 +57,7 @@ def to_relax(model: onnx.ModelProto, dim_upper_bounds: Optional[dict[str, int]] 
     from tvm.relax.frontend.onnx import from_onnx
 
     _keep_symbolic_range_lengths()
+    apply_conformance_overrides()
     # Weights become constants of the module so the compiled library is self-contained.
     mod = from_onnx(model, keep_params_in_input=False)
     if dim_upper_bounds:
@@ -92,3 +93,32 @@ def _keep_symbolic_range_lengths() -> None:
         return tvm_range(cls, bb, inputs, attr, params)
 
     onnx_frontend.Range._impl_v12 = classmethod(range_v12)
+
+
+# ---- Converter overrides for ONNX conformance (#19): each function patches one converter family, once.
+
+def apply_conformance_overrides() -> None:
+    """Converters TVM 0.27 lacks or gets wrong, found by benchmarks/onnx_node_tests."""
+    _fold_variadic_pairwise()
+
+
+@functools.lru_cache(maxsize=1)
+def _fold_variadic_pairwise() -> None:
+    """Max, Min, Sum and Mean: TVM stacks the broadcast inputs and reduces over the new axis, and that
+    reduction fails to build ("Invalid SLayout"); ONNX defines them elementwise, so fold the inputs
+    pairwise with maximum/minimum/add (TVM's own path for unknown shapes)."""
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    for cls in (onnx_frontend.Max, onnx_frontend.Min, onnx_frontend.Sum, onnx_frontend.Mean):
+        original = cls._impl_v1.__func__
+
+        def impl(cls, bb, inputs, attr, params, _original=original):
+            import tvm
+
+            if all(isinstance(x, tvm.ir.GenericConst) for x in inputs):
+                return _original(cls, bb, inputs, attr, params)
+            if len(inputs) == 1:
+                return inputs[0]
+            return cls._impl_dynamic(bb, inputs)
+
+        cls._impl_v1 = classmethod(impl)
