@@ -32,6 +32,19 @@ HERE = Path(__file__).resolve().parent
 RTOL, ATOL = 1e-3, 1e-5
 TRAINING_OPS = {"Gradient", "Momentum", "Adagrad", "Adam"}
 TRAINING_DOMAIN = "ai.onnx.preview.training"
+# Input slots that are an op's parameters (shapes, axes, k, sizes, thresholds), not its data. The node tests
+# feed them as graph inputs; deployed models have them as constants, and TVM needs them constant. With
+# --freeze-parameters (the default) mlc compiles the model with the shipped values as initializers (what a
+# deployed model holds); ONNX Runtime still runs the model as shipped. Each case records what was frozen.
+PARAMETER_SLOTS = {
+    "Reshape": {1}, "Expand": {1}, "Tile": {1}, "Slice": {1, 2, 3, 4}, "Squeeze": {1}, "Unsqueeze": {1},
+    "TopK": {1}, "Split": {1}, "Resize": {1, 2, 3}, "Upsample": {1}, "Pad": {1, 2, 3}, "ConstantOfShape": {0},
+    "OneHot": {1}, "Range": {0, 1, 2}, "CumSum": {1}, "CenterCropPad": {1, 2}, "AffineGrid": {1}, "Col2Im": {1, 2},
+    "NonMaxSuppression": {2, 3, 4}, "Trilu": {1}, "DFT": {1, 2}, "STFT": {1, 2, 3}, "Dropout": {1, 2},
+    "BlackmanWindow": {0}, "HannWindow": {0}, "HammingWindow": {0}, "MelWeightMatrix": {0, 1, 2, 3, 4},
+    "ReduceL1": {1}, "ReduceL2": {1}, "ReduceLogSum": {1}, "ReduceLogSumExp": {1}, "ReduceMax": {1},
+    "ReduceMean": {1}, "ReduceMin": {1}, "ReduceProd": {1}, "ReduceSum": {1}, "ReduceSumSquare": {1},
+}
 
 
 def node_test_dir() -> Path:
@@ -92,6 +105,32 @@ def load_case(case_dir: Path):
                     for i, v in enumerate(model.graph.output) if (data_dir / f"output_{i}.pb").exists()}
         sets.append((feeds, expected))
     return model, sets
+
+
+def parameter_inputs(model) -> list[str]:
+    """Graph inputs that only feed parameter slots (PARAMETER_SLOTS) of the nodes reading them."""
+    graph_inputs = {v.name for v in model.graph.input} - {i.name for i in model.graph.initializer}
+    slots: dict[str, bool] = {}
+    for node in model.graph.node:
+        for index, name in enumerate(node.input):
+            if name in graph_inputs:
+                is_parameter = index in PARAMETER_SLOTS.get(node.op_type, ()) and node.domain in ("", "ai.onnx")
+                slots[name] = slots.get(name, True) and is_parameter
+    return [name for name, only in slots.items() if only]
+
+
+def freeze(model, feeds: dict, names: list[str]):
+    """A copy of `model` with the inputs `names` made initializers holding `feeds`' values."""
+    import onnx
+    from onnx import numpy_helper
+
+    frozen = onnx.ModelProto()
+    frozen.CopyFrom(model)
+    kept = [v for v in frozen.graph.input if v.name not in names]
+    del frozen.graph.input[:]
+    frozen.graph.input.extend(kept)
+    frozen.graph.initializer.extend(numpy_helper.from_array(np.asarray(feeds[n]), n) for n in names)
+    return frozen
 
 
 def out_of_scope(model) -> Optional[str]:
@@ -179,21 +218,22 @@ def _stage_of(error: BaseException) -> str:
     return "mlc" if isinstance(error, MlcError) else "internal"
 
 
-def run_mlc(case_dir: Path, sets, scratch: Path) -> dict:
+def run_mlc(model_path: Path, sets, scratch: Path) -> dict:
     import mlc.api as api
     from mlc.errors import ExitCode, MlcError
 
     art = scratch / "artifact"
     try:
-        api.compile(str(case_dir / "model.onnx"), target="x86", output=art, isolate=False)
+        api.compile(str(model_path), target="x86", output=art, isolate=False)
     except MlcError as e:
         return {"pass": False, "stage": _stage_of(e), "exit_code": int(e.exit_code), "reason": str(e)[:300]}
     except Exception as e:  # noqa: BLE001 - an mlc bug: the CLI would exit 70
         return {"pass": False, "stage": "internal", "exit_code": int(ExitCode.INTERNAL), "reason": _first_line(e)}
     try:
         runner = api.open_runner(art)
+        runner_inputs = {spec["name"] for spec in runner.manifest["inputs"]}
         for feeds, expected in sets:
-            got = runner.run(feeds)
+            got = runner.run({k: v for k, v in feeds.items() if k in runner_inputs})
             for name, value in expected.items():
                 problem = compare(value, got.get(name), name)
                 if problem:
@@ -203,7 +243,7 @@ def run_mlc(case_dir: Path, sets, scratch: Path) -> dict:
     return {"pass": True}
 
 
-def run_case(name: str) -> dict:
+def run_case(name: str, freeze_parameters: bool = True) -> dict:
     case_dir = node_test_dir() / name
     start = time.perf_counter()
     record: dict[str, Any] = {"name": name}
@@ -219,13 +259,24 @@ def run_case(name: str) -> dict:
     if scope:
         record["mlc"] = {"pass": False, "stage": "out_of_scope", "reason": scope}
     else:
+        import onnx
+
         with tempfile.TemporaryDirectory(prefix="mlc-node-") as scratch:
-            record["mlc"] = run_mlc(case_dir, sets, Path(scratch))
+            model_path = case_dir / "model.onnx"
+            frozen = parameter_inputs(model) if freeze_parameters else []
+            if frozen and all(all(n in feeds for n in frozen) for feeds, _ in sets):
+                if any(any(not np.array_equal(feeds[n], sets[0][0][n]) for n in frozen) for feeds, _ in sets[1:]):
+                    frozen = []  # data sets disagree on the parameters: one frozen model cannot serve them all
+                else:
+                    record["frozen_inputs"] = frozen
+                    model_path = Path(scratch) / "model.onnx"
+                    onnx.save(freeze(model, sets[0][0], frozen), str(model_path))
+            record["mlc"] = run_mlc(model_path, sets, Path(scratch))
     record["time_s"] = round(time.perf_counter() - start, 2)
     return record
 
 
-def worker(fd: int) -> None:
+def worker(fd: int, freeze_parameters: bool) -> None:
     """Child: read case names from stdin, one per line; report {"start"}, {"result"} events on `fd`."""
     out = os.fdopen(fd, "w", buffering=1)
     import mlc.api  # noqa: F401 - import (and TVM's, on the first compile) before the first case's clock starts
@@ -237,13 +288,15 @@ def worker(fd: int) -> None:
         if not name:
             continue
         out.write(json.dumps({"start": name}) + "\n")
-        out.write(json.dumps({"result": run_case(name)}) + "\n")
+        out.write(json.dumps({"result": run_case(name, freeze_parameters)}) + "\n")
 
 
 # ---------------------------------------------------------------- the parent: batches, timeouts, crashes
 
 class Pool:
-    def __init__(self, names: list[str], jobs: int, batch: int, timeout: float, log_dir: Path, progress: bool):
+    def __init__(self, names: list[str], jobs: int, batch: int, timeout: float, log_dir: Path, progress: bool,
+                 freeze_parameters: bool = True):
+        self.freeze_parameters = freeze_parameters
         self.pending = collections.deque(names)
         self.total = len(names)
         self.results: dict[str, dict] = {}
@@ -274,7 +327,8 @@ class Pool:
             read_fd, write_fd = os.pipe()
             log = open(self.log_dir / f"worker-{slot}.log", "a")
             env = {**os.environ, "PYTHONPATH": str(HERE.parents[1]), "TVM_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-            proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker-fd", str(write_fd)],
+            proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker-fd", str(write_fd)]
+                                    + ([] if self.freeze_parameters else ["--no-freeze-parameters"]),
                                     stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=(write_fd,), text=True,
                                     env=env)
             os.close(write_fd)
@@ -370,7 +424,7 @@ def summarise(cases: list[dict]) -> dict:
             "ort_pass_in_scope": sum(1 for c in ort_pass if c["mlc"].get("stage") != "out_of_scope"),
             "mlc_failure_stages_where_ort_passes": dict(stages.most_common()),
             "mlc_failure_classes_where_ort_passes": dict(failures.most_common(25)),
-            "mlc_exit_70": exit70}
+            "mlc_exit_70": exit70, "frozen": sum(1 for c in cases if c.get("frozen_inputs"))}
 
 
 def markdown(doc: dict) -> str:
@@ -379,6 +433,10 @@ def markdown(doc: dict) -> str:
              f"onnx {doc['versions']['onnx']}, onnxruntime {doc['versions']['onnxruntime']}, "
              f"apache-tvm {doc['versions']['apache-tvm']}; {m.get('cpu')}, {m.get('cores_usable')} cores, {m.get('date')}. "
              f"Tolerance rtol {RTOL}, atol {ATOL} (exact for integers and booleans).", "",
+             ("Parameter inputs (axes, shapes, k, sizes: see PARAMETER_SLOTS in run.py) are compiled as constants "
+              f"holding the shipped values, as deployed models hold them ({s['frozen']} cases)."
+              if doc["args"]["freeze_parameters"] else "Parameter inputs are compiled as runtime inputs, as shipped."),
+             "",
              f"- cases: {s['cases']} ({s['out_of_scope']} out of scope: training-only ops, strings, sequence/optional)",
              f"- ONNX Runtime passes: {s['ort_pass']}",
              f"- mlc passes: {s['mlc_pass']}; on the {s['ort_pass_in_scope']} in-scope cases ONNX Runtime passes: "
@@ -410,10 +468,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--batch", type=int, default=40, help="cases per child process")
     parser.add_argument("--timeout", type=float, default=240, help="seconds per case")
     parser.add_argument("--name", help="results name (default: node-tests-full / -every-N / -filtered)")
+    parser.add_argument("--no-freeze-parameters", dest="freeze_parameters", action="store_false",
+                        help="compile parameter inputs (axes, shapes, k) as runtime inputs, as the tests ship them")
     parser.add_argument("--worker-fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker_fd is not None:
-        worker(args.worker_fd)
+        worker(args.worker_fd, args.freeze_parameters)
         return 0
     sys.path.insert(0, str(HERE.parents[1]))
     from importlib import metadata
@@ -427,11 +487,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                         f"limit {args.limit}" if args.limit else "") if x)
     name = args.name or ("node-tests-full" if selection == "all cases" else
                          f"node-tests-every-{args.every}" if args.every > 1 and not args.filter else "node-tests-filtered")
+    if not args.freeze_parameters and not args.name:
+        name += "-raw"
     results_dir = HERE / "results"
     results_dir.mkdir(exist_ok=True)
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mlc-node-logs-") as logs:
-        results = Pool(names, args.jobs, args.batch, args.timeout, Path(logs), progress=True).run()
+        results = Pool(names, args.jobs, args.batch, args.timeout, Path(logs), progress=True,
+                       freeze_parameters=args.freeze_parameters).run()
     cases = [results[n] for n in names if n in results]
     for c in cases:
         c["op"] = op_of(c["name"], c.get("ops", []))
