@@ -25,8 +25,11 @@ def _legalize_and_fuse(mod, target):
     from tvm.relax.backend.cpu_generic import pipeline as cpu
 
     with target:
-        passes = [relax.transform.ConvertLayout(CONV_LAYOUT)]
-        return tvm.transform.Sequential(passes + cpu.library_dispatch_passes(target) + cpu.legalize_passes(target))(mod)
+        try:
+            mod = relax.transform.ConvertLayout(CONV_LAYOUT)(mod)
+        except Exception:  # noqa: BLE001 - its layout inference fails on some ops (squeeze, unique): keep NCHW
+            pass
+        return tvm.transform.Sequential(cpu.library_dispatch_passes(target) + cpu.legalize_passes(target))(mod)
 
 
 def extract_tasks(mod, target):
