@@ -13,6 +13,8 @@ from mlc.compiler.client import tvm_package_dir
 
 STANDARD_DOMAINS = {"", "ai.onnx"}
 _FRONTEND_SOURCE = "relax/frontend/onnx/onnx_frontend.py"
+# Ops TVM 0.27's importer has no converter for and mlc adds (apply_conformance_overrides).
+ADDED_CONVERTERS = frozenset({"NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss"})
 
 
 @functools.lru_cache(maxsize=1)
@@ -26,12 +28,12 @@ def supported_ops() -> frozenset[str]:
         table = next(n.value for n in ast.walk(func) if isinstance(n, ast.Return))
         keys = frozenset(k.value for k in table.keys if isinstance(k, ast.Constant) and isinstance(k.value, str))
         if keys:
-            return keys
+            return keys | ADDED_CONVERTERS
     except (OSError, SyntaxError, StopIteration, AttributeError):
         pass
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    return frozenset(_get_convert_map())
+    return frozenset(_get_convert_map()) | ADDED_CONVERTERS
 
 
 def unsupported_ops(model: onnx.ModelProto) -> dict[str, dict]:
@@ -100,6 +102,7 @@ def _keep_symbolic_range_lengths() -> None:
 def apply_conformance_overrides() -> None:
     """Converters TVM 0.27 lacks or gets wrong, found by benchmarks/onnx_node_tests."""
     _fold_variadic_pairwise()
+    _add_loss_converters()
 
 
 @functools.lru_cache(maxsize=1)
@@ -122,3 +125,58 @@ def _fold_variadic_pairwise() -> None:
             return cls._impl_dynamic(bb, inputs)
 
         cls._impl_v1 = classmethod(impl)
+
+
+@functools.lru_cache(maxsize=1)
+def _add_loss_converters() -> None:
+    """NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss (inference graphs that report a loss):
+    gather each target's score, weight it (weight[target], 0 where target == ignore_index), reduce."""
+    from tvm import relax
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    def nll(input_, target, weight, attr):
+        reduction = attr.get("reduction", b"mean")
+        reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
+        ignore = attr.get("ignore_index")
+        dtype = input_.ty.dtype
+        target_dtype = target.ty.dtype
+        if ignore is not None:
+            keep = relax.op.not_equal(target, relax.const(ignore, target_dtype))
+            target = relax.op.where(keep, target, relax.op.zeros_like(target))
+        picked = relax.op.squeeze(relax.op.gather_elements(input_, relax.op.expand_dims(target, 1), axis=1), [1])
+        scale = relax.op.take(weight, target, axis=0) if weight is not None else relax.op.ones_like(picked)
+        if ignore is not None:
+            scale = relax.op.where(keep, scale, relax.op.zeros_like(scale))
+        loss = relax.op.negative(relax.op.multiply(picked, scale))
+        if reduction == "none":
+            return loss
+        total = relax.op.sum(loss)
+        if reduction == "sum":
+            return total
+        return relax.op.divide(total, relax.op.astype(relax.op.sum(scale), dtype))
+
+    def optional(inputs, index):
+        return inputs[index] if len(inputs) > index and inputs[index] is not None else None
+
+    class NegativeLogLikelihoodLoss(onnx_frontend.OnnxOpConverter):
+        @classmethod
+        def _impl_v12(cls, bb, inputs, attr, params):
+            return nll(inputs[0], inputs[1], optional(inputs, 2), attr)
+
+    class SoftmaxCrossEntropyLoss(onnx_frontend.OnnxOpConverter):
+        @classmethod
+        def _impl_v12(cls, bb, inputs, attr, params):
+            log_prob = bb.normalize(relax.op.nn.log_softmax(inputs[0], axis=1))
+            loss = nll(log_prob, inputs[1], optional(inputs, 2), attr)
+            return relax.Tuple([loss, log_prob])
+
+    added = {"NegativeLogLikelihoodLoss": NegativeLogLikelihoodLoss, "SoftmaxCrossEntropyLoss": SoftmaxCrossEntropyLoss}
+    assert set(added) == ADDED_CONVERTERS
+    original = onnx_frontend._get_convert_map
+
+    def convert_map():
+        table = original()
+        table.update(added)
+        return table
+
+    onnx_frontend._get_convert_map = convert_map
