@@ -157,7 +157,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def _check_result(result: dict[str, Any], log_path: Optional[Path]) -> dict[str, Any]:
-    if log_path is not None and (result["ok"] or result["kind"] in ("unsupported", "unsupported_output", "target", "pass")):
+    user_side = ("unsupported", "unsupported_node", "unsupported_output", "target", "pass")
+    if log_path is not None and (result["ok"] or result["kind"] in user_side):
         log_path.unlink(missing_ok=True)
     if result["ok"]:
         return result
@@ -166,6 +167,8 @@ def _check_result(result: dict[str, Any], log_path: Optional[Path]) -> dict[str,
     if result["kind"] == "unsupported_output":
         raise UnsupportedModelError(f"the model returns something other than tensors ({result['message']}); "
                                     "only tensor outputs are supported")
+    if result["kind"] == "unsupported_node":  # TVM's converter for an op cannot convert this node
+        raise UnsupportedModelError(result["message"])
     if result["kind"] == "pass":  # a pass the user asked for cannot handle the model
         raise UnsupportedModelError(result["message"])
     if result["kind"] == "target":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import functools
 from collections import Counter
 from typing import Optional
@@ -61,7 +62,13 @@ def to_relax(model: onnx.ModelProto, dim_upper_bounds: Optional[dict[str, int]] 
     _keep_symbolic_range_lengths()
     apply_conformance_overrides()
     # Weights become constants of the module so the compiled library is self-contained.
-    mod = from_onnx(model, keep_params_in_input=False)
+    try:
+        mod = from_onnx(model, keep_params_in_input=False)
+    except AssertionError as e:  # e.g. MaxPool's Indices output, which TVM's converter does not produce
+        found = re.search(r"Missing outputs during conversion.* in (\w+)", str(e))
+        if not found:
+            raise
+        raise ConversionError(found.group(1), "it computes fewer outputs than the node has") from None
     if dim_upper_bounds:
         mod["main"] = mod["main"].with_attr("tir_var_upper_bound", dict(dim_upper_bounds))
     return mod
@@ -103,6 +110,7 @@ def apply_conformance_overrides() -> None:
     """Converters TVM 0.27 lacks or gets wrong, found by benchmarks/onnx_node_tests."""
     _fold_variadic_pairwise()
     _add_loss_converters()
+    _name_failing_converter()
 
 
 @functools.lru_cache(maxsize=1)
@@ -180,3 +188,32 @@ def _add_loss_converters() -> None:
         return table
 
     onnx_frontend._get_convert_map = convert_map
+
+
+class ConversionError(Exception):
+    """TVM's importer has a converter for the op but cannot convert this node of a valid model (dynamic
+    axes, pads or sizes; a type combination it lacks): the model is unsupported, not an mlc bug."""
+
+    def __init__(self, op: str, reason: str):
+        super().__init__(f"TVM's ONNX importer cannot convert a {op} node ({reason}); replace or decompose it in "
+                         "the source model (constant axes, shapes and sizes import) before compiling")
+        self.op = op
+
+
+@functools.lru_cache(maxsize=1)
+def _name_failing_converter() -> None:
+    """Any converter failure -> ConversionError naming the op."""
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    original = onnx_frontend.ONNXGraphImporter._convert_operator
+
+    def convert_operator(self, op_name, *args, **kwargs):
+        try:
+            return original(self, op_name, *args, **kwargs)
+        except ConversionError:
+            raise
+        except Exception as e:  # noqa: BLE001 - converters raise anything (NotImplementedError, ValueError, TVMError)
+            lines = str(e).strip().splitlines() or [type(e).__name__]
+            raise ConversionError(op_name, lines[0][:200]) from e
+
+    onnx_frontend.ONNXGraphImporter._convert_operator = convert_operator

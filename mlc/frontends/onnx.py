@@ -31,6 +31,7 @@ class InputSpec:
     dtype: str  # numpy dtype name
     shape: list  # int or symbolic name per axis
     value_range: Optional[tuple[int, int]] = None  # inclusive, for inputs that index a table
+    divisor: bool = False  # an integer Div/Mod divisor: the reference inputs avoid 0 (it traps in compiled code)
 
 
 @dataclass
@@ -156,6 +157,11 @@ def _attach_index_ranges(model: onnx.ModelProto, specs: list[InputSpec]) -> None
                 aliases[node.output[0]] = source
     by_name = {s.name: s for s in specs}
     for node in model.graph.node:
+        # Integer divisors: a zero in the reference inputs would trap (SIGFPE) in the compiled code.
+        if node.op_type in ("Div", "Mod") and len(node.input) > 1 and node.input[1] in by_name:
+            spec = by_name[node.input[1]]
+            spec.divisor = np.dtype(spec.dtype).kind in "iu"
+    for node in model.graph.node:
         if node.op_type != "Gather" or len(node.input) < 2 or node.input[1] not in aliases:
             continue
         table = tables.get(node.input[0])
@@ -260,8 +266,8 @@ def make_inputs(specs: list[InputSpec], shapes: dict[str, list[int]], seed: int 
         elif "mask" in spec.name.lower():
             value = np.ones(shape, dtype)
         else:
-            hi = spec.value_range[1] if spec.value_range else 3
-            value = rng.integers(0, hi + 1, size=shape).astype(dtype)
+            lo, hi = spec.value_range if spec.value_range else (int(spec.divisor), 3)
+            value = rng.integers(lo, max(lo, hi) + 1, size=shape).astype(dtype)
         feeds[spec.name] = value
     return feeds
 
