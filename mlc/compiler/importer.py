@@ -111,6 +111,7 @@ def apply_conformance_overrides() -> None:
     _fold_variadic_pairwise()
     _add_loss_converters()
     _name_failing_converter()
+    _layer_norm_statistics()
 
 
 @functools.lru_cache(maxsize=1)
@@ -217,3 +218,32 @@ def _name_failing_converter() -> None:
             raise ConversionError(op_name, lines[0][:200]) from e
 
     onnx_frontend.ONNXGraphImporter._convert_operator = convert_operator
+
+
+@functools.lru_cache(maxsize=1)
+def _layer_norm_statistics() -> None:
+    """LayerNormalization's optional Mean and InvStdDev outputs: TVM returns scalar placeholders; compute
+    them over the normalized axes, kept as size-1 dims, in the stash type (unused, they are dead code)."""
+    from tvm import relax
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    original = onnx_frontend.LayerNormalization._impl_v17.__func__
+
+    def impl(cls, bb, inputs, attr, params):
+        result = original(cls, bb, inputs, attr, params)
+        data = inputs[0]
+        shape = getattr(data.ty, "shape", None)
+        if shape is None:
+            return result
+        rank = len(shape)
+        axis = attr.get("axis", -1)
+        axis = axis + rank if axis < 0 else axis
+        axes = list(range(axis, rank))
+        stash = "float32" if attr.get("stash_type", 1) == 1 else str(data.ty.dtype)
+        x = data if str(data.ty.dtype) == stash else relax.op.astype(data, stash)
+        mean = bb.normalize(relax.op.mean(x, axes, keepdims=True))
+        variance = relax.op.mean(relax.op.square(relax.op.subtract(x, mean)), axes, keepdims=True)
+        inv_std = relax.op.rsqrt(relax.op.add(variance, relax.const(attr.get("epsilon", 1e-5), stash)))
+        return relax.Tuple([result[0], mean, inv_std])
+
+    onnx_frontend.LayerNormalization._impl_v17 = classmethod(impl)
