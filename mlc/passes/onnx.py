@@ -166,6 +166,13 @@ def constant_folding(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
         slimmed = onnxslim.slim(model, skip_fusion_patterns=["FusionGemm"])
     if slimmed is None:
         raise PassFailed("onnxslim returned no model")
+    # onnxslim drops graph inputs no node reads (CastLike's `like`); they stay: the artifact takes them.
+    weights = {t.name for t in model.graph.initializer}
+    by_name = {i.name: i for i in slimmed.graph.input}
+    if any(i.name not in by_name for i in model.graph.input if i.name not in weights):
+        ordered = [by_name.pop(i.name, i) for i in model.graph.input if i.name in by_name or i.name not in weights]
+        del slimmed.graph.input[:]
+        slimmed.graph.input.extend(ordered + list(by_name.values()))
     return slimmed
 
 
