@@ -112,6 +112,7 @@ def apply_conformance_overrides() -> None:
     _add_loss_converters()
     _name_failing_converter()
     _layer_norm_statistics()
+    _pow_mixed_types()
 
 
 @functools.lru_cache(maxsize=1)
@@ -247,3 +248,28 @@ def _layer_norm_statistics() -> None:
         return relax.Tuple([result[0], mean, inv_std])
 
     onnx_frontend.LayerNormalization._impl_v17 = classmethod(impl)
+
+
+@functools.lru_cache(maxsize=1)
+def _pow_mixed_types() -> None:
+    """Pow with a base and an exponent of different types (ONNX allows it; the result has the base's type), or
+    an integer base: TVM's power needs one float type. A float base takes the exponent cast to it; an integer
+    base is raised in float64 and cast back."""
+    from tvm import relax
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    original = onnx_frontend.Pow._impl_v7.__func__
+
+    def impl(cls, bb, inputs, attr, params):
+        base, exponent = inputs[0], inputs[1]
+        base_type = str(getattr(getattr(base, "ty", None), "dtype", ""))
+        exponent_type = str(getattr(getattr(exponent, "ty", None), "dtype", ""))
+        floating = base_type.startswith(("float", "bfloat"))
+        if not base_type or not exponent_type or floating and base_type == exponent_type:
+            return original(cls, bb, inputs, attr, params)
+        if floating:
+            return relax.op.power(base, relax.op.astype(exponent, base_type))
+        wide = relax.op.power(relax.op.astype(base, "float64"), relax.op.astype(exponent, "float64"))
+        return relax.op.astype(wide, base_type)
+
+    onnx_frontend.Pow._impl_v7 = classmethod(impl)

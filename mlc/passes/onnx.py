@@ -45,10 +45,11 @@ def prune_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
                 used |= {i for sub in g.node for i in sub.input}
     keep = [t for t in model.graph.initializer if t.name in used]
     if len(keep) != len(model.graph.initializer):
+        dropped = {t.name for t in model.graph.initializer} - {t.name for t in keep}
         del model.graph.initializer[:]
         model.graph.initializer.extend(keep)
-        names = {t.name for t in keep}
-        inputs = [i for i in model.graph.input if i.name in names or i.name in used]
+        # Inputs that were dropped weights go; real inputs stay even when unread (the artifact takes them).
+        inputs = [i for i in model.graph.input if i.name not in dropped]
         del model.graph.input[:]
         model.graph.input.extend(inputs)
     return model
