@@ -68,3 +68,26 @@ def test_out_of_scope_is_classified(node_tests):
     record = node_tests.run_case("test_sequence_insert_at_back")
     assert record["mlc"]["stage"] == "out_of_scope" and "sequence" in record["mlc"]["reason"]
     assert record["ort"]["pass"]
+
+
+@pytest.mark.parametrize("op, keepdims", [("ReduceSum", 1), ("ReduceMax", 0), ("ReduceProd", 1), ("ReduceLogSumExp", 0)])
+def test_reduce_empty_sets_pass_keeps_values(op, keepdims):
+    """The pass turns a reduction over a size-0 axis into its identity constant; ONNX Runtime agrees."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from mlc.passes.onnx_rewrites import reduce_empty_sets
+
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    graph = helper.make_graph([helper.make_node(op, ["x", "axes"], ["y"], keepdims=keepdims)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 0, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [axes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    rewritten = reduce_empty_sets(model, {})
+    assert [n.op_type for n in rewritten.graph.node] == ["Constant"]
+    feeds = {"x": np.zeros((2, 0, 4), np.float32)}
+    before, after = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+                     for m in (model, rewritten))
+    assert before.shape == after.shape == ((2, 1, 4) if keepdims else (2, 4))
+    np.testing.assert_array_equal(before, after)
