@@ -20,7 +20,8 @@ def _opset6_model() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     IR 3, weights listed as graph inputs too."""
     rng = np.random.default_rng(1)
     weights = {"s": rng.standard_normal(3), "b": rng.standard_normal(3), "m": rng.standard_normal(3),
-               "v": np.abs(rng.standard_normal(3)) + 0.5, "w": rng.standard_normal((4, 48)), "c": rng.standard_normal(4)}
+               "v": np.abs(rng.standard_normal(3)) + 0.5, "w": rng.standard_normal((4, 48)),
+               "c": rng.standard_normal(4)}
     weights = {k: v.astype(np.float32) for k, v in weights.items()}
     nodes = [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["bn"], is_test=1, epsilon=1e-5),
              helper.make_node("AveragePool", ["bn"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),

@@ -44,6 +44,7 @@ PARAMETER_SLOTS = {
     "BlackmanWindow": {0}, "HannWindow": {0}, "HammingWindow": {0}, "MelWeightMatrix": {0, 1, 2, 3, 4},
     "ReduceL1": {1}, "ReduceL2": {1}, "ReduceLogSum": {1}, "ReduceLogSumExp": {1}, "ReduceMax": {1},
     "ReduceMean": {1}, "ReduceMin": {1}, "ReduceProd": {1}, "ReduceSum": {1}, "ReduceSumSquare": {1},
+    "LSTM": {1, 2, 3, 7}, "GRU": {1, 2, 3}, "RNN": {1, 2, 3},  # weights (and peepholes)
 }
 
 
@@ -172,7 +173,8 @@ def compare(expected: Any, actual: Any, where: str = "") -> Optional[str]:
         close = np.isclose(a64, e64, rtol=RTOL, atol=ATOL, equal_nan=True) | same_nan
         if not close.all():
             err = np.abs(np.where(close, 0, a64 - e64))
-            return f"{where}: {int((~close).sum())}/{close.size} values differ, max abs error {float(np.nanmax(err)):.3g}"
+            return (f"{where}: {int((~close).sum())}/{close.size} values differ, "
+                    f"max abs error {float(np.nanmax(err)):.3g}")
         return None
     if expected.dtype.kind in "OSU":
         return None if (expected == actual).all() else f"{where}: strings differ"
@@ -313,7 +315,8 @@ class Pool:
             if self.progress:
                 mlc, ort = result.get("mlc", {}), result.get("ort", {})
                 flag = "pass" if mlc.get("pass") else mlc.get("stage", "?")
-                print(f"[{len(self.results)}/{self.total}] {result['name']}: ort {'pass' if ort.get('pass') else 'FAIL'}"
+                print(f"[{len(self.results)}/{self.total}] {result['name']}: "
+                      f"ort {'pass' if ort.get('pass') else 'FAIL'}"
                       f", mlc {flag} ({result.get('time_s', '-')} s)", flush=True)
 
     def _lost(self, name: str, stage: str, reason: str, started: float) -> None:
@@ -431,7 +434,8 @@ def markdown(doc: dict) -> str:
     s, m = doc["summary"], doc["machine"]
     lines = [f"# ONNX backend node tests through mlc and ONNX Runtime ({doc['selection']})", "",
              f"onnx {doc['versions']['onnx']}, onnxruntime {doc['versions']['onnxruntime']}, "
-             f"apache-tvm {doc['versions']['apache-tvm']}; {m.get('cpu')}, {m.get('cores_usable')} cores, {m.get('date')}. "
+             f"apache-tvm {doc['versions']['apache-tvm']}; {m.get('cpu')}, {m.get('cores_usable')} cores, "
+             f"{m.get('date')}, commit {doc.get('commit', '?')}. "
              f"Tolerance rtol {RTOL}, atol {ATOL} (exact for integers and booleans).", "",
              ("Parameter inputs (axes, shapes, k, sizes: see PARAMETER_SLOTS in run.py) are compiled as constants "
               f"holding the shipped values, as deployed models hold them ({s['frozen']} cases)."
@@ -444,7 +448,8 @@ def markdown(doc: dict) -> str:
              f"- mlc exits 70 (internal) on {len(s['mlc_exit_70'])} case(s)", "",
              "## mlc failure classes where ONNX Runtime passes", "", "| cases | stage: reason |", "|---:|---|"]
     lines += [f"| {n} | {k.replace('|', '/')} |" for k, n in s["mlc_failure_classes_where_ort_passes"].items()]
-    lines += ["", "## Per op", "", "| op | cases | ORT pass | mlc pass | mlc pass where ORT passes | mlc failures (stage) |",
+    lines += ["", "## Per op", "",
+              "| op | cases | ORT pass | mlc pass | mlc pass where ORT passes | mlc failures (stage) |",
               "|---|---:|---:|---:|---:|---|"]
     by_op: dict[str, list[dict]] = collections.defaultdict(list)
     for c in doc["cases"]:
@@ -459,6 +464,14 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True,
+                              check=True).stdout.strip() or "?"
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--filter", help="only the test names this regular expression finds")
@@ -468,6 +481,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--batch", type=int, default=40, help="cases per child process")
     parser.add_argument("--timeout", type=float, default=240, help="seconds per case")
     parser.add_argument("--name", help="results name (default: node-tests-full / -every-N / -filtered)")
+    parser.add_argument("--rerun-failed", metavar="RESULTS_JSON",
+                        help="run again only the cases mlc failed in RESULTS_JSON (all of them, or those --filter "
+                             "finds) and write the merged results; the JSON records both runs' selections")
     parser.add_argument("--no-freeze-parameters", dest="freeze_parameters", action="store_false",
                         help="compile parameter inputs (axes, shapes, k) as runtime inputs, as the tests ship them")
     parser.add_argument("--worker-fd", type=int, help=argparse.SUPPRESS)
@@ -480,13 +496,19 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     from mlc.bench.machine import machine_info
 
-    names = list_cases(args.filter, args.every, args.limit)
+    base = json.loads(Path(args.rerun_failed).read_text()) if args.rerun_failed else None
+    if base:
+        names = [c["name"] for c in base["cases"] if not c["mlc"].get("pass")
+                 and c["mlc"].get("stage") != "out_of_scope" and (not args.filter or re.search(args.filter, c["name"]))]
+    else:
+        names = list_cases(args.filter, args.every, args.limit)
     selection = "all cases" if not args.filter and args.every == 1 and not args.limit else \
         f"{len(names)} cases: " + ", ".join(x for x in (f"filter {args.filter!r}" if args.filter else "",
                                                         f"every {args.every}th" if args.every > 1 else "",
                                                         f"limit {args.limit}" if args.limit else "") if x)
     name = args.name or ("node-tests-full" if selection == "all cases" else
-                         f"node-tests-every-{args.every}" if args.every > 1 and not args.filter else "node-tests-filtered")
+                         f"node-tests-every-{args.every}" if args.every > 1 and not args.filter
+                         else "node-tests-filtered")
     if not args.freeze_parameters and not args.name:
         name += "-raw"
     results_dir = HERE / "results"
@@ -496,16 +518,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         results = Pool(names, args.jobs, args.batch, args.timeout, Path(logs), progress=True,
                        freeze_parameters=args.freeze_parameters).run()
     cases = [results[n] for n in names if n in results]
+    if base:  # the earlier run's cases, with the ones run again replaced
+        cases = [results.get(c["name"], c) for c in base["cases"]]
+        selection = f"{base['selection']}; its {len(names)} mlc failures run again at {_commit()}"
+        name = args.name or Path(args.rerun_failed).stem + "-rerun"
     for c in cases:
         c["op"] = op_of(c["name"], c.get("ops", []))
     doc = {"selection": selection, "args": vars(args), "machine": machine_info(),
            "versions": {p: metadata.version(p) for p in ("onnx", "onnxruntime", "apache-tvm")},
-           "wall_s": round(time.monotonic() - start, 1), "tolerance": {"rtol": RTOL, "atol": ATOL},
+           "commit": _commit(), "wall_s": round(time.monotonic() - start, 1), "tolerance": {"rtol": RTOL, "atol": ATOL},
            "summary": summarise(cases), "cases": cases}
     (results_dir / f"{name}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     (HERE / f"{name}.md").write_text(markdown(doc))
     s = doc["summary"]
-    print(f"{s['cases']} cases: ONNX Runtime passes {s['ort_pass']}; mlc passes {s['mlc_pass_where_ort_passes']} of the "
+    print(f"{s['cases']} cases: ONNX Runtime passes {s['ort_pass']}; "
+          f"mlc passes {s['mlc_pass_where_ort_passes']} of the "
           f"{s['ort_pass_in_scope']} in-scope cases ONNX Runtime passes; written {results_dir / (name + '.json')}")
     return 0
 

@@ -14,8 +14,11 @@ from mlc.compiler.client import tvm_package_dir
 
 STANDARD_DOMAINS = {"", "ai.onnx"}
 _FRONTEND_SOURCE = "relax/frontend/onnx/onnx_frontend.py"
+# Ops the importer converts itself, outside its converter table.
+DIRECTLY_HANDLED = frozenset({"If"})
 # Ops TVM 0.27's importer has no converter for and mlc adds (apply_conformance_overrides).
-ADDED_CONVERTERS = frozenset({"NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss"})
+ADDED_CONVERTERS = frozenset({"NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "QLinearMatMul", "Celu",
+                              "CenterCropPad", "BlackmanWindow", "HannWindow", "HammingWindow", "MelWeightMatrix"})
 
 
 @functools.lru_cache(maxsize=1)
@@ -29,12 +32,12 @@ def supported_ops() -> frozenset[str]:
         table = next(n.value for n in ast.walk(func) if isinstance(n, ast.Return))
         keys = frozenset(k.value for k in table.keys if isinstance(k, ast.Constant) and isinstance(k.value, str))
         if keys:
-            return keys | ADDED_CONVERTERS
+            return keys | ADDED_CONVERTERS | DIRECTLY_HANDLED
     except (OSError, SyntaxError, StopIteration, AttributeError):
         pass
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    return frozenset(_get_convert_map()) | ADDED_CONVERTERS
+    return frozenset(_get_convert_map()) | ADDED_CONVERTERS | DIRECTLY_HANDLED
 
 
 def unsupported_ops(model: onnx.ModelProto) -> dict[str, dict]:
@@ -113,6 +116,7 @@ def apply_conformance_overrides() -> None:
     _name_failing_converter()
     _layer_norm_statistics()
     _pow_mixed_types()
+    _is_inf_signs()
 
 
 @functools.lru_cache(maxsize=1)
@@ -180,7 +184,8 @@ def _add_loss_converters() -> None:
             loss = nll(log_prob, inputs[1], optional(inputs, 2), attr)
             return relax.Tuple([loss, log_prob])
 
-    added = {"NegativeLogLikelihoodLoss": NegativeLogLikelihoodLoss, "SoftmaxCrossEntropyLoss": SoftmaxCrossEntropyLoss}
+    added = {"NegativeLogLikelihoodLoss": NegativeLogLikelihoodLoss, "SoftmaxCrossEntropyLoss": SoftmaxCrossEntropyLoss,
+             "QLinearMatMul": _qlinear_matmul_converter(), **_elementwise_and_shape_converters()}
     assert set(added) == ADDED_CONVERTERS
     original = onnx_frontend._get_convert_map
 
@@ -273,3 +278,144 @@ def _pow_mixed_types() -> None:
         return relax.op.astype(wide, base_type)
 
     onnx_frontend.Pow._impl_v7 = classmethod(impl)
+
+
+def _qlinear_matmul_converter():
+    """QLinearMatMul as ONNX defines it: (a - a_zp) @ (b - b_zp) in int32, times a_scale * b_scale / y_scale
+    (in the scales' type), plus y_zp, rounded half to even and saturated to y's type."""
+    import numpy as np
+    from tvm import relax
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    def dtype(x) -> str:
+        return str(x.ty.dtype)
+
+    def centred(x, zero_point, per_row: bool):
+        rank = len(getattr(zero_point.ty, "shape", None) or [])
+        zero_point = relax.op.astype(zero_point, "int32")
+        if per_row and rank == 1:  # a's zero point per row: [M] -> [M, 1]
+            zero_point = relax.op.expand_dims(zero_point, -1)
+        return relax.op.subtract(relax.op.astype(x, "int32"), zero_point)
+
+    class QLinearMatMul(onnx_frontend.OnnxOpConverter):
+        @classmethod
+        def _impl_v10(cls, bb, inputs, attr, params):
+            a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = inputs
+            product = bb.normalize(relax.op.matmul(bb.normalize(centred(a, a_zp, True)),
+                                                   bb.normalize(centred(b, b_zp, False))))
+            ratio = relax.op.divide(relax.op.multiply(a_scale, b_scale), y_scale)
+            scaled = relax.op.multiply(relax.op.astype(product, "float64"), relax.op.astype(ratio, "float64"))
+            shifted = relax.op.add(scaled, relax.op.astype(y_zp, "float64"))
+            out = dtype(y_zp)
+            info = np.iinfo(out)
+            rounded = _round_half_even(shifted)
+            clipped = relax.op.minimum(relax.op.maximum(rounded, relax.const(float(info.min), "float64")),
+                                       relax.const(float(info.max), "float64"))
+            return relax.op.astype(clipped, out)
+
+        _impl_v21 = _impl_v10
+
+    return QLinearMatMul
+
+
+def _round_half_even(x):
+    """numpy's rint: round half to even (TVM's round rounds halves away from zero)."""
+    from tvm import relax
+
+    floor = relax.op.floor(x)
+    diff = relax.op.subtract(x, floor)
+    half = relax.const(0.5, "float64")
+    up = relax.op.add(floor, relax.const(1.0, "float64"))
+    floor_is_even = relax.op.equal(relax.op.floor_mod(floor, relax.const(2.0, "float64")), relax.const(0.0, "float64"))
+    tie = relax.op.where(floor_is_even, floor, up)
+    return relax.op.where(relax.op.less(diff, half), floor, relax.op.where(relax.op.greater(diff, half), up, tie))
+
+
+def _elementwise_and_shape_converters() -> dict:
+    """Celu; CenterCropPad with a static input shape and a constant target shape (a slice, then a zero pad)."""
+    import tvm
+    from tvm import relax, topi
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    class Celu(onnx_frontend.OnnxOpConverter):
+        @classmethod
+        def _impl_v12(cls, bb, inputs, attr, params):
+            x = inputs[0]
+            dtype = str(x.ty.dtype)
+            alpha = relax.const(attr.get("alpha", 1.0), dtype)
+            zero = relax.const(0.0, dtype)
+            negative = relax.op.multiply(alpha, relax.op.subtract(relax.op.exp(relax.op.divide(x, alpha)),
+                                                                  relax.const(1.0, dtype)))
+            return relax.op.add(relax.op.maximum(zero, x), relax.op.minimum(zero, negative))
+
+    class CenterCropPad(onnx_frontend.OnnxOpConverter):
+        @classmethod
+        def _impl_v18(cls, bb, inputs, attr, params):
+            data, target = inputs[0], onnx_frontend.get_constant(inputs[1], params)
+            shape = [int(d) for d in data.ty.shape.values] if data.ty.shape is not None else None
+            if not isinstance(target, tvm.ir.GenericConst) or shape is None:
+                raise NotImplementedError("CenterCropPad needs a static input shape and a constant target shape")
+            sizes = [int(v) for v in target.value.numpy().reshape(-1)]
+            rank = len(shape)
+            axes = [a + rank if a < 0 else a for a in attr.get("axes", list(range(rank)))]
+            begin, end, before, after = [], [], [0] * rank, [0] * rank
+            for axis, size in zip(axes, sizes):
+                dim = shape[axis]
+                if size < dim:
+                    begin.append((dim - size) // 2)
+                    end.append((dim - size) // 2 + size)
+                else:
+                    begin.append(0)
+                    end.append(dim)
+                    before[axis] = (size - dim) // 2
+                    after[axis] = size - dim - before[axis]
+            out = relax.op.strided_slice(data, axes, begin, end)
+            if any(before) or any(after):
+                out = bb.emit_te(topi.nn.pad, bb.normalize(out), before, after, 0.0)
+            return out
+
+    def evaluated(op: str):
+        """An op whose inputs are all constants (a window's size, after mlc freezes it): onnx's reference
+        evaluator computes the values at import; the model holds them as a constant."""
+
+        class Evaluated(onnx_frontend.OnnxOpConverter):
+            @classmethod
+            def _impl_v17(cls, bb, inputs, attr, params):
+                from onnx import helper
+                from onnx.reference import ReferenceEvaluator
+
+                values = [onnx_frontend.get_constant(x, params) for x in inputs]
+                if not all(isinstance(v, tvm.ir.GenericConst) for v in values):
+                    raise NotImplementedError(f"{op} needs constant inputs")
+                names = [f"input{i}" for i in range(len(values))]
+                kept = {k: v for k, v in attr.items() if not k.startswith("tvm_")}  # TVM adds its own
+                node = helper.make_node(op, names, ["output"], **kept)
+                result = ReferenceEvaluator(node).run(None, {n: v.value.numpy() for n, v in zip(names, values)})[0]
+                return relax.const(result, str(result.dtype))
+
+        Evaluated.__name__ = op
+        return Evaluated
+
+    windows = {op: evaluated(op) for op in ("BlackmanWindow", "HannWindow", "HammingWindow", "MelWeightMatrix")}
+    return {"Celu": Celu, "CenterCropPad": CenterCropPad, **windows}
+
+
+@functools.lru_cache(maxsize=1)
+def _is_inf_signs() -> None:
+    """IsInf's detect_positive / detect_negative: TVM ignores them and reports both infinities."""
+    from tvm import relax
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    def impl(cls, bb, inputs, attr, params):
+        x = inputs[0]
+        positive, negative = attr.get("detect_positive", 1), attr.get("detect_negative", 1)
+        infinite = relax.op.isinf(x)
+        if positive and negative:
+            return infinite
+        zero = relax.const(0, str(x.ty.dtype))
+        if positive or negative:
+            sign = relax.op.greater(x, zero) if positive else relax.op.less(x, zero)
+            return relax.op.logical_and(infinite, sign)
+        return relax.op.logical_and(infinite, relax.op.isnan(x))  # neither: all false
+
+    onnx_frontend.IsInf._impl_v10 = classmethod(impl)

@@ -32,6 +32,7 @@ class InputSpec:
     shape: list  # int or symbolic name per axis
     value_range: Optional[tuple[int, int]] = None  # inclusive, for inputs that index a table
     divisor: bool = False  # an integer Div/Mod divisor: the reference inputs avoid 0 (it traps in compiled code)
+    index_limit: Optional[int] = None  # indexes an input's axis of this size: the reference inputs stay below it
 
 
 @dataclass
@@ -161,6 +162,7 @@ def _attach_index_ranges(model: onnx.ModelProto, specs: list[InputSpec]) -> None
         if node.op_type in ("Div", "Mod") and len(node.input) > 1 and node.input[1] in by_name:
             spec = by_name[node.input[1]]
             spec.divisor = np.dtype(spec.dtype).kind in "iu"
+    _attach_index_limits(model, by_name)
     for node in model.graph.node:
         if node.op_type != "Gather" or len(node.input) < 2 or node.input[1] not in aliases:
             continue
@@ -173,6 +175,28 @@ def _attach_index_ranges(model: onnx.ModelProto, specs: list[InputSpec]) -> None
             continue
         hi = table[axis] - 1
         spec.value_range = (0, hi if spec.value_range is None else min(hi, spec.value_range[1]))
+
+
+# Ops whose input 1 indexes input 0 (ScatterND and GatherND index its leading axes).
+_INDEXING = {"Gather", "GatherElements", "GatherND", "ScatterElements", "ScatterND"}
+
+
+def _attach_index_limits(model: onnx.ModelProto, by_name: dict[str, InputSpec]) -> None:
+    """Integer inputs that index another input's axis get that axis' size as a limit for the reference
+    inputs (not enforced at run time, unlike a table's range: negative indices are valid ONNX)."""
+    shapes = {name: [d for d in spec.shape] for name, spec in by_name.items()}
+    shapes.update({t.name: list(t.dims) for t in model.graph.initializer})
+    for node in model.graph.node:
+        if node.op_type not in _INDEXING or len(node.input) < 2 or node.input[1] not in by_name:
+            continue
+        data, spec = shapes.get(node.input[0]), by_name[node.input[1]]
+        if not data or np.dtype(spec.dtype).kind not in "iu":
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        dims = data if node.op_type.endswith("ND") else [data[axis]] if -len(data) <= axis < len(data) else []
+        sizes = [d for d in dims if isinstance(d, int)]
+        if sizes:
+            spec.index_limit = min(sizes + ([spec.index_limit] if spec.index_limit else []))
 
 
 def parse_input_shape(text: str) -> tuple[Optional[str], list[int]]:
@@ -267,6 +291,8 @@ def make_inputs(specs: list[InputSpec], shapes: dict[str, list[int]], seed: int 
             value = np.ones(shape, dtype)
         else:
             lo, hi = spec.value_range if spec.value_range else (int(spec.divisor), 3)
+            if spec.index_limit:
+                hi = min(hi, spec.index_limit - 1)
             value = rng.integers(lo, max(lo, hi) + 1, size=shape).astype(dtype)
         feeds[spec.name] = value
     return feeds
