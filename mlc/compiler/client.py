@@ -75,7 +75,7 @@ def compile_in_worker(
 
 
 # A failure of these kinds is the model's or the user's: the log holds nothing worth keeping.
-_USER_KINDS = ("unsupported", "unsupported_output", "target", "pass")
+_USER_KINDS = ("unsupported", "unsupported_node", "unsupported_output", "target", "pass")
 
 
 def _check_result(result: _proc.WorkerResult, log_path: Optional[Path]) -> dict[str, Any]:
@@ -89,6 +89,8 @@ def _check_result(result: _proc.WorkerResult, log_path: Optional[Path]) -> dict[
     if result.kind == "unsupported_output":
         raise UnsupportedModelError(f"the model returns something other than tensors ({result.message}); "
                                     "only tensor outputs are supported")
+    if result.kind == "unsupported_node":  # TVM's converter for an op cannot convert this node
+        raise UnsupportedModelError(result.message)
     if result.kind == "pass":  # a pass the user asked for cannot handle the model
         raise UnsupportedModelError(result.message)
     if result.kind == "target":

@@ -190,6 +190,8 @@ def compile_request(request: dict) -> dict:
         kernels = _write_device_sources(executable, request["kernels_dir"]) if request.get("kernels_dir") else {}
         return {"ok": True, "tvm_version": tvm.__version__, "outputs": outputs, "timings": timings, "kernels": kernels,
                 "schedules": schedule_report, "passes": passes}
+    except importer.ConversionError as e:  # a valid model TVM cannot import: exit 1 naming the op, not 70
+        return {"ok": False, "kind": "unsupported_node", "message": str(e)}
     except Exception as e:
         traceback.print_exc()  # into the log file the parent points the user to
         return {"ok": False, "kind": "compile", "stage": stage, "message": summarize(e)}

@@ -31,6 +31,8 @@ class InputSpec:
     dtype: str  # numpy dtype name
     shape: list  # int or symbolic name per axis
     value_range: Optional[tuple[int, int]] = None  # inclusive, for inputs that index a table
+    divisor: bool = False  # an integer Div/Mod divisor: the reference inputs avoid 0 (it traps in compiled code)
+    index_limit: Optional[int] = None  # indexes an input's axis of this size: the reference inputs stay below it
 
 
 @dataclass
@@ -157,6 +159,12 @@ def _attach_index_ranges(model: onnx.ModelProto, specs: list[InputSpec]) -> None
                 aliases[node.output[0]] = source
     by_name = {s.name: s for s in specs}
     for node in model.graph.node:
+        # Integer divisors: a zero in the reference inputs would trap (SIGFPE) in the compiled code.
+        if node.op_type in ("Div", "Mod") and len(node.input) > 1 and node.input[1] in by_name:
+            spec = by_name[node.input[1]]
+            spec.divisor = np.dtype(spec.dtype).kind in "iu"
+    _attach_index_limits(model, by_name)
+    for node in model.graph.node:
         if node.op_type != "Gather" or len(node.input) < 2 or node.input[1] not in aliases:
             continue
         table = tables.get(node.input[0])
@@ -168,6 +176,28 @@ def _attach_index_ranges(model: onnx.ModelProto, specs: list[InputSpec]) -> None
             continue
         hi = table[axis] - 1
         spec.value_range = (0, hi if spec.value_range is None else min(hi, spec.value_range[1]))
+
+
+# Ops whose input 1 indexes input 0 (ScatterND and GatherND index its leading axes).
+_INDEXING = {"Gather", "GatherElements", "GatherND", "ScatterElements", "ScatterND"}
+
+
+def _attach_index_limits(model: onnx.ModelProto, by_name: dict[str, InputSpec]) -> None:
+    """Integer inputs that index another input's axis get that axis' size as a limit for the reference
+    inputs (not enforced at run time, unlike a table's range: negative indices are valid ONNX)."""
+    shapes = {name: [d for d in spec.shape] for name, spec in by_name.items()}
+    shapes.update({t.name: list(t.dims) for t in model.graph.initializer})
+    for node in model.graph.node:
+        if node.op_type not in _INDEXING or len(node.input) < 2 or node.input[1] not in by_name:
+            continue
+        data, spec = shapes.get(node.input[0]), by_name[node.input[1]]
+        if not data or np.dtype(spec.dtype).kind not in "iu":
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        dims = data if node.op_type.endswith("ND") else [data[axis]] if -len(data) <= axis < len(data) else []
+        sizes = [d for d in dims if isinstance(d, int)]
+        if sizes:
+            spec.index_limit = min(sizes + ([spec.index_limit] if spec.index_limit else []))
 
 
 def parse_input_shape(text: str) -> tuple[Optional[str], list[int]]:
@@ -263,24 +293,76 @@ def make_inputs(specs: list[InputSpec], shapes: dict[str, list[int]], seed: int 
         elif "mask" in spec.name.lower():
             value = np.ones(shape, dtype)
         else:
-            hi = spec.value_range[1] if spec.value_range else 3
-            value = rng.integers(0, hi + 1, size=shape).astype(dtype)
+            lo, hi = spec.value_range if spec.value_range else (int(spec.divisor), 3)
+            if spec.index_limit:
+                hi = min(hi, spec.index_limit - 1)
+            value = rng.integers(lo, max(lo, hi) + 1, size=shape).astype(dtype)
         feeds[spec.name] = value
     return feeds
 
 
+# Old opsets (< 7) have no ONNX Runtime kernels; onnx's version converter upgrades them to this one.
+CONVERSION_OPSET = 13
+
+
 def onnxruntime_reference(path: Path, inputs: dict[str, np.ndarray]) -> Reference:
-    """Run the model as given by the user with ONNX Runtime on `inputs`."""
+    """Run the model as given by the user with ONNX Runtime on `inputs`. When ONNX Runtime cannot
+    (an old opset, an op or type it lacks), run it on onnx's opset-13 conversion, or else with onnx's
+    reference evaluator; `Reference.producer` names which one computed the outputs."""
+    try:
+        return _run_onnxruntime(str(path), inputs, "")
+    except Exception as e:  # onnxruntime raises its own untyped exceptions
+        ort_error = _first_line(e)
+    try:
+        model = onnx.load(str(path))
+    except Exception:  # noqa: BLE001 - ORT's message is the one to show
+        model = None
+    if model is not None:
+        converted = _upgraded(model)
+        if converted is not None:
+            try:
+                return _run_onnxruntime(converted.SerializeToString(), inputs,
+                                        f" on the opset-{CONVERSION_OPSET} conversion")
+            except Exception:  # noqa: BLE001 - fall through to the reference evaluator
+                pass
+        try:
+            return _reference_evaluator(model, inputs)
+        except Exception as e:  # noqa: BLE001 - onnx's evaluator raises anything numpy raises
+            raise InputError(f"ONNX Runtime cannot run {path.name} on the reference inputs: {ort_error}; "
+                             f"nor can onnx's reference evaluator: {_first_line(e)}") from None
+    raise InputError(f"ONNX Runtime cannot run {path.name} on the reference inputs: {ort_error}")
+
+
+def _run_onnxruntime(model: str | bytes, inputs: dict[str, np.ndarray], how: str) -> Reference:
     import onnxruntime as ort
 
     ort.set_default_logger_severity(3)
     options = ort.SessionOptions()
     options.log_severity_level = 4  # failures are reported by the exception, not printed on the terminal
-    try:
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        names = [o.name for o in session.get_outputs()]
-        values = session.run(names, inputs)
-    except Exception as e:  # onnxruntime raises its own untyped exceptions
-        raise InputError(f"ONNX Runtime cannot run {path.name} on the reference inputs: {_first_line(e)}") from None
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    values = session.run(names, inputs)
     outputs = {name: np.asarray(v) for name, v in zip(names, values)}
-    return Reference(producer=f"onnxruntime {ort.__version__}", inputs=inputs, outputs=outputs)
+    return Reference(producer=f"onnxruntime {ort.__version__}{how}", inputs=inputs, outputs=outputs)
+
+
+def _upgraded(model: onnx.ModelProto) -> Optional[onnx.ModelProto]:
+    """The model converted to CONVERSION_OPSET, or None if it is already that new or cannot be converted."""
+    from onnx import version_converter
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or opset >= CONVERSION_OPSET:
+        return None
+    try:
+        return version_converter.convert_version(model, CONVERSION_OPSET)
+    except Exception:  # noqa: BLE001 - the converter raises RuntimeError or its C++ errors
+        return None
+
+
+def _reference_evaluator(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> Reference:
+    from onnx.reference import ReferenceEvaluator
+
+    names = [o.name for o in model.graph.output]
+    values = ReferenceEvaluator(model).run(None, dict(inputs))
+    outputs = {name: np.asarray(v) for name, v in zip(names, values)}
+    return Reference(producer=f"onnx {onnx.__version__} reference evaluator", inputs=inputs, outputs=outputs)

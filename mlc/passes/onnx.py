@@ -45,10 +45,11 @@ def prune_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
                 used |= {i for sub in g.node for i in sub.input}
     keep = [t for t in model.graph.initializer if t.name in used]
     if len(keep) != len(model.graph.initializer):
+        dropped = {t.name for t in model.graph.initializer} - {t.name for t in keep}
         del model.graph.initializer[:]
         model.graph.initializer.extend(keep)
-        names = {t.name for t in keep}
-        inputs = [i for i in model.graph.input if i.name in names or i.name in used]
+        # Inputs that were dropped weights go; real inputs stay even when unread (the artifact takes them).
+        inputs = [i for i in model.graph.input if i.name not in dropped]
         del model.graph.input[:]
         model.graph.input.extend(inputs)
     return model
@@ -216,6 +217,13 @@ def constant_folding(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
         slimmed = onnxslim.slim(with_inferred_shapes(model), skip_fusion_patterns=["FusionGemm"], no_shape_infer=True)
     if slimmed is None:
         raise PassFailed("onnxslim returned no model")
+    # onnxslim drops graph inputs no node reads (CastLike's `like`); they stay: the artifact takes them.
+    weights = {t.name for t in model.graph.initializer}
+    by_name = {i.name: i for i in slimmed.graph.input}
+    if any(i.name not in by_name for i in model.graph.input if i.name not in weights):
+        ordered = [by_name.pop(i.name, i) for i in model.graph.input if i.name in by_name or i.name not in weights]
+        del slimmed.graph.input[:]
+        slimmed.graph.input.extend(ordered + list(by_name.values()))
     return slimmed
 
 

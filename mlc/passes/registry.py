@@ -65,6 +65,7 @@ class Pass:
 _ONNX = "mlc.passes.onnx"
 _RNN = "mlc.passes.rnn"
 _RELAX = "mlc.passes.relax"
+_REWRITES = "mlc.passes.onnx_rewrites"
 
 # Declaration order is execution order within each level.
 PASSES: tuple[Pass, ...] = (
@@ -73,6 +74,10 @@ PASSES: tuple[Pass, ...] = (
          "unrolled over the sequence (its length must be static; batch stays dynamic). All directions, "
          "layouts, given or absent initial states, peepholes, clip, activations; not sequence_lens.",
          0, f"{_RNN}:lower_rnn"),
+    Pass("reduce_empty_sets", "onnx",
+         "a reduction over an axis of size 0 -> a constant of its identity (0, 1, -inf, +inf); TVM reduces the "
+         "empty axis into uninitialised memory",
+         0, f"{_REWRITES}:reduce_empty_sets"),
     Pass("eliminate_dead_nodes", "onnx",
          "drop Identity, inference Dropout, Casts to the same type and nodes no output depends on",
          1, f"{_ONNX}:eliminate_dead_nodes"),

@@ -204,8 +204,12 @@ def _bind_dims(spec: Mapping[str, Any], array: np.ndarray, dims: dict[str, int])
 
 
 def aligned(array: np.ndarray) -> np.ndarray:
-    """`array` itself when C-contiguous and 64-byte aligned, else an aligned copy."""
-    if array.size == 0 or (array.flags.c_contiguous and array.ctypes.data % _ALIGNMENT == 0):
+    """`array` itself when C-contiguous, writeable (DLPack cannot export a read-only one) and 64-byte aligned,
+    else an aligned copy."""
+    if array.size == 0:  # numpy gives empty arrays zero strides; TVM checks for the compact ones
+        strides = [int(np.prod(array.shape[i + 1:])) * array.itemsize for i in range(array.ndim)]
+        return np.lib.stride_tricks.as_strided(np.empty(1, array.dtype), array.shape, strides)
+    if array.flags.c_contiguous and array.flags.writeable and array.ctypes.data % _ALIGNMENT == 0:
         return array
     raw = np.empty(array.nbytes + _ALIGNMENT, dtype=np.uint8)
     start = -raw.ctypes.data % _ALIGNMENT

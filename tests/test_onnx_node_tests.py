@@ -1,0 +1,97 @@
+"""A fast subset of the ONNX backend node tests (benchmarks/onnx_node_tests/run.py runs them all): every
+op mlc fixed for conformance, through mlc (compiled for x86 in this process, run on the shipped inputs)
+and ONNX Runtime. mlc must pass each case ONNX Runtime passes; cases TVM cannot import exit 1, not 70."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+RUN = Path(__file__).resolve().parent.parent / "benchmarks" / "onnx_node_tests" / "run.py"
+
+
+@pytest.fixture(scope="module")
+def node_tests():
+    spec = importlib.util.spec_from_file_location("onnx_node_tests_run", RUN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PASSING = [
+    # Max/Min/Sum/Mean fold pairwise (TVM's stack-and-reduce failed to build)
+    "test_max_example", "test_min_one_input", "test_sum_two_inputs", "test_mean_example", "test_max_int32",
+    # NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss converters
+    "test_nllloss_NCd1_weight_ii", "test_nllloss_NCd1d2_reduction_mean", "test_sce_mean_weight_ii_4d_log_prob",
+    "test_sce_NCd1d2d3_none_no_weight_negative_ii_expanded",
+    # LayerNormalization's Mean and InvStdDev outputs
+    "test_layer_normalization_4d_axis1", "test_layer_normalization_2d_axis_negative_2",
+    # Pow with mixed or integer types; reductions over an empty axis (reduce_empty_sets pass)
+    "test_pow_types_int32_float32", "test_pow_types_int64_int64", "test_pow_types_float32_int32",
+    "test_reduce_sum_empty_set", "test_reduce_min_empty_set", "test_reduce_log_sum_exp_empty_set_expanded",
+    # CastLike's `like` input, read by no node, stays an input of the artifact
+    "test_castlike_DOUBLE_to_FLOAT16_expanded",
+    # QLinearMatMul, Celu, CenterCropPad; window functions and MelWeightMatrix evaluated at import
+    "test_qlinearmatmul_2D_uint8_float32", "test_qlinearmatmul_3D_uint8_float16", "test_celu",
+    "test_center_crop_pad_crop_and_pad", "test_center_crop_pad_crop_negative_axes_hwc", "test_hannwindow_symmetric",
+    "test_melweightmatrix",
+    # ConvertLayout skipped where its layout inference fails
+    "test_squeeze_negative_axes", "test_unique_not_sorted_without_axis",
+    # the weight-packing split skipped where it fails
+    "test_top_k_smallest", "test_scatter_elements_with_reduction_min", "test_cumsum_1d_exclusive",
+    # parameter inputs compiled as constants
+    "test_reduce_sum_do_not_keepdims_example", "test_slice_neg_steps",
+    # integer divisors: no zero in the reference inputs
+    "test_div_uint8", "test_mod_uint16",
+    # read-only feeds
+    "test_clip",
+    # plain ops, as a baseline
+    "test_abs", "test_add_bcast", "test_conv_with_strides_padding", "test_softmax_axis_0", "test_matmul_2d",
+]
+UNSUPPORTED = ["test_maxpool_with_argmax_2d_precomputed_strides", "test_center_crop_pad_crop_axes_chw_expanded"]
+
+
+@pytest.mark.parametrize("name", PASSING)
+def test_mlc_passes_where_onnxruntime_passes(node_tests, name):
+    record = node_tests.run_case(name)
+    assert record["ort"]["pass"], record["ort"]
+    assert record["mlc"]["pass"], record["mlc"]
+
+
+@pytest.mark.parametrize("name", UNSUPPORTED)
+def test_unimportable_node_is_a_user_error(node_tests, name):
+    record = node_tests.run_case(name)
+    assert record["ort"]["pass"], record["ort"]
+    assert record["mlc"]["stage"] == "unsupported" and record["mlc"]["exit_code"] == 1, record["mlc"]
+    assert "TVM's ONNX importer cannot convert a" in record["mlc"]["reason"]
+
+
+def test_out_of_scope_is_classified(node_tests):
+    record = node_tests.run_case("test_sequence_insert_at_back")
+    assert record["mlc"]["stage"] == "out_of_scope" and "sequence" in record["mlc"]["reason"]
+    assert record["ort"]["pass"]
+
+
+@pytest.mark.parametrize("op, keepdims", [("ReduceSum", 1), ("ReduceMax", 0), ("ReduceProd", 1), ("ReduceLogSumExp", 0)])
+def test_reduce_empty_sets_pass_keeps_values(op, keepdims):
+    """The pass turns a reduction over a size-0 axis into its identity constant; ONNX Runtime agrees."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from mlc.passes.onnx_rewrites import reduce_empty_sets
+
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    graph = helper.make_graph([helper.make_node(op, ["x", "axes"], ["y"], keepdims=keepdims)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 0, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [axes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    rewritten = reduce_empty_sets(model, {})
+    assert [n.op_type for n in rewritten.graph.node] == ["Constant"]
+    feeds = {"x": np.zeros((2, 0, 4), np.float32)}
+    before, after = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+                     .run(None, feeds)[0] for m in (model, rewritten))
+    assert before.shape == after.shape == ((2, 1, 4) if keepdims else (2, 4))
+    np.testing.assert_array_equal(before, after)
