@@ -391,7 +391,7 @@ def relax_tools():
     tvm = pytest.importorskip("tvm")
     from tvm import relax
 
-    from mlc.passes import relax as relax_passes
+    from mlc.compiler import relax_passes
 
     return tvm, relax, relax_passes
 

@@ -306,7 +306,7 @@ def tune_request(request: dict) -> dict:
     start = time.time()
     target = tvm.target.Target(request["target"])
     register_intrinsics(target)
-    from mlc.passes import relax as relax_passes
+    from mlc.compiler import relax_passes
 
     mod = importer.to_relax(onnx.load(request["onnx"]))
     mod, _ = relax_passes.run(mod, request.get("relax_passes") or [], request["target"], None, fused_by_build=True)

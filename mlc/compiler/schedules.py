@@ -70,7 +70,7 @@ def _legalize_and_fuse(mod, target, notes: Optional[list[str]] = None):
     from tvm.relax.backend.cpu_generic import pipeline as cpu
 
     from mlc.compiler.sorting import portable_topk
-    from mlc.passes.relax import nan_preserving_legalizations
+    from mlc.compiler.relax_passes import nan_preserving_legalizations
 
     with target:
         mod = portable_topk(_convert_layout(mod, notes if notes is not None else []), target)

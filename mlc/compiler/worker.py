@@ -155,7 +155,7 @@ def compile_request(request: dict) -> dict:
         except TypeError as e:  # e.g. an output that is a shape, not a tensor
             return {"ok": False, "kind": "unsupported_output", "message": str(e)}
         stage = "passes"
-        from mlc.passes import relax as relax_passes
+        from mlc.compiler import relax_passes
 
         imported = mod
         # mlc.tuning's CPU build legalizes and fuses itself (its tuning keys are the kernels it fuses)

@@ -64,7 +64,7 @@ class Pass:
 
 _ONNX = "mlc.passes.onnx"
 _RNN = "mlc.passes.rnn"
-_RELAX = "mlc.passes.relax"
+_RELAX = "mlc.compiler.relax_passes"  # imports tvm: loaded only in the compiler worker
 _REWRITES = "mlc.passes.onnx_rewrites"
 
 # Declaration order is execution order within each level.
