@@ -23,9 +23,14 @@ from rich.table import Table
 from mlc import __version__
 from mlc.errors import ExitCode, MlcError
 
+# typer shows a flag's type as <bool>, which reads as if `--archive true` were accepted (it is a usage error).
+_option_type = typer.core.TyperOption.display_type_rich
+typer.core.TyperOption.display_type_rich = lambda self, ctx: None if self.is_flag else _option_type(self, ctx)
+
 app = typer.Typer(
     name="mlc",
-    help="Compile ONNX models with Apache TVM into verified, self-contained artifacts.",
+    help="Compile PyTorch, TensorFlow/Keras, PaddlePaddle and ONNX models with Apache TVM into verified, "
+         "self-contained artifacts.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -616,8 +621,13 @@ def main() -> None:
     """Entry point: runs the app and turns every failure into a one-line message and exit code."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _raise_interrupted)
+    # Every error says "rerun with --debug": accept it after the command too (`mlc compile m.onnx --debug`).
+    args = sys.argv[1:]
+    if "--debug" in args[1:] and "--" not in args[:args.index("--debug")]:
+        _state["debug"] = True
+        args = [a for a in args if a != "--debug"]
     try:
-        app()  # typer handles usage errors itself (exit 2)
+        app(args=args, prog_name="mlc")  # typer handles usage errors itself (exit 2)
     except _Interrupted as e:
         err.print("interrupted; no partial output was left behind")
         sys.exit(128 + e.signum)

@@ -154,3 +154,13 @@ def test_torch_model_that_ignores_its_mask(tmp_path, exporter):
     proc = run_mlc("compile", f"{tmp_path / 'model.py'}:make", "--exporter", exporter, "-o", tmp_path / "art")
     assert proc.returncode == 0, proc.stderr
     assert run_mlc("check", tmp_path / "art").returncode == 0
+
+
+def test_cli_help_and_debug_flag_anywhere(tmp_path):
+    top = run_mlc("--help")
+    assert "PyTorch, TensorFlow/Keras, PaddlePaddle and ONNX" in top.stdout
+    assert "<bool>" not in run_mlc("compile", "--help").stdout  # flags take no value: `--archive true` is an error
+    missing = tmp_path / "missing.onnx"
+    after = run_mlc("compile", missing, "--debug")
+    assert after.returncode == 1 and "Traceback" in after.stderr and "model file not found" in after.stderr
+    assert "Traceback" not in run_mlc("compile", missing).stderr
