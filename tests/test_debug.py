@@ -131,3 +131,19 @@ def test_fault_in_a_node_reading_a_graph_input_is_extracted(patch_converter, tmp
 
 def test_debug_refuses_targets_it_cannot_run():
     assert_clean_error(run_mlc("debug", "zoo:mlp", "--target", "rpi4"), 1, "debug with --target x86")
+
+
+def test_debug_builds_what_compile_builds(monkeypatch, tmp_path):
+    """A model compile cannot build is not "no divergence" in debug: both take the same build path (passes and
+    mlc's CPU schedules), so a failure injected into that path stops both."""
+    from mlc.compiler import schedules
+    from mlc.errors import CompilerError
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected schedule build failure")
+
+    monkeypatch.setattr(schedules, "build", broken)
+    with pytest.raises(CompilerError, match="injected schedule build failure"):
+        api.compile("zoo:mlp", output=tmp_path / "art", isolate=False)
+    with pytest.raises(CompilerError, match="injected schedule build failure"):
+        api.debug("zoo:mlp", isolate=False)

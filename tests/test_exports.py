@@ -13,7 +13,7 @@ import pytest
 
 from mlc import api
 from mlc.runtime import runner as thin_runtime
-from tests.conftest import run_mlc
+from helpers import run_mlc
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")

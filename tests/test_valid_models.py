@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import run_mlc
+from helpers import run_mlc
 
 
 def _save(path: Path, nodes, inputs, outputs, initializers=()) -> Path:

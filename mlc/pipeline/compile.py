@@ -80,6 +80,12 @@ def compile(model: ModelSpec, options: CompileOptions, step: StepReporter = quie
     return CompileResult(plan.output, manifest, check_result, archive_path, notes + verify_notes)
 
 
+def build_settings(preset: targets.Target, options: CompileOptions) -> tuple[list, Optional[dict]]:
+    """The pass plan and the worker's schedule request: what a compile builds with (and so `mlc debug` too)."""
+    return (options.pass_options.plan(preset.device),
+            tuning_records.schedule_request(preset, options.db, options.default_schedules))
+
+
 def plan_compile(model: ModelSpec, options: CompileOptions) -> CompilePlan:
     """Check every option, resolve the target, fetch its runtime and toolchain: what is missing or wrong fails
     here, before any heavy work."""
@@ -91,8 +97,7 @@ def plan_compile(model: ModelSpec, options: CompileOptions) -> CompilePlan:
     model = sources.resolve(model)
     frontends.check_exporter(model.framework, model.exporter)
     preset = targets.resolve(options.target)
-    schedules = tuning_records.schedule_request(preset, options.db, options.default_schedules)
-    steps = options.pass_options.plan(preset.device)
+    steps, schedules = build_settings(preset, options)
     runtime, cross = prepare_target(preset)
     output = options.output or default_output(sources.model_name(model.source), preset.name)
     artifacts.check_replaceable(output)
@@ -120,9 +125,9 @@ def _build(plan: CompilePlan, prepared: Prepared, refs: References, builds: list
     for build in builds:
         with timed(f"tvm{build.label}", f"Compiling{build.label} with TVM for {preset.name} "
                                         f"({preset.tvm.get('mcpu', preset.tvm['kind'])})"):
-            def compile_(onnx_path: Path) -> dict:
+            def compile_(onnx_path: Path, library: str = build.library) -> dict:
                 return compiler.compile_in_worker(
-                    onnx_path, preset.tvm, library=staged / build.library, isolate=options.isolate,
+                    onnx_path, preset.tvm, library=staged / library, isolate=options.isolate,
                     cross_compiler=plan.cross, kernels_dir=staged / KERNELS,
                     object_dir=staged / OBJECTS if macos else None, schedules=plan.schedules,
                     relax_passes=[s.to_json() for s in plan.steps], dump_ir=options.pass_options.dump_ir,

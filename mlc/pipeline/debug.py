@@ -20,7 +20,8 @@ from mlc.compiler import runtimes
 from mlc.errors import InputError, TargetError
 from mlc.frontends import onnx as onnx_frontend
 from mlc.pipeline import source as sources
-from mlc.pipeline.options import ModelSpec, check_tolerances
+from mlc.pipeline.compile import build_settings
+from mlc.pipeline.options import CompileOptions, ModelSpec, check_tolerances
 from mlc.pipeline.prepare import prepare
 from mlc.pipeline.run import Inputs, read_npz
 from mlc.pipeline.steps import StepReporter, Timer, quiet_step
@@ -80,7 +81,10 @@ def debug(model: ModelSpec, *, target: Optional[str] = None, inputs: Inputs = No
         feeds = dict(inputs) if isinstance(inputs, Mapping) else read_npz(inputs)
     with tempfile.TemporaryDirectory(prefix="mlc-debug-") as scratch:
         workdir = Path(scratch)
-        prepared = prepare(model, workdir, timed, feeds=feeds)
+        # Built exactly as `mlc compile` builds: the same passes and schedules, so a build it fails fails here too.
+        steps, schedules = build_settings(preset, CompileOptions(target=preset.name))
+        build = {"schedules": schedules, "relax_passes": [s.to_json() for s in steps]}
+        prepared = prepare(model, workdir, timed, feeds=feeds, steps=steps)
         cleaned, feeds = prepared.cleaned, prepared.feeds
         values = localize.computed_values(cleaned)
         with timed("reference", f"Computing {len(values)} intermediate values with ONNX Runtime"):
@@ -95,7 +99,7 @@ def debug(model: ModelSpec, *, target: Optional[str] = None, inputs: Inputs = No
             nonlocal builds
             builds += 1
             with timed(f"build_{builds}", f"TVM build {builds}: {what}"):
-                return _tvm_values(graph, feeds, preset, workdir, tag, isolate)
+                return _tvm_values(graph, feeds, preset, workdir, tag, isolate, build)
 
         final_values = tvm_values(cleaned, "final", "the model as compiled")
         final = compare(given, final_values, atol, rtol)
@@ -116,7 +120,7 @@ def debug(model: ModelSpec, *, target: Optional[str] = None, inputs: Inputs = No
         extracted = None
         if extract and divergence.first is not None:
             extracted = _extract(Path(extract), cleaned, values[divergence.first.position], reference,
-                                 divergence, preset, workdir, isolate)
+                                 divergence, preset, workdir, isolate, build)
     return DebugReport(model.source, preset.name, used, builds, compared, cleanup, final, divergence, extracted)
 
 
@@ -157,14 +161,14 @@ def _ort_values(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict
 
 
 def _tvm_values(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], preset: targets.Target,
-                workdir: Path, tag: str, isolate: bool) -> dict[str, np.ndarray]:
+                workdir: Path, tag: str, isolate: bool, build: dict) -> dict[str, np.ndarray]:
     """Compile `model` with TVM, run it on `feeds`, and name its outputs."""
     path, inputs, outputs = (workdir / f"{tag}{suffix}" for suffix in (".onnx", ".in.npz", ".out.npz"))
     onnx.save(model, str(path))
     weights = {init.name for init in model.graph.initializer}
     names = [v.name for v in model.graph.input if v.name not in weights]
     np.savez(inputs, **{f"in_{i}": feeds[n] for i, n in enumerate(names)})
-    compiler.compile_in_worker(path, preset.tvm, run=(inputs, outputs), isolate=isolate)
+    compiler.compile_in_worker(path, preset.tvm, run=(inputs, outputs), isolate=isolate, **build)
     with np.load(outputs, allow_pickle=False) as data:
         return {v.name: data[f"out_{i}"] for i, v in enumerate(model.graph.output)}
 
@@ -195,11 +199,12 @@ def _bisect(cleaned, values, reference, tvm_values, atol, rtol) -> tuple[localiz
     return localize.scan(cleaned, wanted, reference, actual, atol, rtol), len(cache) + len(wanted)
 
 
-def _extract(dest: Path, cleaned, culprit: localize.Value, reference, divergence, preset, workdir, isolate) -> Path:
+def _extract(dest: Path, cleaned, culprit: localize.Value, reference, divergence, preset, workdir, isolate,
+             build: dict) -> Path:
     """Write the failing node as its own model with its inputs, the expected and the actual outputs."""
     single = localize.single_node_model(cleaned, culprit.node_index, reference)
     feeds = {v.name: reference[v.name] for v in single.graph.input}
-    actual = _tvm_values(single, feeds, preset, workdir, "extracted", isolate)
+    actual = _tvm_values(single, feeds, preset, workdir, "extracted", isolate, build)
     with artifacts.staging_dir(dest, marker="report.json") as staged:
         onnx.save(single, str(staged / "model.onnx"))
         thin_runtime.save_npz(staged / "inputs.npz", {f"in_{i}": v for i, v in enumerate(feeds.values())})
