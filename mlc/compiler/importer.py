@@ -162,6 +162,7 @@ def apply_conformance_overrides() -> None:
     _layer_norm_statistics()
     _pow_mixed_types()
     _is_inf_signs()
+    _bool_extreme_reductions()
 
 
 @functools.lru_cache(maxsize=1)
@@ -464,3 +465,24 @@ def _is_inf_signs() -> None:
         return relax.op.logical_and(infinite, relax.op.isnan(x))  # neither: all false
 
     onnx_frontend.IsInf._impl_v10 = classmethod(impl)
+
+
+@functools.lru_cache(maxsize=1)
+def _bool_extreme_reductions() -> None:
+    """ReduceMax/ReduceMin of booleans (any/all): TVM has no max/min identity for bool and fails to build;
+    reduce as uint8 and cast back."""
+    from tvm import relax
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    for cls in (onnx_frontend.ReduceMax, onnx_frontend.ReduceMin):
+        for name in [n for n in vars(cls) if n.startswith("_impl_v")]:
+            original = getattr(cls, name).__func__
+
+            def impl(cls, bb, inputs, attr, params, _original=original):
+                if str(getattr(getattr(inputs[0], "ty", None), "dtype", "")) != "bool":
+                    return _original(cls, bb, inputs, attr, params)
+                as_bytes = bb.normalize(relax.op.astype(inputs[0], "uint8"))
+                reduced = bb.normalize(_original(cls, bb, [as_bytes, *inputs[1:]], attr, params))
+                return relax.op.astype(reduced, "bool")
+
+            setattr(cls, name, classmethod(impl))

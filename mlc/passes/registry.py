@@ -74,10 +74,6 @@ PASSES: tuple[Pass, ...] = (
          "unrolled over the sequence (its length must be static; batch stays dynamic). All directions, "
          "layouts, given or absent initial states, peepholes, clip, activations; not sequence_lens.",
          0, f"{_RNN}:lower_rnn"),
-    Pass("reduce_empty_sets", "onnx",
-         "a reduction over an axis of size 0 -> a constant of its identity (0, 1, -inf, +inf); TVM reduces the "
-         "empty axis into uninitialised memory",
-         0, f"{_REWRITES}:reduce_empty_sets"),
     Pass("eliminate_dead_nodes", "onnx",
          "drop Identity, inference Dropout, Casts to the same type and nodes no output depends on",
          1, f"{_ONNX}:eliminate_dead_nodes"),
@@ -98,6 +94,10 @@ PASSES: tuple[Pass, ...] = (
          "Reshape targets computed from Shape->Gather/Squeeze/Unsqueeze->Mul->Concat chains become constants "
          "with 0 (keep dim) and -1 (infer dim), so dynamic dims survive TVM import",
          1, f"{_ONNX}:canonicalize_shapes"),
+    Pass("reduce_empty_sets", "onnx",
+         "a reduction over an axis of size 0 -> a constant of its identity (0, 1, -inf, +inf); TVM reduces the "
+         "empty axis into uninitialised memory",
+         0, f"{_REWRITES}:reduce_empty_sets"),
     Pass("shape_inference", "onnx",
          "ONNX shape inference with data propagation (types and shapes for the importer)",
          0, f"{_ONNX}:shape_inference"),
