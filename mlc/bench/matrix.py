@@ -241,7 +241,7 @@ def _cell(config: BenchConfig, model: str, source: str, source_fw: str, backend:
         shutil.rmtree(job["scratch"], ignore_errors=True)
     if "skipped" in result:
         return {**cell, "status": "skipped", "error": result["skipped"]}
-    for key in ("setup_s", "compile_s", "latency_ms", "accuracy", "peak_rss_mb", "load_average"):
+    for key in ("setup_s", "compile_s", "precision", "latency_ms", "accuracy", "peak_rss_mb", "load_average"):
         if key in result:
             cell[key] = result[key]
     if is_mlc and (result.get("emulated") or cell.get("target_emulated")):

@@ -134,6 +134,7 @@ def measure(request: dict) -> dict:
         result["setup_s"] = time.perf_counter() - start
         if chosen.compiles:
             result["compile_s"] = result["setup_s"]
+        result["precision"] = getattr(run, "precision", "fp32")  # a backend that picks its own says which
         produced = run()
         for _ in range(request["warmup"]):
             run()
