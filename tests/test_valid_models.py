@@ -79,13 +79,16 @@ def test_nan_propagates_like_onnxruntime(tmp_path: Path) -> None:
              helper.make_node("Tanh", ["x"], ["t"]), helper.make_node("Sigmoid", ["x"], ["g"]),
              helper.make_node("Erf", ["x"], ["e"]), helper.make_node("Exp", ["x"], ["x_exp"]),
              helper.make_node("HardSigmoid", ["x"], ["h"]),  # a relax clip
+             helper.make_node("Clip", ["x", "lo", "hi"], ["cl"]), helper.make_node("Max", ["x", "zero"], ["mx"]),
              helper.make_node("Reshape", ["x", "image"], ["xi"]),  # conv + bias + relu: one fused kernel
              helper.make_node("Conv", ["xi", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["cr"])]
     rng = np.random.default_rng(1)
     consts = [numpy_helper.from_array(np.array([1, 4, 4, 4], np.int64), "image"),
               numpy_helper.from_array(rng.standard_normal((8, 4, 3, 3)).astype(np.float32), "w"),
-              numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b")]
-    names = ["s", "t", "g", "e", "x_exp", "h", "cr"]
+              numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b"),
+              numpy_helper.from_array(np.float32(-0.5), "lo"), numpy_helper.from_array(np.float32(0.5), "hi"),
+              numpy_helper.from_array(np.zeros(16, np.float32), "zero")]
+    names = ["s", "t", "g", "e", "x_exp", "h", "cl", "mx", "cr"]
     model = _save(tmp_path / "nan.onnx", nodes, [_float("x", [4, 16])],
                   [_float(n, [4, 16]) for n in names[:-1]] + [_float("cr", [1, 8, 4, 4])], consts)
     _compile(model, tmp_path / "art")

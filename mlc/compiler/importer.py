@@ -163,6 +163,35 @@ def apply_conformance_overrides() -> None:
     _pow_mixed_types()
     _is_inf_signs()
     _bool_extreme_reductions()
+    _clip_keeps_nan()
+
+
+@functools.lru_cache(maxsize=1)
+def _clip_keeps_nan() -> None:
+    """Clip as relax maximum/minimum, which mlc legalizes NaN-preserving (compiler/relax_passes.py), instead of
+    TVM's finished topi kernels: there LLVM's max turned a NaN input into the bound, where ONNX Runtime keeps NaN."""
+    from tvm import relax
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    clip = onnx_frontend.Clip
+
+    def bounded(x, lo, hi):
+        if lo is not None:
+            x = relax.op.maximum(x, lo)
+        return relax.op.minimum(x, hi) if hi is not None else x
+
+    def v1(cls, bb, inputs, attr, params):
+        dtype = inputs[0].ty.dtype
+        lo, hi = (relax.const(float(attr[k]), dtype) if k in attr else None for k in ("min", "max"))
+        return bounded(inputs[0], lo, hi)
+
+    def v13(cls, bb, inputs, attr, params):
+        lo, hi = (cls._sanitize_nan_clip_bound(bb, inputs[k], for_min=k == 1)
+                  if len(inputs) > k and inputs[k] is not None else None for k in (1, 2))
+        return bounded(inputs[0], lo, hi)
+
+    clip._impl_v1 = classmethod(v1)
+    clip._impl_v13 = classmethod(v13)
 
 
 @functools.lru_cache(maxsize=1)
