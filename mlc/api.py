@@ -335,8 +335,11 @@ def compile(  # noqa: A001 - the verb users know
                             object_dir=staged / OBJECTS if macos else None, schedules=schedules,
                             relax_passes=[s.to_json() for s in steps], dump_ir=pass_options.dump_ir,
                             dim_upper_bounds={name: hi for name, (_, hi) in ranges.items()})
-                    except CompilerError as e:
-                        if dynamic_dims and "during import" in str(e):
+                    except (CompilerError, UnsupportedModelError) as e:
+                        node_failed = "importer cannot convert a " in str(e)  # one node TVM's converter failed on
+                        if isinstance(e, UnsupportedModelError) and not (dynamic_dims and node_failed):
+                            raise  # an op TVM cannot import at all (static shapes would not help)
+                        if dynamic_dims and ("during import" in str(e) or node_failed):
                             raise UnsupportedModelError(
                                 f"TVM cannot import this model with {', '.join(dynamic_dims)} symbolic ({e}); compile "
                                 "it without --dynamic (static shapes) or serve the lengths with --buckets") from None
