@@ -147,15 +147,21 @@ def _build(plan: CompilePlan, prepared: Prepared, refs: References, builds: list
                 if cause is None:
                     raise
                 raise cause from None
+            except UnsupportedModelError as e:  # one node TVM's converter failed on: with --dynamic, say what helps
+                if plan.dynamic and "importer cannot convert a " in str(e):
+                    raise UnsupportedModelError(_DYNAMIC_IMPORT_HINT.format(dims=", ".join(plan.dynamic), e=e)) from None
+                raise
     return results
+
+
+_DYNAMIC_IMPORT_HINT = ("TVM cannot import this model with {dims} symbolic ({e}); compile it without --dynamic "
+                        "(static shapes) or serve the lengths with --buckets")
 
 
 def _user_cause(e: CompilerError, plan: CompilePlan, prepared: Prepared, refs: References) -> Optional[MlcError]:
     """A TVM failure the user can act on, as the error that says how; None when it is TVM's (or mlc's) own."""
     if plan.dynamic and e.stage == "import":
-        return UnsupportedModelError(
-            f"TVM cannot import this model with {', '.join(plan.dynamic)} symbolic ({e}); compile "
-            "it without --dynamic (static shapes) or serve the lengths with --buckets")
+        return UnsupportedModelError(_DYNAMIC_IMPORT_HINT.format(dims=", ".join(plan.dynamic), e=e))
     if refs.onnxruntime_error is not None:  # ONNX Runtime failed on the export too: the export is broken, not TVM
         return UnsupportedModelError(
             f"the ONNX export ({prepared.source.exporter}) is broken at the compiled shapes: "
