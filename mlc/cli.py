@@ -502,7 +502,10 @@ def targets_cmd() -> None:
 
 @app.command("bench")
 def bench_cmd(
-    models: str = typer.Option(..., "--models", "-m", help="Zoo models, comma-separated (see `mlc models`)."),
+    models: Optional[str] = typer.Option(None, "--models", "-m", help="Zoo models, comma-separated (see `mlc models`)."),
+    suite: Optional[str] = typer.Option(None, "--suite", help="Instead of --models: PyTorch's benchmark suite "
+                                        "huggingface or timm (models built from their configs, batch 1, 128 tokens)."),
+    suite_models: Optional[str] = typer.Option(None, "--suite-models", help="With --suite: these of its models only."),
     output: Path = typer.Option(..., "--output", "-o", help="The results JSON to write (rewritten after every cell)."),
     targets: str = typer.Option("x86", "--targets", "-t", help="mlc targets, comma-separated; 'none' for baselines only."),
     batch: str = typer.Option("1", "--batch", help="Batch sizes, comma-separated."),
@@ -538,7 +541,7 @@ def bench_cmd(
         return [] if text.strip().lower() == "none" else bench.parse_list(option, text)
 
     config = bench.BenchConfig(
-        models=bench.parse_list("--models", models), targets=listed("--targets", targets),
+        models=bench.pick_models(models, suite, suite_models), suite=suite, targets=listed("--targets", targets),
         batch=bench.parse_ints("--batch", batch), seq=bench.parse_ints("--seq", seq),
         threads=bench.parse_ints("--threads", threads), baselines=listed("--baselines", baselines),
         warmup=warmup, repeat=repeat, framework=framework, db=db, cell_timeout=cell_timeout,

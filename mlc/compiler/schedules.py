@@ -25,8 +25,25 @@ def _legalize_and_fuse(mod, target):
     from tvm.relax.backend.cpu_generic import pipeline as cpu
 
     with target:
-        passes = [relax.transform.ConvertLayout(CONV_LAYOUT)]
+        # Only where there is a conv2d to lay out: TVM's ConvertLayout dies (std::bad_alloc) on a squeeze with a
+        # negative axis, which transformers' question-answering heads have (squeeze(-1)).
+        passes = [relax.transform.ConvertLayout(CONV_LAYOUT)] if _calls(mod, "relax.nn.conv2d") else []
         return tvm.transform.Sequential(passes + cpu.library_dispatch_passes(target) + cpu.legalize_passes(target))(mod)
+
+
+def _calls(mod, op_name: str) -> bool:
+    from tvm import ir, relax
+
+    found = []
+
+    def visit(expr) -> None:
+        if isinstance(expr, relax.Call) and isinstance(expr.op, ir.Op) and expr.op.name == op_name:
+            found.append(expr)
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
+    return bool(found)
 
 
 def extract_tasks(mod, target):
