@@ -571,7 +571,7 @@ def bench_cmd(
         out.print(report.lengths_console_table(doc))
         out.print(f"wrote {output}; render it with: mlc report {output} -o report.html")
         return
-    out.print(report.console_table(doc))
+    out.print(report.suite_console_table(doc) if doc.get("suite") else report.console_table(doc))
     failed = sum(c["status"] == "failed" for c in doc["cells"])
     out.print(f"wrote {output} ({len(doc['cells'])} cells{f', {failed} failed' if failed else ''}); "
               f"render it with: mlc report {output} -o report.html")

@@ -263,10 +263,12 @@ def _suite_outcome(prepared: dict, artifacts: dict, cells: list[dict]) -> dict:
     outcome = {k: prepared[k] for k in ("params", "notes", "exporter", "shapes") if k in prepared}
     failure = prepared.get("error") or (prepared.get("shapes") or [{}])[0].get("error")
     if failure:
-        return {**outcome, "status": "failed", "stage": "export", "reason": failure}
+        return {**outcome, "status": "failed", "stage": "export",
+                "reason": failure.removeprefix("preparing the torch model failed: ")}
     compiled = next(iter(artifacts.values()), {})
     if "error" in compiled:
-        return {**outcome, "status": "failed", "stage": compiled.get("stage", "compile"), "reason": compiled["error"]}
+        return {**outcome, "status": "failed", "stage": compiled.get("stage", "compile"),
+                "reason": compiled["error"].removeprefix("mlc compile failed: ")}
     if compiled:
         outcome["compile_s"] = compiled["compile_s"]
     mine = [c for c in cells if c["backend"] == MLC]
