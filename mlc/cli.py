@@ -510,7 +510,7 @@ def bench_cmd(
     targets: str = typer.Option("x86", "--targets", "-t", help="mlc targets, comma-separated; 'none' for baselines only."),
     batch: str = typer.Option("1", "--batch", help="Batch sizes, comma-separated."),
     seq: str = typer.Option("128", "--seq", help="Sequence lengths, comma-separated (models without one ignore it)."),
-    threads: str = typer.Option("1", "--threads", help="CPU thread counts, comma-separated."),
+    threads: str = typer.Option("1", "--threads", help="CPU thread counts, comma-separated; all: every usable core."),
     baselines: str = typer.Option("torch,ort", "--baselines", "-b",
                                   help="Baselines, comma-separated: torch, torch-compile, torchscript, ort, tf, "
                                        "tf-graph, paddle, paddle-static; 'none' for mlc only."),

@@ -76,6 +76,9 @@ def test_big_models_are_cut_to_two_layers(monkeypatch):
 
 def test_suite_options_are_checked():
     assert matrix.pick_models(None, "huggingface", None) == []
+    from mlc import targets
+
+    assert matrix.parse_ints("--threads", "1,all") == [1, targets.usable_cores()]
     assert suites.select("huggingface", ["bertformaskedlm"]) == ["BertForMaskedLM"]
     assert len(suites.select("huggingface", [])) == len(suites.HUGGINGFACE) == 55
     assert len(suites.select("timm", [])) == 18

@@ -82,7 +82,7 @@ def parse_ints(option: str, text: str) -> list[int]:
         if not re.fullmatch(r"\d+", item) or int(item) < 1:
             raise InputError(f"{option} {text!r}: {item!r} is not a whole number >= 1; write e.g. {option} 1,4")
         values.append(int(item))
-    return values
+    return list(dict.fromkeys(values))
 
 
 def validate(config: BenchConfig) -> None:
