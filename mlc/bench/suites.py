@@ -36,7 +36,7 @@ TINY = {**{k: 1 for k in LAYER_KEYS}, "hidden_size": 64, "d_model": 64, "n_embd"
         "intermediate_size": 128, "hidden_dim": 128, "d_ff": 128, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128,
         "n_inner": 128, "num_attention_heads": 2, "n_head": 2, "n_heads": 2, "num_heads": 2, "encoder_attention_heads": 2,
         "decoder_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "d_kv": 32, "d_head": 32,
-        "true_hidden_size": 64, "intra_bottleneck_size": 64}
+        "true_hidden_size": 64, "intra_bottleneck_size": 64, "rotary_dim": 16}  # GPT-J rotates part of a 32-wide head
 
 
 @dataclass(frozen=True)
