@@ -507,12 +507,15 @@ def targets_cmd() -> None:
 
 @app.command("bench")
 def bench_cmd(
-    models: str = typer.Option(..., "--models", "-m", help="Zoo models, comma-separated (see `mlc models`)."),
+    models: Optional[str] = typer.Option(None, "--models", "-m", help="Zoo models, comma-separated (see `mlc models`)."),
+    suite: Optional[str] = typer.Option(None, "--suite", help="Instead of --models: PyTorch's benchmark suite "
+                                        "huggingface or timm (models built from their configs, batch 1, 128 tokens)."),
+    suite_models: Optional[str] = typer.Option(None, "--suite-models", help="With --suite: these of its models only."),
     output: Path = typer.Option(..., "--output", "-o", help="The results JSON to write (rewritten after every cell)."),
     targets: str = typer.Option("x86", "--targets", "-t", help="mlc targets, comma-separated; 'none' for baselines only."),
     batch: str = typer.Option("1", "--batch", help="Batch sizes, comma-separated."),
     seq: str = typer.Option("128", "--seq", help="Sequence lengths, comma-separated (models without one ignore it)."),
-    threads: str = typer.Option("1", "--threads", help="CPU thread counts, comma-separated."),
+    threads: str = typer.Option("1", "--threads", help="CPU thread counts, comma-separated; all: every usable core."),
     baselines: str = typer.Option("torch,ort", "--baselines", "-b",
                                   help="Baselines, comma-separated: torch, torch-compile, torchscript, ort, tf, "
                                        "tf-graph, paddle, paddle-static; 'none' for mlc only."),
@@ -543,7 +546,7 @@ def bench_cmd(
         return [] if text.strip().lower() == "none" else bench.parse_list(option, text)
 
     config = bench.BenchConfig(
-        models=bench.parse_list("--models", models), targets=listed("--targets", targets),
+        models=bench.pick_models(models, suite, suite_models), suite=suite, targets=listed("--targets", targets),
         batch=bench.parse_ints("--batch", batch), seq=bench.parse_ints("--seq", seq),
         threads=bench.parse_ints("--threads", threads), baselines=listed("--baselines", baselines),
         warmup=warmup, repeat=repeat, framework=framework, db=db, cell_timeout=cell_timeout,
@@ -573,7 +576,7 @@ def bench_cmd(
         out.print(report.lengths_console_table(doc))
         out.print(f"wrote {output}; render it with: mlc report {output} -o report.html")
         return
-    out.print(report.console_table(doc))
+    out.print(report.suite_console_table(doc) if doc.get("suite") else report.console_table(doc))
     failed = sum(c["status"] == "failed" for c in doc["cells"])
     out.print(f"wrote {output} ({len(doc['cells'])} cells{f', {failed} failed' if failed else ''}); "
               f"render it with: mlc report {output} -o report.html")

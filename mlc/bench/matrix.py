@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from mlc import models, targets
-from mlc.bench import baselines, lengths
+from mlc.bench import baselines, lengths, suites
 from mlc.bench.cells import SCHEMA, CellError, dir_size, error_text, run_child, source_framework, write_json
 from mlc.bench.machine import load_average, machine_info
 from mlc.errors import InputError, MlcError
@@ -52,6 +52,9 @@ class BenchConfig:
     sentences: int = 200
     buckets: list[int] = field(default_factory=lambda: [8, 16, 32, 64])
     strategies: list[str] = field(default_factory=list)  # [default: all]
+    # --suite: PyTorch's benchmark suite models (mlc/bench/suites.py) instead of zoo models; `models` then picks
+    # some of the suite's (empty: all of them)
+    suite: Optional[str] = None
 
 
 def parse_list(option: str, text: str) -> list[str]:
@@ -61,18 +64,40 @@ def parse_list(option: str, text: str) -> list[str]:
     return list(dict.fromkeys(items))
 
 
+def pick_models(models: Optional[str], suite: Optional[str], suite_models: Optional[str]) -> list[str]:
+    """--models, or --suite with --suite-models (none: the whole suite)."""
+    if suite and models:
+        raise InputError("give --models (zoo models) or --suite, not both; pick suite models with --suite-models")
+    if suite_models and not suite:
+        raise InputError("--suite-models picks models of a --suite; give --suite huggingface or --suite timm")
+    text = suite_models if suite else models
+    return parse_list("--suite-models" if suite else "--models", text) if text else []
+
+
 def parse_ints(option: str, text: str) -> list[int]:
     values = []
     for item in parse_list(option, text):
+        if option == "--threads" and item == "all":  # every usable core
+            item = str(targets.usable_cores())
         if not re.fullmatch(r"\d+", item) or int(item) < 1:
             raise InputError(f"{option} {text!r}: {item!r} is not a whole number >= 1; write e.g. {option} 1,4")
         values.append(int(item))
-    return values
+    return list(dict.fromkeys(values))
 
 
 def validate(config: BenchConfig) -> None:
     """Every option checked before anything runs: one clean InputError for the first bad one."""
-    for name in config.models:
+    if config.suite:
+        config.models = suites.select(config.suite, config.models)
+        if config.framework and config.framework != "torch":
+            raise InputError(f"the {config.suite} suite is built in torch; leave out --framework")
+        if config.batch != [1] or config.seq != [suites.SEQ]:
+            raise InputError(f"the suites run at batch 1 and {suites.SEQ} tokens (static shapes); leave out --batch "
+                             "and --seq")
+        suites.require(config.suite)
+    elif not config.models:
+        raise InputError("give --models (zoo models) or --suite huggingface|timm")
+    for name in [] if config.suite else config.models:
         models.get(name)
         if config.framework:
             source_framework(models.get(name), config.framework)
@@ -120,6 +145,8 @@ def run(config: BenchConfig, output: Optional[Path] = None, progress: Optional[P
 
         return lengths.run(config, output, progress)
     doc = {"schema": SCHEMA, "machine": machine_info(), "config": asdict(config), "cells": []}
+    if config.suite:
+        doc["suite"] = {"name": config.suite, "tiny": suites.tiny(), "models": {}}
     cells: list[dict] = doc["cells"]
     tell = progress or (lambda done, total, what: None)
     backends = config.baselines + [f"{MLC}@{t}" for t in config.targets]
@@ -138,25 +165,27 @@ def run(config: BenchConfig, output: Optional[Path] = None, progress: Optional[P
     with tempfile.TemporaryDirectory(prefix="mlc-bench-") as scratch:
         workdir = Path(scratch)
         for index, name in enumerate(config.models):
-            zoo = models.get(name)
-            source = f"{models.ZOO_PREFIX}{zoo.name}"
-            source_fw = source_framework(zoo, config.framework)
+            entry = _entry(config, name)
+            name = entry["name"]
+            source, source_fw, frameworks = entry["source"], entry["framework"], entry["frameworks"]
             wanted = dict.fromkeys([source_fw] if config.targets else [])  # framework -> None, in order
             for b in config.baselines:
                 fw = baselines.get(b).framework
                 wanted[source_fw if fw == baselines.ONNX_EXPORT else fw] = None
             prepared: dict[str, dict] = {}
+            where = f"[{index + 1}/{len(config.models)}] {name}" if config.suite else name
             for fw in wanted:
-                tell(len(cells), total, f"{zoo.name}: building in {fw}, exporting, eager reference")
-                if fw not in zoo.frameworks:
-                    prepared[fw] = {"skip": f"zoo:{zoo.name} is not built for {fw} (it exists for: "
-                                            f"{', '.join(zoo.frameworks)})"}
+                tell(len(cells), total, f"{where}: building in {fw}, exporting, eager reference")
+                if fw not in frameworks:
+                    prepared[fw] = {"skip": f"{entry['label']} is not built for {fw} (it exists for: "
+                                            f"{', '.join(frameworks)})"}
                     continue
-                out_dir = workdir / f"{zoo.name}-{fw}"
+                out_dir = workdir / f"{_safe(name)}-{fw}"
                 try:
                     prepared[fw] = run_child({"job": "prepare", "source": source, "framework": fw,
                                                "out_dir": str(out_dir), "batch": config.batch, "seq": config.seq},
-                                              workdir, f"{zoo.name}-{fw}-prepare", f"the {fw} benchmark process")
+                                              workdir, f"{_safe(name)}-{fw}-prepare", f"the {fw} benchmark process",
+                                              config.cell_timeout if config.suite else None)
                     prepared[fw]["dir"] = out_dir
                 except (MlcError, CellError) as e:
                     prepared[fw] = {"error": f"preparing the {fw} model failed: {error_text(e)}"}
@@ -164,32 +193,95 @@ def run(config: BenchConfig, output: Optional[Path] = None, progress: Optional[P
             main = prepared.get(source_fw) or {}
             shapes = main.get("shapes") or [{"batch": b, "seq": s, "key": f"b{b}-s{s}"}
                                             for b in config.batch for s in config.seq]
+            if config.suite == "huggingface":  # static shapes: the suite's text length
+                for shape in shapes:
+                    shape["seq"] = suites.SEQ
             total -= per_model - len(shapes) * len(config.threads) * len(backends)
             for shape in shapes:
-                base = {"model": zoo.name, "batch": shape["batch"], "seq": shape["seq"]}
+                base = {"model": name, "batch": shape["batch"], "seq": shape["seq"]}
                 artifacts: dict[str, dict] = {}
                 for target in config.targets:
-                    tell(len(cells), total, f"{zoo.name} {_label(shape)}: mlc compiling for {target}")
+                    tell(len(cells), total, f"{where} {_label(shape)}: mlc compiling for {target}")
                     failure = main.get("skip") or main.get("error") or shape.get("error")
                     if failure:
                         artifacts[target] = {"error": failure}
                         continue
+                    # Suite models compile from the ONNX graph prepare exported (one export per model, and the
+                    # cells check it against the eager outputs); zoo models from their framework, as users do.
+                    model_source, model_fw = ((str(main["dir"] / "model.onnx"), "onnx") if config.suite
+                                              else (source, source_fw))
                     try:
-                        artifacts[target] = _compile_mlc(source, source_fw, target, shape["shapes"],
-                                                         workdir / f"{zoo.name}-{shape['key']}-{target}", config.db)
+                        artifacts[target] = _compile_mlc(model_source, model_fw, target, shape["shapes"],
+                                                         workdir / f"{_safe(name)}-{shape['key']}-{target}", config.db)
                     except Exception as e:  # noqa: BLE001 - recorded in the cells; the matrix goes on
-                        artifacts[target] = {"error": f"mlc compile failed: {error_text(e)}"}
+                        artifacts[target] = {"error": f"mlc compile failed: {error_text(e)}",
+                                             "stage": _compile_stage(e)}
+                model_cells = []
                 for threads in config.threads:
                     for backend in backends:
-                        tell(len(cells), total, f"{zoo.name} {_label(shape)} t{threads}: {backend}")
-                        add(_cell(config, zoo.name, source, source_fw, backend, shape, threads, prepared,
-                                  artifacts, workdir, base))
+                        tell(len(cells), total, f"{where} {_label(shape)} t{threads}: {backend}")
+                        model_cells.append(_cell(config, name, source, source_fw, backend, shape, threads, prepared,
+                                                 artifacts, workdir, base))
+                        add(model_cells[-1])
                 for info in artifacts.values():
                     if "artifact" in info:
                         shutil.rmtree(info["artifact"], ignore_errors=True)
+                if config.suite:
+                    doc["suite"]["models"][name] = _suite_outcome(main, artifacts, model_cells)
+                    save()
     doc["machine"]["load_average_end"] = load_average()
     save()
     return doc
+
+
+def _entry(config: BenchConfig, name: str) -> dict:
+    """Where a model comes from: a suite's (built in torch) or the zoo's."""
+    if config.suite:
+        return {"name": name, "source": suites.source(config.suite, name), "framework": "torch",
+                "frameworks": ["torch"], "label": f"{config.suite}/{name}"}
+    zoo = models.get(name)
+    return {"name": zoo.name, "source": f"{models.ZOO_PREFIX}{zoo.name}", "framework": source_framework(zoo, config.framework),
+            "frameworks": zoo.frameworks, "label": f"zoo:{zoo.name}"}
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^\w.-]", "_", name)
+
+
+def _compile_stage(e: BaseException) -> str:
+    """The suite table's stage of a failed mlc compile: importing the ONNX graph into Relax, or compiling it."""
+    stage = getattr(e, "stage", None)
+    text = str(e)
+    if stage == "import" or (stage is None and re.search(r"\bimport|not supported|unsupported|no converter", text,
+                                                         re.IGNORECASE)):
+        return "import"
+    return "compile"
+
+
+def _suite_outcome(prepared: dict, artifacts: dict, cells: list[dict]) -> dict:
+    """One suite model: pass, or the first stage that failed (export, import, compile, run, check) and why."""
+    outcome = {k: prepared[k] for k in ("params", "notes", "exporter", "shapes") if k in prepared}
+    failure = prepared.get("error") or (prepared.get("shapes") or [{}])[0].get("error")
+    if failure:
+        return {**outcome, "status": "failed", "stage": "export",
+                "reason": failure.removeprefix("preparing the torch model failed: ")}
+    compiled = next(iter(artifacts.values()), {})
+    if "error" in compiled:
+        return {**outcome, "status": "failed", "stage": compiled.get("stage", "compile"),
+                "reason": compiled["error"].removeprefix("mlc compile failed: ")}
+    if compiled:
+        outcome["compile_s"] = compiled["compile_s"]
+    mine = [c for c in cells if c["backend"] == MLC]
+    broken = next((c for c in mine if c["status"] != "ok"), None)
+    if broken:
+        return {**outcome, "status": "failed", "stage": "run", "reason": broken.get("error", broken["status"])}
+    wrong = next((c for c in mine if not (c.get("accuracy") or {}).get("passed")), None)
+    if wrong:
+        acc = wrong.get("accuracy") or {}
+        return {**outcome, "status": "failed", "stage": "check",
+                "reason": f"outputs differ from torch eager (max abs error {acc.get('max_abs_error')}, "
+                          f"max rel error {acc.get('max_rel_error')}, {wrong['threads']} thread(s))"}
+    return {**outcome, "status": "passed" if mine else "not compiled"}
 
 
 def _label(shape: dict) -> str:

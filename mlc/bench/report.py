@@ -438,7 +438,7 @@ def build(docs: list[dict]) -> list[Section]:
     if not cells:
         return [_machines_section(docs)] + lengths
     latency_figs, speedup_figs, compile_figs = _figures(cells)
-    sections = [_machines_section(docs)] + lengths
+    sections = [_machines_section(docs)] + lengths + suite_sections(docs)
     lat = _latency_section(cells)
     lat.parts += latency_figs
     sections.append(lat)
@@ -455,6 +455,108 @@ def build(docs: list[dict]) -> list[Section]:
     if problems:
         sections.append(problems)
     return sections
+
+
+# Suites (mlc bench --suite) ----------------------------------------------------------------------------
+
+SUITE_STAGES = ("export", "import", "compile", "run", "check")
+
+
+def _suite_params(value: Optional[int]) -> str:
+    if not value:
+        return "?"
+    return f"{value / 1e9:.2f} B" if value >= 1e9 else f"{value / 1e6:.1f} M"
+
+
+def _suite_geomean(values: list[float]) -> Optional[float]:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def _suite_status(info: dict) -> str:
+    if info.get("status") == "passed":
+        return "pass"
+    if info.get("stage"):
+        return f"{info['stage']}: {info.get('reason', '')}"
+    return info.get("status", "?")
+
+
+def suite_summary(doc: dict) -> dict:
+    """Pass counts, failures by stage and geomean speed-ups {threads: {baseline: (geomean, models)}}."""
+    models = doc["suite"]["models"]
+    passed = [n for n, m in models.items() if m.get("status") == "passed"]
+    stages = {s: sum(m.get("stage") == s for m in models.values()) for s in SUITE_STAGES}
+    by: dict[tuple[str, int], dict[str, dict]] = {}
+    for c in doc["cells"]:
+        by.setdefault((c["model"], c["threads"]), {})[backend_label(c)] = c
+    speedups: dict[int, dict[str, list[float]]] = {}
+    for (model, threads), cells in by.items():
+        mine = next((c for b, c in cells.items() if b.startswith("mlc@")), None)
+        if model not in passed or mine is None or latency(mine) is None:
+            continue
+        for b, c in cells.items():
+            if not b.startswith("mlc@") and latency(c) is not None:
+                speedups.setdefault(threads, {}).setdefault(b, []).append(latency(c) / latency(mine))
+    geo = {t: {b: (_suite_geomean(v), len(v)) for b, v in per.items()} for t, per in speedups.items()}
+    return {"total": len(models), "passed": len(passed), "stages": stages, "geomean": geo}
+
+
+def suite_sections(docs: list[dict]) -> list[Section]:
+    out = []
+    for doc in docs:
+        if not doc.get("suite"):
+            continue
+        suite, machine = doc["suite"], machine_label(doc["machine"])
+        s = suite_summary(doc)
+        rate = f"{s['passed']}/{s['total']} models pass ({100 * s['passed'] / s['total']:.0f}%)" if s["total"] else \
+            "no model ran"
+        failed = ", ".join(f"{n} at {stage}" for stage, n in s["stages"].items() if n)
+        text = [f"Pass rate: {rate}" + (f"; failures by stage: {failed}." if failed else ".")
+                + (" Tiny configs (MLC_SUITE_TINY): not the published sizes." if suite.get("tiny") else ""),
+                "A model passes when mlc exports, imports, compiles and runs it and its outputs match torch eager's. "
+                "Speed-up: the baseline's p50 over mlc's (above 1: mlc is faster), over the models where both ran."]
+        for threads, per in sorted(s["geomean"].items()):
+            text.append(f"Geomean speed-up at {threads} thread(s): " + ", ".join(
+                f"{g:.2f}× vs {b} ({n} models)" for b, (g, n) in per.items()))
+        section = Section(f"Suite {suite['name']} ({machine}, {doc['file']})", text)
+        cells = doc["cells"]
+        baselines = list(dict.fromkeys(backend_label(c) for c in cells if c["backend"] != "mlc"))
+        mlcs = list(dict.fromkeys(backend_label(c) for c in cells if c["backend"] == "mlc"))
+        for threads in sorted({c["threads"] for c in cells}):
+            header = ["model", "parameters", "status", "compile s"] + [f"{b} p50 ms" for b in baselines + mlcs] + \
+                [f"{m} vs {b}" for m in mlcs for b in baselines]
+            table = Table(header, [])
+            for name, info in suite["models"].items():
+                by = {backend_label(c): c for c in cells if c["model"] == name and c["threads"] == threads}
+                notes = "; ".join(n for n in info.get("notes", []) if "cut to" in n)
+                row = [name + (f" ({notes})" if notes else ""), _suite_params(info.get("params")), _suite_status(info),
+                       f"{info['compile_s']:.0f}" if info.get("compile_s") is not None else "–"]
+                row += [_ms(latency(by[b])) if b in by else "–" for b in baselines + mlcs]
+                for m in mlcs:
+                    mine = latency(by[m]) if m in by and info.get("status") == "passed" else None
+                    for b in baselines:
+                        base = latency(by[b]) if b in by else None
+                        row.append(f"{base / mine:.2f}×" if mine and base else "–")
+                table.rows.append(row)
+            section.parts.append(Table(table.header, table.rows))
+            if len({c["threads"] for c in cells}) > 1:
+                section.text.append(f"Table {len(section.parts)}: {threads} thread(s).")
+        out.append(section)
+    return out
+
+
+def suite_console_table(doc: dict):
+    """The terminal summary of a suite run (rich Table)."""
+    from rich.table import Table as RichTable
+
+    section = suite_sections([{**doc, "file": "-"}])[0]
+    table = RichTable(title="\n".join(section.text), title_justify="left")
+    first = section.parts[0]
+    for i, column in enumerate(first.header):
+        table.add_column(column, justify="left" if i in (0, 2) else "right", overflow="fold")
+    for part in section.parts:
+        for row in part.rows:
+            table.add_row(*row)
+    return table
 
 
 # Writing -----------------------------------------------------------------------------------------

@@ -33,8 +33,11 @@ def shape_key(batch: int, seq: int | None) -> str:
 
 
 def _framework_model(source: str, framework: str):
+    from mlc.bench import suites
     from mlc.pipeline import convert_worker
 
+    if suites.is_suite(source):
+        return suites.framework_model(source)
     return convert_worker.framework_model({"source": source, "framework": framework})
 
 
@@ -87,7 +90,9 @@ def prepare(request: dict) -> dict:
             except Exception as e:  # noqa: BLE001 - one shape failing (memory, limits) must not stop the rest
                 entry["error"] = one_line(e)
             shapes.append(entry)
-    return {"ok": True, "exporter": exporter, "reference": version if fm else "onnxruntime",
+    params = sum(p.numel() for p in fm.native.parameters()) if fm and hasattr(fm.native, "parameters") else None
+    return {"ok": True, "exporter": exporter, "reference": version if fm else "onnxruntime", "params": params,
+            "notes": fm.notes if fm else [],
             "inputs": [s.name for s in specs], "outputs": names, "symbolic": symbolic, "shapes": shapes}
 
 

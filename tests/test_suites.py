@@ -1,0 +1,122 @@
+"""`mlc bench --suite`: PyTorch's benchmark suite models built in code, run end to end with tiny configs; a failing
+model records its stage and the run goes on; the suite table; the TIMM suite without torchvision."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import assert_clean_error, run_mlc
+from mlc.bench import matrix, report, suites
+from mlc.errors import InputError, MissingDependencyError
+
+
+@pytest.fixture(scope="module")
+def suite_run(tmp_path_factory) -> Path:
+    """GoogleFnet (its FFT exports as ONNX DFT, which TVM's importer lacks) then DistilBertForQuestionAnswering,
+    tiny configs, against ONNX Runtime at 1 thread (~3 min)."""
+    path = tmp_path_factory.mktemp("suite") / "hf.json"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(suites.TINY_ENV, "1")
+        proc = run_mlc("bench", "--suite", "huggingface", "--suite-models",
+                       "GoogleFnet,DistilBertForQuestionAnswering", "--baselines", "ort", "--threads", "1",
+                       "--warmup", "1", "--repeat", "3", "-o", path)
+    assert proc.returncode == 0, proc.stderr
+    assert "1/2 models pass" in proc.stdout, proc.stdout
+    return path
+
+
+def test_suite_records_pass_and_failing_stage_per_model(suite_run):
+    doc = json.loads(suite_run.read_text())
+    assert doc["machine"]["cpu"] and doc["config"]["suite"] == "huggingface"
+    models = doc["suite"]["models"]
+    assert doc["suite"]["tiny"] and list(models) == ["GoogleFnet", "DistilBertForQuestionAnswering"]
+    fnet = models["GoogleFnet"]
+    assert (fnet["status"], fnet["stage"]) == ("failed", "import") and "DFT" in fnet["reason"], fnet
+    # The run went on after the failure: the next model was built, compiled, run and checked.
+    bert = models["DistilBertForQuestionAnswering"]
+    assert bert["status"] == "passed" and bert["compile_s"] > 0, bert
+    assert 1e6 < bert["params"] < 5e6 and "tiny config" in bert["notes"][0]
+    assert bert["shapes"][0]["shapes"] == {"input_ids": [1, suites.SEQ]}
+    cells = {(c["model"], c["backend"]): c for c in doc["cells"]}
+    mine = cells[("DistilBertForQuestionAnswering", "mlc")]
+    assert mine["status"] == "ok" and mine["accuracy"]["passed"] and mine["seq"] == suites.SEQ
+    assert cells[("GoogleFnet", "ort")]["status"] == "ok"  # the baselines still ran where mlc failed
+    assert cells[("GoogleFnet", "mlc")]["status"] == "failed"
+
+
+def test_suite_report_table(suite_run, tmp_path):
+    out = tmp_path / "report.md"
+    proc = run_mlc("report", suite_run, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert "## Suite huggingface" in text and "Pass rate: 1/2 models pass (50%); failures by stage: 1 at import" in text
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in text.splitlines()
+            if line.startswith("| GoogleFnet") or line.startswith("| DistilBertForQuestionAnswering")}
+    bert = rows["DistilBertForQuestionAnswering"]
+    assert bert[2] == "pass" and bert[-1].rstrip(" |").endswith("×")
+    assert rows["GoogleFnet"][2].startswith("import: ") and rows["GoogleFnet"][-1].strip(" |") == "–"
+    summary = report.suite_summary(json.loads(suite_run.read_text()))
+    assert summary["passed"] == 1 and summary["geomean"][1]["ort"][1] == 1
+
+
+def test_big_models_are_cut_to_two_layers(monkeypatch):
+    """Over MAX_PARAMS the config is rebuilt with CUT_LAYERS layers (BERT-base against a 50 M threshold)."""
+    pytest.importorskip("transformers")
+    monkeypatch.delenv(suites.TINY_ENV, raising=False)
+    monkeypatch.setattr(suites, "MAX_PARAMS", 50e6)
+    fm = suites.framework_model(suites.source("huggingface", "BertForQuestionAnswering"))
+    assert fm.native.model.config.num_hidden_layers == suites.CUT_LAYERS
+    assert any("cut to 2 layers" in n and "0.11 B" in n for n in fm.notes), fm.notes
+    assert [(d.name, d.dims) for d in fm.inputs] == [("input_ids", [1, suites.SEQ])]
+
+
+def test_suite_options_are_checked():
+    assert matrix.pick_models(None, "huggingface", None) == []
+    from mlc import targets
+
+    assert matrix.parse_ints("--threads", "1,all") == [1, targets.usable_cores()]
+    assert suites.select("huggingface", ["bertformaskedlm"]) == ["BertForMaskedLM"]
+    assert len(suites.select("huggingface", [])) == len(suites.HUGGINGFACE) == 55
+    assert len(suites.select("timm", [])) == 18
+    with pytest.raises(InputError, match="not in the huggingface suite"):
+        suites.select("huggingface", ["NoSuchModel"])
+    with pytest.raises(InputError, match="not both"):
+        matrix.pick_models("mlp", "huggingface", None)
+    with pytest.raises(InputError, match="unknown suite"):
+        matrix.validate(matrix.BenchConfig(models=[], suite="glue"))
+    with pytest.raises(InputError, match="batch 1"):
+        matrix.validate(matrix.BenchConfig(models=[], suite="huggingface", batch=[4]))
+
+
+def test_timm_suite_without_a_working_timm_is_exit_4(tmp_path):
+    if importlib.util.find_spec("timm") is None:
+        with pytest.raises(MissingDependencyError, match="needs timm, which is not installed"):
+            suites.require("timm")
+    proc = run_mlc("bench", "--suite", "timm", "-o", tmp_path / "timm.json")
+    if proc.returncode == 0:
+        pytest.skip("timm imports here")
+    assert_clean_error(proc, 4, "timm")
+    assert not (tmp_path / "timm.json").exists()
+
+
+def test_convert_layout_skipped_without_conv2d():
+    """TVM's ConvertLayout dies (std::bad_alloc) on squeeze(-1), which QA heads have: mlc's build leaves it out
+    where there is no conv2d to lay out."""
+    import tvm
+    from tvm import relax
+
+    from mlc.compiler import schedules
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 128, 2), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            start = bb.emit(relax.op.strided_slice(x, [2], [0], [1]))
+            out = bb.emit_output(relax.op.squeeze(start, axis=[-1]))
+        bb.emit_func_output(out)
+    fused = schedules._legalize_and_fuse(bb.get(), tvm.target.Target({"kind": "llvm"}))
+    assert "squeeze" in fused.script()
