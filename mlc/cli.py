@@ -414,7 +414,7 @@ def _print_debug(report) -> None:
     d = report.divergence
     cleanup_worst = max((o.max_abs_error for o in report.cleanup.outputs), default=0.0)
     final_worst = max((o.max_abs_error for o in report.final.outputs), default=0.0)
-    out.print(f"graph clean-up (constant folding, shape inference): "
+    out.print("graph clean-up (constant folding, shape inference): "
               + ("[green]outputs unchanged[/]" if report.cleanup.passed else f"[red]CHANGED the outputs[/] (max abs err {_fmt(cleanup_worst)})"))
     out.print(f"compiled for {report.target} vs ONNX Runtime: "
               + ("[green]outputs match[/]" if report.final.passed else f"[red]outputs differ[/] (max abs err {_fmt(final_worst)})"))

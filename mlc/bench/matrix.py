@@ -10,7 +10,6 @@ The result is one JSON document (SCHEMA): the machine, the configuration, and a 
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import shutil
@@ -137,7 +136,7 @@ def run(config: BenchConfig, output: Optional[Path] = None, progress: Optional[P
 
     with tempfile.TemporaryDirectory(prefix="mlc-bench-") as scratch:
         workdir = Path(scratch)
-        for index, name in enumerate(config.models):
+        for _index, name in enumerate(config.models):
             zoo = models.get(name)
             source = f"{models.ZOO_PREFIX}{zoo.name}"
             source_fw = source_framework(zoo, config.framework)

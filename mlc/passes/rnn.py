@@ -245,7 +245,8 @@ def _lower(node: onnx.NodeProto, g: _Graph, constants, dims, producers, zeros_al
     one = g.const(1.0, "one")
     ys, last_h, last_c = [], [], []
     for d in range(directions):
-        f = (lambda i, v, clipped=True, d=d: act(d * per_dir + i, v, clipped))
+        def f(i, v, clipped=True, d=d):
+            return act(d * per_dir + i, v, clipped)
         Wb, Rb = B[d, :gates * H], B[d, gates * H:]
         if kind == "GRU" and linear_before_reset:  # Rb_h stays inside r * (h.Rh^T + Rb_h)
             input_bias = np.concatenate([Wb[:2 * H] + Rb[:2 * H], Wb[2 * H:]])

@@ -556,7 +556,7 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
             return {k: data[k] for k in data.files}
     except FileNotFoundError:
         raise FeedError(f"input file not found: {path}") from None
-    except (ValueError, OSError, EOFError) as e:  # includes zipfile.BadZipFile and pickled arrays
+    except (ValueError, OSError, EOFError):  # includes zipfile.BadZipFile and pickled arrays
         if zipfile.is_zipfile(path):  # an .npz that holds object arrays (numpy would unpickle them)
             raise FeedError(f"cannot read {path}: it holds object arrays; save plain numeric arrays with numpy.savez"
                             ) from None
