@@ -218,7 +218,8 @@ def _cell(config: BenchConfig, model: str, source: str, source_fw: str, backend:
         compiled = artifacts[target]
         failure = compiled.get("error")
         if not failure:
-            cell.update({k: compiled[k] for k in ("compile_s", "compile_breakdown_s", "tuning_s", "artifact_bytes", "kernels")})
+            cell.update({k: compiled[k]
+                         for k in ("compile_s", "compile_breakdown_s", "tuning_s", "artifact_bytes", "kernels")})
             cell["target_emulated"] = targets.resolve(target).runtime_arch != targets.HOST_ARCH
     if failure:
         return {**cell, "status": "failed", "error": failure}
