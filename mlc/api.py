@@ -25,6 +25,9 @@ __all__ = ["DEFAULT_OUTPUT_ROOT", "CompileOptions", "CompileResult", "DebugRepor
            "model_name", "open_runner", "prepare_target", "quiet_step", "read_npz", "require_pass",
            "resolve_framework", "run", "save_outputs", "source_sha256", "tune"]
 
+# Options is frozen, so one shared default instance is safe (and what the inline default was).
+_DEFAULT_PASS_OPTIONS = graph_passes.Options()
+
 
 def compile(  # noqa: A001 - the verb users know
     source: str,
@@ -38,7 +41,7 @@ def compile(  # noqa: A001 - the verb users know
     buckets: Sequence[str] = (),
     db: Optional[str | Path] = None,
     default_schedules: bool = True,
-    pass_options: graph_passes.Options = graph_passes.Options(),
+    pass_options: graph_passes.Options = _DEFAULT_PASS_OPTIONS,
     atol: Optional[float] = None,
     rtol: Optional[float] = None,
     archive: bool = False,

@@ -76,7 +76,8 @@ def _fmt(value: float, spec: str = ".2e") -> str:
 
 def _check_table(result, title: str) -> Table:
     table = Table(title=title, title_justify="left")
-    for column in ("output", "shape", "dtype", "max abs err", "max rel err", "cosine", "mismatched", "atol/rtol", "result"):
+    for column in ("output", "shape", "dtype", "max abs err", "max rel err", "cosine", "mismatched", "atol/rtol",
+                   "result"):
         table.add_column(column, justify="left" if column in ("output", "result") else "right")
     for o in result.outputs:
         problems = [o.problem] if o.problem else []
@@ -95,17 +96,20 @@ def _print_check(result, prefix: str) -> None:
     """The compiled model against the reference; for framework models, first the conversion step
     (ONNX Runtime on the export against the same eager outputs), so a user sees where accuracy went."""
     if result.conversion is not None:
-        out.print(_check_table(result.conversion, f"{prefix}conversion: ONNX Runtime on the export vs {result.reference}"))
+        out.print(_check_table(result.conversion,
+                               f"{prefix}conversion: ONNX Runtime on the export vs {result.reference}"))
     elif result.conversion_error:
         out.print(f"[yellow]conversion: ONNX Runtime could not run the export[/] ({escape(result.conversion_error)})")
-    what = "compilation: the artifact vs" if result.conversion is not None or result.conversion_error else "check against"
+    what = ("compilation: the artifact vs" if result.conversion is not None or result.conversion_error
+            else "check against")
     out.print(_check_table(result, f"{prefix}{what} {result.reference}"))
 
 
 def _latency_line(stats: dict) -> str:
     return (
         f"latency over {stats['runs']} runs: mean {stats['mean_ms']:.3f} ms, p50 {stats['p50_ms']:.3f} ms, "
-        f"p90 {stats['p90_ms']:.3f} ms, p99 {stats['p99_ms']:.3f} ms; throughput {stats['throughput_per_s']:.1f} runs/s "
+        f"p90 {stats['p90_ms']:.3f} ms, p99 {stats['p99_ms']:.3f} ms; "
+        f"throughput {stats['throughput_per_s']:.1f} runs/s "
         f"({stats['samples_per_s']:.1f} samples/s)"
     )
 
@@ -166,8 +170,8 @@ def compile_cmd(
     target: List[str] = typer.Option(["x86"], "--target", "-t",
                                      help="Target preset (see `mlc targets`) or TVM target JSON; repeat for several."),
     output: Optional[Path] = typer.Option(None, "--output", "-o",
-                                          help="Artifact directory (default: artifacts/MODEL-TARGET); with several targets, "
-                                               "the folder that receives MODEL-TARGET for each."),
+                                          help="Artifact directory (default: artifacts/MODEL-TARGET); "
+                                               "with several targets, the folder that receives MODEL-TARGET for each."),
     input_shape: List[str] = typer.Option([], "--input-shape", help="Fix an input's shape, NAME:1x128 (repeatable)."),
     framework: Optional[str] = _FRAMEWORK_OPTION,
     dynamic: List[str] = _DYNAMIC_OPTION,
@@ -177,15 +181,20 @@ def compile_cmd(
     rtol: Optional[float] = typer.Option(None, help="Relative tolerance for the check (default: by dtype)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     db: Optional[Path] = typer.Option(None, "--db", help="Tuning database written by `mlc tune` (CPU targets)."),
-    opt_level: int = typer.Option(2, "-O", help="Optimisation level 0-3: which graph passes run by default (see `mlc passes`)."),
-    passes: Optional[str] = typer.Option(None, "--passes", help="Run exactly these passes, comma-separated (replaces -O's list)."),
+    opt_level: int = typer.Option(2, "-O",
+                                  help="Optimisation level 0-3: which graph passes run by default (see `mlc passes`)."),
+    passes: Optional[str] = typer.Option(None, "--passes",
+                                         help="Run exactly these passes, comma-separated (replaces -O's list)."),
     disable_pass: List[str] = typer.Option([], "--disable-pass", help="Do not run this pass (repeatable)."),
-    enable_pass: List[str] = typer.Option([], "--enable-pass", help="Also run this pass, e.g. an opt-in one (repeatable)."),
+    enable_pass: List[str] = typer.Option([], "--enable-pass",
+                                          help="Also run this pass, e.g. an opt-in one (repeatable)."),
     pass_config: List[str] = typer.Option([], "--pass-config", help="Set a pass option, PASS.KEY=VALUE (repeatable)."),
-    dump_ir: Optional[Path] = typer.Option(None, "--dump-ir", help="Write the ONNX graph / Relax IR after each pass here."),
-    buckets: List[str] = typer.Option([], "--buckets", help="One static build per length, e.g. 8,16,32 or seq=8,16,32: "
-                                                            "inputs are padded to the next bucket (the mask input marks "
-                                                            "the padding), outputs sliced back."),
+    dump_ir: Optional[Path] = typer.Option(None, "--dump-ir",
+                                           help="Write the ONNX graph / Relax IR after each pass here."),
+    buckets: List[str] = typer.Option([], "--buckets",
+                                      help="One static build per length, e.g. 8,16,32 or seq=8,16,32: "
+                                           "inputs are padded to the next bucket (the mask input marks "
+                                           "the padding), outputs sliced back."),
 ) -> None:
     """Compile a model into a verified artifact: compiled library, thin runtime, reference data.
 
@@ -199,7 +208,8 @@ def compile_cmd(
                                         str(dump_ir) if dump_ir else None)
 
     presets = [targets.resolve(t) for t in dict.fromkeys(target)]
-    for preset in presets:  # every target's toolchain and runtime (and the pass choices) are checked before anything compiles
+    # every target's toolchain and runtime (and the pass choices) are checked before anything compiles
+    for preset in presets:
         api.prepare_target(preset)
         pass_options.plan(preset.device)
     results = []
@@ -224,7 +234,8 @@ def _report_compile(result, as_json: bool) -> None:
         err.print(f"[yellow]warning:[/] {escape(note)}", soft_wrap=True)
     check = result.check
     if as_json:
-        out.print_json(json.dumps({"artifact": str(result.path), "archive": str(result.archive) if result.archive else None,
+        out.print_json(json.dumps({"artifact": str(result.path),
+                                   "archive": str(result.archive) if result.archive else None,
                                    "target": result.manifest.target.name,
                                    "check": check.to_json() if check is not None else None,
                                    "timings_s": result.manifest.compile.timings_s,
@@ -249,14 +260,19 @@ def _report_compile(result, as_json: bool) -> None:
 @app.command("tune")
 def tune_cmd(
     model: str = typer.Argument(..., help="An .onnx file, or zoo:NAME for a built-in model."),
-    target: str = typer.Option("x86", "--target", "-t", help="CPU target preset (see `mlc targets`) or TVM target JSON."),
+    target: str = typer.Option("x86", "--target", "-t",
+                               help="CPU target preset (see `mlc targets`) or TVM target JSON."),
     db: Path = typer.Option(..., "--db", help="Tuning database folder (created; a rerun continues it)."),
-    trials: Optional[int] = typer.Option(None, "--trials", help="Trials per kernel the database should hold (default: 64)."),
+    trials: Optional[int] = typer.Option(None, "--trials",
+                                         help="Trials per kernel the database should hold (default: 64)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Wall-time limit for this run, e.g. 90s, 20m, 1h30m."),
     input_shape: List[str] = typer.Option([], "--input-shape", help="Fix an input's shape, NAME:1x128 (repeatable)."),
-    rpc_tracker: Optional[str] = typer.Option(None, "--rpc-tracker", help="HOST:PORT of a TVM RPC tracker: measure on its devices."),
+    rpc_tracker: Optional[str] = typer.Option(None, "--rpc-tracker",
+                                              help="HOST:PORT of a TVM RPC tracker: measure on its devices."),
     rpc_key: Optional[str] = typer.Option(None, "--rpc-key", help="Device key registered with the tracker."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="Threads to measure with: the count the model will run with (default: TVM's own choice, as at run time)."),
+    threads: Optional[int] = typer.Option(None, "--threads",
+                                          help="Threads to measure with: the count the model will run with "
+                                               "(default: TVM's own choice, as at run time)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Autotune the model's kernels with MetaSchedule into a resumable database (Ctrl-C keeps every record)."""
@@ -272,10 +288,12 @@ def tune_cmd(
                              on_event=progress.update if progress else (lambda e, t: None))
     for note in result.notes:
         err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
-    summary = {"db": str(result.db), "tasks": len(result.tasks), "trials": result.trials, "failed_trials": result.errors,
+    summary = {"db": str(result.db), "tasks": len(result.tasks), "trials": result.trials,
+               "failed_trials": result.errors,
                "records": result.records, "seconds": round(result.seconds, 1), "stopped_by": result.reason,
                "threads": result.threads,
-               "kernels": [{"name": t.name, "weight": t.weight, "trials": t.trials, "best_us": t.best_us} for t in result.tasks],
+               "kernels": [{"name": t.name, "weight": t.weight, "trials": t.trials, "best_us": t.best_us}
+                           for t in result.tasks],
                "left_to_default": result.left_to_default}
     if as_json:
         out.print_json(json.dumps(summary))
@@ -309,7 +327,8 @@ def _passes_table(records) -> Table:
         table.add_column(column, justify="right" if column.startswith(("ops", "time")) else "left")
     for r in records:
         if r.status == "applied":
-            what = escape(", ".join(f"{op} {n:+d}" for op, n in sorted(r.op_changes.items(), key=lambda kv: -abs(kv[1]))[:6]) or "-")
+            what = escape(", ".join(f"{op} {n:+d}"
+                                    for op, n in sorted(r.op_changes.items(), key=lambda kv: -abs(kv[1]))[:6]) or "-")
         else:
             what = f"[yellow]skipped:[/] {escape(r.reason or '')}"
         table.add_row(r.name, r.level, str(r.ops_before), str(r.ops_after), f"{r.time_s:.2f} s", what)
@@ -336,7 +355,8 @@ def passes_cmd(as_json: bool = typer.Option(False, "--json", help="Print the reg
 @app.command("run")
 def run_cmd(
     artifact: Path = typer.Argument(..., help="Artifact directory written by `mlc compile`."),
-    inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help=".npz with one array per input (default: reference inputs)."),
+    inputs: Optional[Path] = typer.Option(None, "--inputs", "-i",
+                                          help=".npz with one array per input (default: reference inputs)."),
     outputs: Optional[Path] = typer.Option(None, "--outputs", "-o", help="Write the outputs to this .npz."),
     warmup: int = typer.Option(3, help="Untimed runs first."),
     repeat: int = typer.Option(50, help="Timed runs (0: run once, no timing)."),
@@ -386,8 +406,12 @@ def _print_profile(rows: list[dict], shown: int = 15) -> None:
 @app.command("check")
 def check_cmd(
     artifact: Path = typer.Argument(..., help="Artifact directory written by `mlc compile`."),
-    atol: Optional[float] = typer.Option(None, help="Absolute tolerance (default: by dtype: fp32 1e-4, fp16 1e-2, ints exact)."),
-    rtol: Optional[float] = typer.Option(None, help="Relative tolerance (default: by dtype: fp32 1e-3, fp16 5e-2, ints exact)."),
+    atol: Optional[float] = typer.Option(None,
+                                         help="Absolute tolerance (default: by dtype: "
+                                              "fp32 1e-4, fp16 1e-2, ints exact)."),
+    rtol: Optional[float] = typer.Option(None,
+                                         help="Relative tolerance (default: by dtype: "
+                                              "fp32 1e-3, fp16 5e-2, ints exact)."),
     as_json: bool = typer.Option(False, "--json", help="Print per-output statistics as JSON."),
 ) -> None:
     """Run the artifact on its reference inputs and compare with the reference outputs (exit 3 on mismatch)."""
@@ -414,10 +438,12 @@ def _print_debug(report) -> None:
     d = report.divergence
     cleanup_worst = max((o.max_abs_error for o in report.cleanup.outputs), default=0.0)
     final_worst = max((o.max_abs_error for o in report.final.outputs), default=0.0)
-    out.print(f"graph clean-up (constant folding, shape inference): "
-              + ("[green]outputs unchanged[/]" if report.cleanup.passed else f"[red]CHANGED the outputs[/] (max abs err {_fmt(cleanup_worst)})"))
+    out.print("graph clean-up (constant folding, shape inference): "
+              + ("[green]outputs unchanged[/]" if report.cleanup.passed
+                 else f"[red]CHANGED the outputs[/] (max abs err {_fmt(cleanup_worst)})"))
     out.print(f"compiled for {report.target} vs ONNX Runtime: "
-              + ("[green]outputs match[/]" if report.final.passed else f"[red]outputs differ[/] (max abs err {_fmt(final_worst)})"))
+              + ("[green]outputs match[/]" if report.final.passed
+                 else f"[red]outputs differ[/] (max abs err {_fmt(final_worst)})"))
     how = {"final-only": "the outputs of one build", "exposed": "one build with every intermediate value exposed",
            "bisect": "bisection over prefix models"}[report.method]
     out.print(f"compared {report.values_compared} values by {how} ({report.builds} TVM builds)")
@@ -439,7 +465,8 @@ def _print_debug(report) -> None:
         shape = "x".join(map(str, i["shape"])) if i["shape"] else "?"
         out.print(f"  input {escape(i['name'])}: {shape} {i['dtype'] or ''}  {state}")
     table = Table(title="values compared up to the first divergence", title_justify="left")
-    for column in ("pos", "node", "op", "value", "shape", "max abs err", "max rel err", "cosine", "mismatched", "result"):
+    for column in ("pos", "node", "op", "value", "shape", "max abs err", "max rel err", "cosine", "mismatched",
+                   "result"):
         table.add_column(column, justify="left" if column in ("node", "op", "value", "result") else "right")
     for r in d.preceding:
         _value_rows(table, r)
@@ -455,14 +482,21 @@ def _print_debug(report) -> None:
 
 @app.command("debug")
 def debug_cmd(
-    model: str = typer.Argument(..., help="A model (as for compile) or an artifact directory (reuses its model, target, shapes, inputs)."),
-    target: Optional[str] = typer.Option(None, "--target", "-t", help="Target preset (default: the artifact's, else x86)."),
+    model: str = typer.Argument(...,
+                                help="A model (as for compile) or an artifact directory "
+                                     "(reuses its model, target, shapes, inputs)."),
+    target: Optional[str] = typer.Option(None, "--target", "-t",
+                                         help="Target preset (default: the artifact's, else x86)."),
     input_shape: List[str] = typer.Option([], "--input-shape", help="Fix an input's shape, NAME:1x128 (repeatable)."),
-    inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help=".npz of model inputs (default: seeded reference inputs)."),
+    inputs: Optional[Path] = typer.Option(None, "--inputs", "-i",
+                                          help=".npz of model inputs (default: seeded reference inputs)."),
     atol: Optional[float] = typer.Option(None, help="Absolute tolerance (default: by dtype)."),
     rtol: Optional[float] = typer.Option(None, help="Relative tolerance (default: by dtype)."),
-    extract: Optional[Path] = typer.Option(None, "--extract", help="Write the first diverging node as a small ONNX model with its data here."),
-    method: str = typer.Option("auto", help="auto | exposed (one build, every value an output) | bisect (prefix builds)."),
+    extract: Optional[Path] = typer.Option(None, "--extract",
+                                           help="Write the first diverging node as a small ONNX model "
+                                                "with its data here."),
+    method: str = typer.Option("auto",
+                               help="auto | exposed (one build, every value an output) | bisect (prefix builds)."),
     framework: Optional[str] = _FRAMEWORK_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
@@ -512,7 +546,8 @@ def bench_cmd(
                                         "huggingface or timm (models built from their configs, batch 1, 128 tokens)."),
     suite_models: Optional[str] = typer.Option(None, "--suite-models", help="With --suite: these of its models only."),
     output: Path = typer.Option(..., "--output", "-o", help="The results JSON to write (rewritten after every cell)."),
-    targets: str = typer.Option("x86", "--targets", "-t", help="mlc targets, comma-separated; 'none' for baselines only."),
+    targets: str = typer.Option("x86", "--targets", "-t",
+                                help="mlc targets, comma-separated; 'none' for baselines only."),
     batch: str = typer.Option("1", "--batch", help="Batch sizes, comma-separated."),
     seq: str = typer.Option("128", "--seq", help="Sequence lengths, comma-separated (models without one ignore it)."),
     threads: str = typer.Option("1", "--threads", help="CPU thread counts, comma-separated; all: every usable core."),
@@ -522,10 +557,12 @@ def bench_cmd(
     warmup: int = typer.Option(3, help="Untimed runs per cell."),
     repeat: int = typer.Option(20, help="Timed runs per cell."),
     framework: Optional[str] = typer.Option(None, "--framework", "-f",
-                                            help="Framework mlc and ort take the model from (default: torch where the model has it)."),
+                                            help="Framework mlc and ort take the model from "
+                                                 "(default: torch where the model has it)."),
     db: Optional[str] = typer.Option(None, "--db", help="Tuning database for mlc's compiles (needs `mlc tune`)."),
     cell_timeout: Optional[float] = typer.Option(None, "--cell-timeout",
-                                                 help="Seconds a cell may run; a slower one is stopped and recorded as failed."),
+                                                 help="Seconds a cell may run; a slower one is stopped and recorded "
+                                                      "as failed."),
     lengths: Optional[str] = typer.Option(None, "--lengths", help="Instead of the matrix: run one model over a "
                                           "sentence-length distribution (cola-like), batch 1, comparing dynamic, "
                                           "buckets, static, ort and torch (seed 002)."),
@@ -584,8 +621,11 @@ def bench_cmd(
 
 @app.command("report")
 def report_cmd(
-    results: List[Path] = typer.Argument(..., help="Result JSON files written by `mlc bench` (several machines/targets merge)."),
-    output: Path = typer.Option(..., "--output", "-o", help="report.html (plots embedded) or report.md (plots beside it)."),
+    results: List[Path] = typer.Argument(...,
+                                         help="Result JSON files written by `mlc bench` "
+                                              "(several machines/targets merge)."),
+    output: Path = typer.Option(..., "--output", "-o",
+                                help="report.html (plots embedded) or report.md (plots beside it)."),
     title: str = typer.Option("mlc benchmark report", help="The page title."),
 ) -> None:
     """Render benchmark results as an HTML or Markdown page: latency, speed-up, accuracy, compile time, plots."""

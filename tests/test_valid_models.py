@@ -81,7 +81,8 @@ def test_nan_propagates_like_onnxruntime(tmp_path: Path) -> None:
              helper.make_node("HardSigmoid", ["x"], ["h"]),  # a relax clip
              helper.make_node("Clip", ["x", "lo", "hi"], ["cl"]), helper.make_node("Max", ["x", "zero"], ["mx"]),
              helper.make_node("Reshape", ["x", "image"], ["xi"]),  # conv + bias + relu: one fused kernel
-             helper.make_node("Conv", ["xi", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["cr"])]
+             helper.make_node("Conv", ["xi", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["cr"])]
     rng = np.random.default_rng(1)
     consts = [numpy_helper.from_array(np.array([1, 4, 4, 4], np.int64), "image"),
               numpy_helper.from_array(rng.standard_normal((8, 4, 3, 3)).astype(np.float32), "w"),
@@ -138,7 +139,8 @@ def test_build_retries_without_optional_steps(monkeypatch) -> None:
                      "InternalError: Check failed: rule blew up"]
     calls.clear()
     notes.clear()
-    assert worker._build_with_fallbacks("imported", "passed", {**request, "passes_fail": True}, notes)[0] == "exe(imported)"
+    built = worker._build_with_fallbacks("imported", "passed", {**request, "passes_fail": True}, notes)
+    assert built[0] == "exe(imported)"
     assert calls[-1] == ("imported", False) and "the Relax passes and mlc's default CPU schedules" in notes[0]
     monkeypatch.setattr(worker, "_build", lambda *a: (_ for _ in ()).throw(ValueError("mandatory")))
     with pytest.raises(ValueError, match="mandatory"):

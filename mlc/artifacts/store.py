@@ -122,7 +122,8 @@ def load(path: str | os.PathLike, verify: bool = True) -> Manifest:
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise IntegrityError(f"{root / MANIFEST} is invalid at '{where}': {first['msg']}; recompile the artifact") from None
+        raise IntegrityError(f"{root / MANIFEST} is invalid at '{where}': {first['msg']}; "
+                             "recompile the artifact") from None
     return manifest
 
 

@@ -126,7 +126,8 @@ def run(config, output: Optional[Path] = None, progress=None) -> dict:
             try:
                 start = time.perf_counter()
                 if strategy == "dynamic":
-                    artifacts["*"] = compile_(f"{zoo.name}: dynamic", "dynamic", input_shapes=input_shapes(distinct[-1]),
+                    artifacts["*"] = compile_(f"{zoo.name}: dynamic", "dynamic",
+                                              input_shapes=input_shapes(distinct[-1]),
                                               dynamic=[f"seq=1..{sizes[-1]}"])
                 elif strategy == "buckets":
                     artifacts["*"] = compile_(f"{zoo.name}: buckets", "buckets", input_shapes=input_shapes(distinct[0]),
@@ -135,7 +136,8 @@ def run(config, output: Optional[Path] = None, progress=None) -> dict:
                 elif strategy == "static":
                     for n in distinct:
                         tell(index, len(strategies), f"{zoo.name}: static, compiling seq {n}")
-                        artifacts[str(n)] = compile_(f"{zoo.name}: static seq {n}", f"static-{n}", input_shapes=input_shapes(n))
+                        artifacts[str(n)] = compile_(f"{zoo.name}: static seq {n}", f"static-{n}",
+                                                     input_shapes=input_shapes(n))
                 row["compile_s"] = round(time.perf_counter() - start, 3) if artifacts else None
                 row["compiles"] = len(distinct) if strategy == "static" else int(bool(artifacts))
                 if artifacts:

@@ -217,7 +217,8 @@ def _accuracy_section(cells: list[dict]) -> Section:
         table.rows.append([c["machine"], c["model"], shape_label(c), str(c["threads"]), backend_label(c),
                            c.get("reference", ""), "–" if err is None else f"{err:.2e}",
                            "pass" if acc.get("passed") else "FAIL",
-                           *([EMULATED] * 3 if emulated else [_ms(lat.get("p90")), _ms(lat.get("p99")), _ms(lat.get("mean"))]),
+                           *([EMULATED] * 3 if emulated
+                             else [_ms(lat.get("p90")), _ms(lat.get("p99")), _ms(lat.get("mean"))]),
                            f"{c['load_average']:.1f}" if c.get("load_average") is not None else "–"])
         if not acc.get("passed"):
             table.bold.add((len(table.rows) - 1, 7))
@@ -381,7 +382,8 @@ def _lengths_sections(docs: list[dict]) -> list[Section]:
             continue
         st = run["stats"]
         title = f"{run['model']}: {run['distribution']} lengths, {st['n']} sentences ({machine_label(doc['machine'])})"
-        text = [f"Token lengths (seed {run['seed']}): mean {st['mean']}, median {st['median']:g}, {st['min']}–{st['max']}, "
+        text = [f"Token lengths (seed {run['seed']}): mean {st['mean']}, median {st['median']:g}, "
+                f"{st['min']}–{st['max']}, "
                 f"p90 {st['p90']:g}, {st['distinct']} distinct. Batch 1, one sentence at a time, {run['threads']} "
                 f"thread(s), target {run['target']}; each distinct length runs once untimed first (checked against "
                 f"eager), then every sentence once, timed. Buckets: {', '.join(map(str, run['buckets']))}. Compile "
@@ -422,7 +424,8 @@ def _lengths_sections(docs: list[dict]) -> list[Section]:
 def lengths_console_table(doc: dict):
     from rich.table import Table as RichTable
 
-    table = RichTable(title=f"{doc['lengths']['model']}, {doc['lengths']['stats']['n']} sentences", title_justify="left")
+    table = RichTable(title=f"{doc['lengths']['model']}, {doc['lengths']['stats']['n']} sentences",
+                      title_justify="left")
     for column in _LENGTHS_HEADER:
         table.add_column(column, justify="left" if column in ("strategy", "status", "note") else "right")
     for row in _lengths_rows(doc["lengths"]):
@@ -585,7 +588,8 @@ def to_html(sections: list[Section], title: str) -> str:
                 out.append("<table><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in part.header)
                            + "</tr></thead><tbody>")
                 for r, row in enumerate(part.rows):
-                    cells = [f"<td><b>{html.escape(v)}</b></td>" if (r, c) in part.bold else f"<td>{html.escape(v)}</td>"
+                    cells = [f"<td><b>{html.escape(v)}</b></td>" if (r, c) in part.bold
+                             else f"<td>{html.escape(v)}</td>"
                              for c, v in enumerate(row)]
                     out.append("<tr>" + "".join(cells) + "</tr>")
                 out.append("</tbody></table>")

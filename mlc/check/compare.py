@@ -127,7 +127,8 @@ def compare_one(name: str, reference: np.ndarray, actual: np.ndarray, tol: Toler
         mismatch_fraction=mismatches / reference.size,
         nonfinite_mismatch=nonfinite_mismatch,
         passed=mismatches == 0 and actual.dtype == reference.dtype,
-        problem="" if actual.dtype == reference.dtype else f"dtype {actual.dtype} differs from reference {reference.dtype}",
+        problem=("" if actual.dtype == reference.dtype
+                 else f"dtype {actual.dtype} differs from reference {reference.dtype}"),
     )
 
 

@@ -104,15 +104,18 @@ def single_node_model(model: onnx.ModelProto, node_index: int, values: Mapping[s
             inits.append(weights[name])
         else:
             array = values[name]
-            inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(array.dtype), list(array.shape)))
+            inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(array.dtype),
+                                                        list(array.shape)))
     outputs = []
     for name in (o for o in node.output if o):
         array = values.get(name)
         if array is not None:
-            outputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(array.dtype), list(array.shape)))
+            outputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(array.dtype),
+                                                         list(array.shape)))
         else:
             outputs.append(helper.make_empty_tensor_value_info(name))
-    graph = helper.make_graph([node], f"{model.graph.name or 'model'}_{node.op_type}_{node_index}", inputs, outputs, inits)
+    graph = helper.make_graph([node], f"{model.graph.name or 'model'}_{node.op_type}_{node_index}", inputs, outputs,
+                              inits)
     extracted = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
     return extracted
 

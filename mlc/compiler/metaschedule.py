@@ -142,7 +142,8 @@ def make_rpc_runner(tracker: str, key: str, timeout: int):
     from tvm.s_tir import meta_schedule as ms
 
     host, port = tracker.rsplit(":", 1)
-    config = ms.runner.RPCConfig(tracker_host=host, tracker_port=int(port), tracker_key=key, session_timeout_sec=timeout)
+    config = ms.runner.RPCConfig(tracker_host=host, tracker_port=int(port), tracker_key=key,
+                                 session_timeout_sec=timeout)
     from mlc.compiler import rpc
 
     return ms.runner.RPCRunner(rpc_config=config, evaluator_config=evaluator_config(), max_workers=1,
@@ -340,7 +341,8 @@ def tune_request(request: dict) -> dict:
     # defaults spend minutes per batch searching before anything is measured.
     population = request.get("population", 128)
     strategy = ms.search_strategy.EvolutionarySearch(
-        population_size=population, init_min_unmeasured=min(50, population // 2), genetic_num_iters=request.get("generations", 2))
+        population_size=population, init_min_unmeasured=min(50, population // 2),
+        genetic_num_iters=request.get("generations", 2))
     contexts, _ = ms.relax_integration.extracted_tasks_to_tune_contexts(
         [tasks[i] for i in todo], work_dir=request["logs"], strategy=strategy, num_threads=request["threads"],
         seed=request.get("seed"))

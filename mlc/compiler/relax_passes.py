@@ -75,7 +75,8 @@ def combine_parallel_matmul(mod, config: dict, target):
         if not lifted:
             continue
         lifted_mod = tvm.IRModule({gv.name_hint: lifted_func})
-        lifted_mod = relax.transform.CombineParallelMatmul(lambda _lhs, rhs, _bias, _bindings: len(rhs) >= least)(lifted_mod)
+        lifted_mod = relax.transform.CombineParallelMatmul(
+            lambda _lhs, rhs, _bias, _bindings: len(rhs) >= least)(lifted_mod)
         lifted_mod = relax.transform.BindParams(gv.name_hint, dict(lifted))(lifted_mod)
         mod = mod.clone()  # the caller's module stays as it was
         mod[gv] = relax.transform.FoldConstant()(lifted_mod)[gv.name_hint]
@@ -249,8 +250,9 @@ def fuse_ops(mod, config: dict, target):
     from tvm import relax
 
     t = relax.transform
-    return tvm.transform.Sequential([t.LegalizeOps(nan_preserving_legalizations()), t.AnnotateTIROpPattern(), t.FoldConstant(),
-                                     t.FuseOps(int(config.get("fuse_opt_level", -1))), t.FuseTIR()])(mod)
+    return tvm.transform.Sequential([t.LegalizeOps(nan_preserving_legalizations()), t.AnnotateTIROpPattern(),
+                                     t.FoldConstant(), t.FuseOps(int(config.get("fuse_opt_level", -1))),
+                                     t.FuseTIR()])(mod)
 
 
 def op_counts(mod) -> Counter:

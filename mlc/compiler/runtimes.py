@@ -78,7 +78,8 @@ def _host_libraries() -> tuple[Path, Path]:
     runtime = tvm_package_dir() / "lib" / "libtvm_runtime.so"
     if ffi_dir is None or not (ffi_dir / "lib" / "libtvm_ffi.so").is_file() or not runtime.is_file():
         raise MissingDependencyError("apache-tvm / apache-tvm-ffi are incomplete; reinstall: "
-                                     "pip install --force-reinstall apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post1")
+                                     "pip install --force-reinstall apache-tvm==0.27.0.post1 "
+                                     "apache-tvm-ffi==0.1.14.post1")
     return runtime, ffi_dir / "lib" / "libtvm_ffi.so"
 
 

@@ -30,8 +30,8 @@ PANEL_BLOCK_BYTES = 256 * 1024  # L2 is 512 KB to 2 MB on the x86 and ARM cores 
 
 def _lanes(target) -> int:
     mcpu = str(target.attrs.get("mcpu", "")) if target.attrs else ""
-    if any(name in mcpu for name in ("avx512", "skylake-avx512", "cascadelake", "cooperlake", "sapphirerapids", "icelake",
-                                     "znver4", "znver5")):
+    if any(name in mcpu for name in ("avx512", "skylake-avx512", "cascadelake", "cooperlake", "sapphirerapids",
+                                     "icelake", "znver4", "znver5")):
         return 16
     return 8 if target.kind.name == "llvm" and "aarch64" not in str(target.attrs.get("mtriple", "")) else 4
 

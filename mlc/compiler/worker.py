@@ -159,7 +159,8 @@ def compile_request(request: dict) -> dict:
 
         imported = mod
         # mlc.tuning's CPU build legalizes and fuses itself (its tuning keys are the kernels it fuses)
-        mod, passes = relax_passes.run(mod, request.get("relax_passes") or [], request["target"], request.get("dump_ir"),
+        mod, passes = relax_passes.run(mod, request.get("relax_passes") or [], request["target"],
+                                       request.get("dump_ir"),
                                        fused_by_build=bool(request.get("schedules")))
         if passes["error"]:
             return {"ok": False, "kind": "pass", "message": passes["error"]}

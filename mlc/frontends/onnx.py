@@ -55,7 +55,8 @@ def load(path: str | Path) -> onnx.ModelProto:
     try:
         model = onnx.load(str(path))
     except (DecodeError, ValueError, RuntimeError, OSError) as e:
-        raise InputError(f"{path} is not an ONNX model (cannot parse it: {_first_line(e)}); pass a valid .onnx file") from None
+        raise InputError(f"{path} is not an ONNX model (cannot parse it: {_first_line(e)}); "
+                         "pass a valid .onnx file") from None
     validate(model, str(path))
     return model
 
@@ -132,7 +133,8 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
             if dim.HasField("dim_value") and dim.dim_value > 0:
                 shape.append(int(dim.dim_value))
             else:
-                shape.append(_sanitize_dim(dim.dim_param) if dim.dim_param else f"{_sanitize_dim(value.name)}_dim{axis}")
+                shape.append(_sanitize_dim(dim.dim_param) if dim.dim_param
+                             else f"{_sanitize_dim(value.name)}_dim{axis}")
         specs.append(InputSpec(value.name, _dtype_name(tensor.elem_type), shape))
     _attach_index_ranges(model, specs)
     return specs
@@ -219,7 +221,8 @@ def resolve_input_shapes(specs: list[InputSpec], texts: list[str]) -> dict[str, 
         name, shape = parse_input_shape(text)
         if name is None:
             if len(specs) != 1:
-                raise InputError(f"--input-shape {text!r} has no input name and the model has {len(specs)} inputs: {', '.join(names)}")
+                raise InputError(f"--input-shape {text!r} has no input name and the model has {len(specs)} inputs: "
+                                 f"{', '.join(names)}")
             name = names[0]
         spec = next((s for s in specs if s.name == name), None)
         if spec is None:
@@ -228,7 +231,8 @@ def resolve_input_shapes(specs: list[InputSpec], texts: list[str]) -> dict[str, 
             raise InputError(f"--input-shape {name}: rank {len(shape)} given, the model expects {_fmt(spec.shape)}")
         for want, got in zip(spec.shape, shape):
             if isinstance(want, int) and want != got:
-                raise InputError(f"--input-shape {name}: {'x'.join(map(str, shape))} conflicts with the model's fixed shape {_fmt(spec.shape)}")
+                raise InputError(f"--input-shape {name}: {'x'.join(map(str, shape))} conflicts with the model's "
+                                 f"fixed shape {_fmt(spec.shape)}")
         shapes[name] = shape
     return shapes
 
@@ -275,7 +279,8 @@ def concrete_shapes(specs: list[InputSpec], fixed: dict[str, list[int]],
     return shapes
 
 
-def make_inputs(specs: list[InputSpec], shapes: dict[str, list[int]], seed: int = REFERENCE_SEED) -> dict[str, np.ndarray]:
+def make_inputs(specs: list[InputSpec], shapes: dict[str, list[int]],
+                seed: int = REFERENCE_SEED) -> dict[str, np.ndarray]:
     """Seeded inputs of the right dtype; masks are ones, table indices stay inside the table."""
     total = sum(int(np.prod(shapes[s.name], dtype=np.float64)) * np.dtype(s.dtype).itemsize for s in specs)
     if total > MAX_REFERENCE_BYTES:

@@ -20,7 +20,8 @@ def parse_dynamic(values: Sequence[str]) -> Optional[dict[str, Optional[tuple[in
         for item in filter(None, (part.strip() for part in value.split(","))):
             match = _DYNAMIC.match(item)
             if not match:
-                raise InputError(f"--dynamic {item!r} is malformed; write a dim name (batch), or NAME=MIN..MAX (seq=1..512)")
+                raise InputError(f"--dynamic {item!r} is malformed; write a dim name (batch), "
+                                 "or NAME=MIN..MAX (seq=1..512)")
             name, lo, hi = match.group(1), match.group(2), match.group(3)
             if lo is not None and not (1 <= int(lo) <= int(hi)):
                 raise InputError(f"--dynamic {item!r}: the range must satisfy 1 <= MIN <= MAX")

@@ -244,7 +244,8 @@ def _load_exported_program(path: Path) -> FrameworkModel:
                          "save one with torch.export.save(torch.export.export(model, args), 'model.pt2')") from None
     args, kwargs = program.example_inputs or ((), {})
     if kwargs:
-        raise UnsupportedModelError(f"{path}: keyword inputs are not supported; export the program with positional inputs")
+        raise UnsupportedModelError(f"{path}: keyword inputs are not supported; "
+                                    "export the program with positional inputs")
     names = [spec.arg.name for spec in program.graph_signature.input_specs if spec.kind.name == "USER_INPUT"]
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
     decls, sizes = [], {}
@@ -267,7 +268,8 @@ def _load_exported_program(path: Path) -> FrameworkModel:
             onnx_program = torch.onnx.export(program, dynamo=True, input_names=names, opset_version=OPSET)
             onnx_program.save(str(out))
         except Exception as e:
-            raise UnsupportedModelError(f"torch's dynamo ONNX exporter failed on {path.name}: {_first_line(e)}") from None
+            raise UnsupportedModelError(f"torch's dynamo ONNX exporter failed on {path.name}: "
+                                        f"{_first_line(e)}") from None
         return f"torch.onnx dynamo exporter on an ExportedProgram (torch {torch.__version__}, opset {OPSET})"
 
     def eager(inputs: list[np.ndarray]) -> list[np.ndarray]:

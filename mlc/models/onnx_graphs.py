@@ -46,7 +46,8 @@ class _GraphBuilder:
         producer = next(n for n in self.nodes if n.output[0] == final)
         producer.output[0] = outputs[0].name
         graph = helper.make_graph(self.nodes, name, inputs, outputs, self.inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="mlc-zoo", ir_version=IR_VERSION)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="mlc-zoo",
+                                  ir_version=IR_VERSION)
         onnx.checker.check_model(model)
         return model
 
@@ -86,7 +87,8 @@ def transformer(layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int = 
     ones, zeros = np.ones(hidden, np.float32), np.zeros(hidden, np.float32)
 
     def layer_norm(x: str) -> str:
-        return g.op("LayerNormalization", x, g.const(ones, "ln_scale"), g.const(zeros, "ln_bias"), axis=-1, epsilon=1e-12)
+        return g.op("LayerNormalization", x, g.const(ones, "ln_scale"), g.const(zeros, "ln_bias"), axis=-1,
+                    epsilon=1e-12)
 
     def split_heads(x: str) -> str:  # [b, s, h] -> [b, heads, s, head_dim]
         shaped = g.op("Reshape", x, g.const(np.array([0, seq, heads, head_dim], np.int64), "shape"))
@@ -95,18 +97,21 @@ def transformer(layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int = 
     tokens = g.op("Gather", g.weight(vocab, hidden, scale=0.02, prefix="word_embeddings"), "input_ids")
     x = layer_norm(g.op("Add", tokens, g.weight(seq, hidden, scale=0.02, prefix="position_embeddings")))
     # attention_mask [b, s] of 1/0 -> additive bias [b, 1, 1, s] of 0/-10000
-    mask = g.op("Cast", g.op("Unsqueeze", "attention_mask", g.const(np.array([1, 2], np.int64), "axes")), to=TensorProto.FLOAT)
+    mask = g.op("Cast", g.op("Unsqueeze", "attention_mask", g.const(np.array([1, 2], np.int64), "axes")),
+                to=TensorProto.FLOAT)
     bias = g.op("Mul", g.op("Sub", g.const(np.float32(1.0)), mask), g.const(np.float32(-10000.0)))
     for _ in range(layers):
         q, k, v = (split_heads(g.linear(x, hidden, hidden)) for _ in range(3))
-        scores = g.op("Div", g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2])), g.const(np.float32(np.sqrt(head_dim))))
+        scores = g.op("Div", g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2])),
+                      g.const(np.float32(np.sqrt(head_dim))))
         probs = g.op("Softmax", g.op("Add", scores, bias), axis=-1)
         context = g.op("Transpose", g.op("MatMul", probs, v), perm=[0, 2, 1, 3])
         context = g.op("Reshape", context, g.const(np.array([0, seq, hidden], np.int64), "shape"))
         x = layer_norm(g.op("Add", x, g.linear(context, hidden, hidden)))
         up = g.linear(x, hidden, 4 * hidden)
         gelu = g.op("Mul", g.op("Mul", up, g.const(np.float32(0.5))),
-                    g.op("Add", g.const(np.float32(1.0)), g.op("Erf", g.op("Div", up, g.const(np.float32(np.sqrt(2.0)))))))
+                    g.op("Add", g.const(np.float32(1.0)),
+                         g.op("Erf", g.op("Div", up, g.const(np.float32(np.sqrt(2.0)))))))
         x = layer_norm(g.op("Add", x, g.linear(gelu, 4 * hidden, hidden)))
     return g.model(
         "transformer",

@@ -173,7 +173,8 @@ def fold_batchnorm(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
                 or (len(prev.input) > 2 and prev.input[2] and prev.input[2] not in constants):
             continue
         attrs = {a.name: helper.get_attribute_value(a) for a in prev.attribute}
-        if prev.op_type == "Gemm" and (attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0):
+        if prev.op_type == "Gemm" and (attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0
+                                        or attrs.get("beta", 1.0) != 1.0):
             continue
         eps = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
         scale, b, mean, var = (constants[i].astype(np.float64) for i in bn.input[1:5])
@@ -315,7 +316,8 @@ def _evaluate(model: onnx.ModelProto) -> dict[str, object]:
                 out = elems if any(isinstance(v, list) for v in ins) else elems[0]
         elif op == "Slice" and isinstance(ins[0], list) and len(ins) >= 3 and all(
                 isinstance(v, list) and len(v) == 1 for v in ins[1:3]) and (len(ins) < 4 or ins[3] in (None, [0])) \
-                and (len(ins) < 5 or ins[4] in (None, [1])) and (len(node.input) < 4 or not node.input[3] or ins[3] == [0]):
+                and (len(ins) < 5 or ins[4] in (None, [1])) \
+                and (len(node.input) < 4 or not node.input[3] or ins[3] == [0]):
             out = ins[0][ins[1][0]:ins[2][0]]
         if out is not None:
             values[node.output[0]] = out
@@ -468,7 +470,8 @@ def _gathers_for_one_index(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int
             rank = len(symbols.get(source.input[0], [])) or None
             attrs = {a.name: a.i for a in source.attribute}
             if index is not None and index.ndim == 1 and index.size and rank is not None:
-                begin, end = (max(0, min(v + rank if v < 0 else v, rank)) for v in (attrs.get("start", 0), attrs.get("end", rank)))
+                begin, end = (max(0, min(v + rank if v < 0 else v, rank))
+                              for v in (attrs.get("start", 0), attrs.get("end", rank)))
                 length = end - begin
                 picked = [int(i) + length if i < 0 else int(i) for i in index if -length <= i < length]
                 if len(picked) == index.size and picked == list(range(picked[0], picked[0] + len(picked))):
@@ -480,7 +483,8 @@ def _gathers_for_one_index(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int
     return (_rewritten(model, nodes, {}, inits), changed) if changed else (model, 0)
 
 
-def _dim_source(model: onnx.ModelProto, symbols: dict[str, list], symbol, before: set[str]) -> Optional[tuple[str, int]]:
+def _dim_source(model: onnx.ModelProto, symbols: dict[str, list], symbol,
+                before: set[str]) -> Optional[tuple[str, int]]:
     """A tensor available at this point (in `before`) and the axis where it has dim `symbol`."""
     if isinstance(symbol, tuple) and symbol[0] == "dim" and symbol[1] in before:
         return symbol[1], symbol[2]
@@ -598,7 +602,8 @@ def _without_shape_round_trips(model: onnx.ModelProto) -> tuple[onnx.ModelProto,
     nodes, rename, inits, changed = [], {}, [], 0
     for node in model.graph.node:
         out = node.output[0] if node.output else None
-        if node.op_type == "Reshape" and out not in graph_outputs and not any(a.name == "allowzero" and a.i for a in node.attribute):
+        if node.op_type == "Reshape" and out not in graph_outputs \
+                and not any(a.name == "allowzero" and a.i for a in node.attribute):
             target, dims = values.get(node.input[1]), symbols.get(node.input[0])
             if isinstance(target, list) and dims is not None and len(target) == len(dims) and all(
                     e is not None and (e == d or e == 0) for e, d in zip(target, dims)):
@@ -773,7 +778,8 @@ def run(model: onnx.ModelProto, steps: Sequence[Step], dump_dir: Optional[Path] 
             status, reason = "applied", None
         except Exception as e:  # a pass that cannot handle this model must not take the compile down
             if step.explicit:
-                raise UnsupportedModelError(f"pass {step.name} (requested explicitly) failed on this model: {_reason(e)}") from None
+                raise UnsupportedModelError(f"pass {step.name} (requested explicitly) failed on this model: "
+                                            f"{_reason(e)}") from None
             result, status, reason = model, "skipped", _reason(e)
             notes.append(f"pass {step.name} skipped: {reason}")
         elapsed = time.perf_counter() - start

@@ -118,7 +118,8 @@ PASSES: tuple[Pass, ...] = (
          "erf (GELU), tanh, sigmoid, exp and softmax -> polynomials that vectorize (topi.fast_*): libm's are "
          "scalar calls (17-50x slower per element on CPU); max abs error 3.9e-7, exp relative 4e-6",
          2, f"{_RELAX}:fast_math", devices=("cpu",)),
-    Pass("fold_constant", "relax", "evaluate Relax expressions whose inputs are all constants (relax.transform.FoldConstant)",
+    Pass("fold_constant", "relax",
+         "evaluate Relax expressions whose inputs are all constants (relax.transform.FoldConstant)",
          1, f"{_RELAX}:fold_constant"),
     Pass("dead_code_elimination", "relax", "remove unused bindings and functions (relax.transform.DeadCodeElimination)",
          1, f"{_RELAX}:dead_code_elimination"),
@@ -188,7 +189,8 @@ def plan(opt_level: int = DEFAULT_OPT_LEVEL, passes: Optional[Sequence[str]] = N
         _known(name)
     settings = parse_config(config)
     explicit = set(exact or []) | set(enabled)
-    chosen = set(exact) if exact is not None else {p.name for p in PASSES if p.default_on(opt_level, device)} | set(enabled)
+    chosen = (set(exact) if exact is not None
+              else {p.name for p in PASSES if p.default_on(opt_level, device)} | set(enabled))
     chosen -= set(disabled)
     steps = []
     for p in PASSES:

@@ -215,7 +215,8 @@ def _lower(node: onnx.NodeProto, g: _Graph, constants, dims, producers, zeros_al
     P = constants[p_name].astype(g.dtype) if p_name else None
     direction = attrs.get("direction", "forward")
     if direction not in ("forward", "reverse", "bidirectional") or (direction == "bidirectional") != (directions == 2):
-        raise PassFailed(f"{node.name or kind}: direction '{direction}' does not fit weights for {directions} direction(s)")
+        raise PassFailed(f"{node.name or kind}: direction '{direction}' does not fit weights for "
+                         f"{directions} direction(s)")
     per_dir = len(_DEFAULT_ACTIVATIONS[kind])
     activations = attrs.get("activations") or _DEFAULT_ACTIVATIONS[kind] * directions
     if len(activations) == per_dir and directions == 2:
@@ -245,7 +246,8 @@ def _lower(node: onnx.NodeProto, g: _Graph, constants, dims, producers, zeros_al
     one = g.const(1.0, "one")
     ys, last_h, last_c = [], [], []
     for d in range(directions):
-        f = (lambda i, v, clipped=True, d=d: act(d * per_dir + i, v, clipped))
+        def f(i, v, clipped=True, d=d):
+            return act(d * per_dir + i, v, clipped)
         Wb, Rb = B[d, :gates * H], B[d, gates * H:]
         if kind == "GRU" and linear_before_reset:  # Rb_h stays inside r * (h.Rh^T + Rb_h)
             input_bias = np.concatenate([Wb[:2 * H] + Rb[:2 * H], Wb[2 * H:]])
@@ -261,7 +263,8 @@ def _lower(node: onnx.NodeProto, g: _Graph, constants, dims, producers, zeros_al
             RT = g.const(R[d].T.copy(), "R")
         if P is not None:  # peepholes, stored i, o, f
             p_i, p_o, p_f = (g.const(P[d, k * H:(k + 1) * H], "P") for k in range(3))
-        order = range(steps) if direction == "forward" or (direction == "bidirectional" and d == 0) else range(steps - 1, -1, -1)
+        order = (range(steps) if direction == "forward" or (direction == "bidirectional" and d == 0)
+                 else range(steps - 1, -1, -1))
         outputs: dict[int, str] = {}
         for t in order:
             xt = g.step(xw, t, time_axis)

@@ -47,7 +47,8 @@ def parse(values: Sequence[str]) -> Optional[tuple[Optional[str], list[int]]]:
         dim, _, text = text.partition("=")
     match = _BUCKETS.match(f"{dim}={text}" if dim else text)
     if not match:
-        raise InputError(f"--buckets {','.join(values)!r} is malformed; write sizes (8,16,32) or DIM=sizes (seq=8,16,32)")
+        raise InputError(f"--buckets {','.join(values)!r} is malformed; "
+                         "write sizes (8,16,32) or DIM=sizes (seq=8,16,32)")
     sizes = sorted({int(s) for s in text.split(",")})
     if sizes[0] < 1:
         raise InputError("--buckets sizes must be >= 1")

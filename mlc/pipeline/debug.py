@@ -134,7 +134,8 @@ def _debug_source(model: ModelSpec, target: Optional[str], inputs: Inputs) -> tu
     if not models.is_zoo(origin):
         if not sources.source_files(origin):
             raise InputError(f"artifact {path} was compiled from {origin}, which is not there any more; "
-                             f"run `mlc debug MODEL --target {manifest.compile.options.get('target', 'x86')}` on the model file")
+                             f"run `mlc debug MODEL --target {manifest.compile.options.get('target', 'x86')}` "
+                             "on the model file")
         if sources.source_sha256(origin) != manifest.source.sha256:
             raise InputError(f"{origin} has changed since artifact {path} was compiled from it; "
                              "run `mlc debug` on the model file itself")
@@ -157,7 +158,8 @@ def _ort_values(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict
         wanted = {i.name for i in session.get_inputs()}
         return dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in wanted})))
     except Exception as e:  # onnxruntime raises untyped errors
-        raise InputError(f"ONNX Runtime cannot run the model's intermediate values: {str(e).splitlines()[0][:300]}") from None
+        raise InputError(f"ONNX Runtime cannot run the model's intermediate values: "
+                         f"{str(e).splitlines()[0][:300]}") from None
 
 
 def _tvm_values(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], preset: targets.Target,
@@ -193,9 +195,11 @@ def _bisect(cleaned, values, reference, tvm_values, atol, rtol) -> tuple[localiz
     # One more build: the culprit's inputs and outputs, to show which side of the node the error is on.
     node = cleaned.graph.node[culprit.node_index]
     weights = {init.name for init in cleaned.graph.initializer}
-    around = [n for n in dict.fromkeys(list(node.input) + list(node.output)) if n and n not in weights and n in reference]
+    around = [n for n in dict.fromkeys(list(node.input) + list(node.output))
+              if n and n not in weights and n in reference]
     wanted = [v for v in values if v.name in around]
-    actual = tvm_values(localize.with_outputs(cleaned, [v.name for v in wanted]), "culprit", f"around {culprit.node_name}")
+    actual = tvm_values(localize.with_outputs(cleaned, [v.name for v in wanted]), "culprit",
+                        f"around {culprit.node_name}")
     return localize.scan(cleaned, wanted, reference, actual, atol, rtol), len(cache) + len(wanted)
 
 
@@ -208,7 +212,8 @@ def _extract(dest: Path, cleaned, culprit: localize.Value, reference, divergence
     with artifacts.staging_dir(dest, marker="report.json") as staged:
         onnx.save(single, str(staged / "model.onnx"))
         thin_runtime.save_npz(staged / "inputs.npz", {f"in_{i}": v for i, v in enumerate(feeds.values())})
-        thin_runtime.save_npz(staged / "expected.npz", {f"out_{i}": reference[o.name] for i, o in enumerate(single.graph.output)
+        thin_runtime.save_npz(staged / "expected.npz", {f"out_{i}": reference[o.name]
+                                                        for i, o in enumerate(single.graph.output)
                                                         if o.name in reference})
         thin_runtime.save_npz(staged / "actual.npz", {f"out_{i}": v for i, v in enumerate(actual.values())})
         report = {
@@ -216,8 +221,8 @@ def _extract(dest: Path, cleaned, culprit: localize.Value, reference, divergence
             "target": preset.to_json(),
             "inputs": [v.name for v in single.graph.input],
             "outputs": [o.name for o in single.graph.output],
-            "isolated_node_matches": compare({o.name: reference[o.name] for o in single.graph.output if o.name in reference},
-                                             actual).passed,
+            "isolated_node_matches": compare({o.name: reference[o.name] for o in single.graph.output
+                                              if o.name in reference}, actual).passed,
             "files": {"model.onnx": "the node alone", "inputs.npz": "in_i: its inputs, in graph-input order",
                       "expected.npz": "out_i: ONNX Runtime's outputs", "actual.npz": "out_i: TVM's outputs"},
         }

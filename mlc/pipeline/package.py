@@ -52,7 +52,8 @@ def package(staged: Path, *, runtime: runtimes.RuntimeFiles, preset: targets.Tar
             spec.shape = [buckets.dim if d == buckets.dim else size for d, size in zip(s.shape, spec.shape)]
     out_names = list(references.expected.outputs)
     if len(out_names) != len(result["outputs"]):
-        raise CompilerError(f"TVM's module returns {len(result['outputs'])} outputs where the model has {len(out_names)}")
+        raise CompilerError(f"TVM's module returns {len(result['outputs'])} outputs where the model has "
+                            f"{len(out_names)}")
     outputs = [
         TensorSpec(name=n, dtype=sig["dtype"], shape=sig["shape"]) for n, sig in zip(out_names, result["outputs"])
     ]

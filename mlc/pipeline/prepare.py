@@ -11,7 +11,7 @@ from typing import Mapping, Optional
 import numpy as np
 import onnx
 
-from mlc import compiler, frontends
+from mlc import compiler
 from mlc import passes as graph_passes
 from mlc.artifacts.manifest import SourceInfo
 from mlc.errors import CompilerError, InputError

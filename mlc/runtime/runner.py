@@ -166,7 +166,8 @@ def _load_tvm_runtime(library: Path, device_libraries: list[Path], device: str) 
         # Where the same runtime is installed with the compiler, load that file instead of the
         # copy, so a later `import tvm` in this process finds it loaded rather than loading twice.
         installed = _installed_tvm_runtime()
-        if installed is not None and installed.stat().st_size == library.stat().st_size and sha256_file(installed) == sha256_file(library):
+        if installed is not None and installed.stat().st_size == library.stat().st_size \
+                and sha256_file(installed) == sha256_file(library):
             library = installed
         ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
     if device == "cpu" or tvm_ffi.get_global_func(_DEVICE_API[device], allow_missing=True) is not None:
@@ -383,7 +384,8 @@ class Runner(_ArtifactRunner):
         _check_machine(self.manifest)
         device = self.device_kind
         if device not in _DEVICE_TYPES:
-            raise ArtifactError(f"device '{device}' is not supported by this runtime (supported: {', '.join(_DEVICE_TYPES)})")
+            raise ArtifactError(f"device '{device}' is not supported by this runtime "
+                                f"(supported: {', '.join(_DEVICE_TYPES)})")
         import tvm_ffi
 
         self._tvm_ffi = tvm_ffi
@@ -494,7 +496,8 @@ class NativeRunner(_ArtifactRunner):
         if arch != HOST_ARCH and not self.prefix:
             qemu = _EMULATORS.get(arch, ("an emulator",))[0]
             raise EmulatorMissing(f"artifact is for {arch}; to run it on this {HOST_ARCH} machine install {qemu} "
-                                "(apt-get install qemu-user) and the cross toolchain's sysroot, or run it on the device")
+                                "(apt-get install qemu-user) and the cross toolchain's sysroot, "
+                                "or run it on the device")
         self.emulated = bool(self.prefix)
         if self.buckets:
             raise ArtifactError("the native runner runs one static library and this artifact has one per bucket; "
@@ -556,7 +559,7 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
             return {k: data[k] for k in data.files}
     except FileNotFoundError:
         raise FeedError(f"input file not found: {path}") from None
-    except (ValueError, OSError, EOFError) as e:  # includes zipfile.BadZipFile and pickled arrays
+    except (ValueError, OSError, EOFError):  # includes zipfile.BadZipFile and pickled arrays
         if zipfile.is_zipfile(path):  # an .npz that holds object arrays (numpy would unpickle them)
             raise FeedError(f"cannot read {path}: it holds object arrays; save plain numeric arrays with numpy.savez"
                             ) from None

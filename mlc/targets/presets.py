@@ -209,11 +209,14 @@ PRESETS: dict[str, Callable[[], Target]] = {
     "x86-avx2": _portable_x86("x86-avx2", "haswell", _AVX2, "AVX2 (Haswell or newer)"),
     "x86-avx512": _portable_x86("x86-avx512", "skylake-avx512", _AVX512, "AVX-512 (Skylake-SP or newer)"),
     "graviton2": _arm("graviton2", "neoverse-n1", ["+neon"], "AWS Graviton2 (Neoverse N1)", ("asimd",)),
-    "graviton3": _arm("graviton3", "neoverse-v1", ["+neon", "+sve"], "AWS Graviton3 (Neoverse V1, SVE)", ("asimd", "sve")),
-    "graviton4": _arm("graviton4", "neoverse-v2", ["+neon", "+sve2"], "AWS Graviton4 (Neoverse V2, SVE2)", ("asimd", "sve2")),
+    "graviton3": _arm("graviton3", "neoverse-v1", ["+neon", "+sve"], "AWS Graviton3 (Neoverse V1, SVE)",
+                      ("asimd", "sve")),
+    "graviton4": _arm("graviton4", "neoverse-v2", ["+neon", "+sve2"], "AWS Graviton4 (Neoverse V2, SVE2)",
+                      ("asimd", "sve2")),
     "rpi3": _arm("rpi3", "cortex-a53", ["+neon"], "Raspberry Pi 3, 64-bit OS (Cortex-A53)", ("asimd",)),
     "rpi4": _arm("rpi4", "cortex-a72", ["+neon"], "Raspberry Pi 4, 64-bit OS (Cortex-A72)", ("asimd",)),
-    "rpi5": _arm("rpi5", "cortex-a76", ["+neon", "+dotprod"], "Raspberry Pi 5, 64-bit OS (Cortex-A76)", ("asimd", "asimddp")),
+    "rpi5": _arm("rpi5", "cortex-a76", ["+neon", "+dotprod"], "Raspberry Pi 5, 64-bit OS (Cortex-A76)",
+                 ("asimd", "asimddp")),
     "cuda": _cuda("cuda", None, ""),
     "cuda-t4": _cuda("cuda-t4", "sm_75", "T4 (Turing, sm_75)"),
     "cuda-a10g": _cuda("cuda-a10g", "sm_86", "A10G (Ampere, sm_86)"),
@@ -247,8 +250,8 @@ def from_json(text: str) -> Target:
     except ValueError as e:
         raise TargetError(f"--target looks like JSON but does not parse ({e})") from None
     if not isinstance(spec, dict) or not isinstance(spec.get("kind"), str):
-        raise TargetError('a JSON --target must be an object with a "kind", e.g. {"kind": "llvm", "mcpu": "cortex-a55", '
-                          '"mtriple": "aarch64-linux-gnu"}')
+        raise TargetError('a JSON --target must be an object with a "kind", e.g. '
+                          '{"kind": "llvm", "mcpu": "cortex-a55", "mtriple": "aarch64-linux-gnu"}')
     kind = spec["kind"]
     if kind not in ("llvm", "cuda", "metal"):
         raise TargetError(f"JSON targets of kind {kind!r} are not supported yet; use llvm, cuda or metal, or a preset")

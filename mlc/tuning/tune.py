@@ -122,9 +122,11 @@ def tune(
         work = Path(scratch)
         # The same default pass plan as `mlc compile`: the kernels tuned are the kernels it builds.
         steps = graph_passes.plan(device=preset.device)
-        prepared = prepare(ModelSpec(source, input_shapes=input_shapes), work, Timer(quiet_step), static=True, steps=steps)
+        prepared = prepare(ModelSpec(source, input_shapes=input_shapes), work, Timer(quiet_step), static=True,
+                           steps=steps)
         request = {
-            "relax_passes": [s.to_json() for s in steps], "onnx": str(prepared.cleaned_path), "target": preset.tvm, "db": str(db.resolve()),
+            "relax_passes": [s.to_json() for s in steps], "onnx": str(prepared.cleaned_path), "target": preset.tvm,
+            "db": str(db.resolve()),
             "logs": str(work / "logs"), "events": str(work / "events.jsonl"),
             "trials_per_task": per_task, "trials_per_iter": 16 if per_task >= 16 else per_task,
             "budget_s": budget_s, "threads": preset.tvm.get("num-cores", 1), "seed": seed,
