@@ -541,7 +541,8 @@ def targets_cmd() -> None:
 
 @app.command("bench")
 def bench_cmd(
-    models: Optional[str] = typer.Option(None, "--models", "-m", help="Zoo models, comma-separated (see `mlc models`)."),
+    models: Optional[str] = typer.Option(None, "--models", "-m",
+                                         help="Zoo models, comma-separated (see `mlc models`)."),
     suite: Optional[str] = typer.Option(None, "--suite", help="Instead of --models: PyTorch's benchmark suite "
                                         "huggingface or timm (models built from their configs, batch 1, 128 tokens)."),
     suite_models: Optional[str] = typer.Option(None, "--suite-models", help="With --suite: these of its models only."),

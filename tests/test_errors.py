@@ -7,7 +7,7 @@ import shutil
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from conftest import assert_clean_error, run_mlc
 
@@ -65,8 +65,10 @@ def test_unknown_target_suggests_nearest(mlp_model):
 
 def test_malformed_input_shape(mlp_model):
     assert_clean_error(run_mlc("compile", mlp_model, "--input-shape", "x:1by16"), 1, "malformed")
-    assert_clean_error(run_mlc("compile", mlp_model, "--input-shape", "nope:1x16"), 1, "unknown input 'nope'", "inputs are: x")
-    assert_clean_error(run_mlc("compile", mlp_model, "--input-shape", "x:1x17"), 1, "conflicts with the model's fixed shape")
+    assert_clean_error(run_mlc("compile", mlp_model, "--input-shape", "nope:1x16"), 1, "unknown input 'nope'",
+                       "inputs are: x")
+    assert_clean_error(run_mlc("compile", mlp_model, "--input-shape", "x:1x17"), 1,
+                       "conflicts with the model's fixed shape")
     assert_clean_error(run_mlc("compile", mlp_model, "--input-shape", "x:0x16"), 1, "outside 1..")
 
 
@@ -163,7 +165,8 @@ def test_out_of_range_token_ids_are_refused_not_segfaulted(tmp_path):
     feeds = dict(np.load(art / "reference/inputs.npz"))
     feeds["input_ids"][0, 0] = 1000  # vocab is 1000
     np.savez(tmp_path / "ids.npz", **feeds)
-    assert_clean_error(run_mlc("run", art, "-i", tmp_path / "ids.npz"), 1, "input 'input_ids' has values in [", "accepts only [0, 999]")
+    assert_clean_error(run_mlc("run", art, "-i", tmp_path / "ids.npz"), 1, "input 'input_ids' has values in [",
+                       "accepts only [0, 999]")
 
 
 def test_interrupted_compile_leaves_old_artifact_and_no_debris(mlp_artifact, mlp_model, tmp_path):

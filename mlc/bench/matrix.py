@@ -10,7 +10,6 @@ The result is one JSON document (SCHEMA): the machine, the configuration, and a 
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import shutil
@@ -240,7 +239,8 @@ def _entry(config: BenchConfig, name: str) -> dict:
         return {"name": name, "source": suites.source(config.suite, name), "framework": "torch",
                 "frameworks": ["torch"], "label": f"{config.suite}/{name}"}
     zoo = models.get(name)
-    return {"name": zoo.name, "source": f"{models.ZOO_PREFIX}{zoo.name}", "framework": source_framework(zoo, config.framework),
+    return {"name": zoo.name, "source": f"{models.ZOO_PREFIX}{zoo.name}",
+            "framework": source_framework(zoo, config.framework),
             "frameworks": zoo.frameworks, "label": f"zoo:{zoo.name}"}
 
 
@@ -311,7 +311,8 @@ def _cell(config: BenchConfig, model: str, source: str, source_fw: str, backend:
         compiled = artifacts[target]
         failure = compiled.get("error")
         if not failure:
-            cell.update({k: compiled[k] for k in ("compile_s", "compile_breakdown_s", "tuning_s", "artifact_bytes", "kernels")})
+            cell.update({k: compiled[k] for k in ("compile_s", "compile_breakdown_s", "tuning_s", "artifact_bytes",
+                                                  "kernels")})
             cell["target_emulated"] = targets.resolve(target).runtime_arch != targets.HOST_ARCH
     if failure:
         return {**cell, "status": "failed", "error": failure}

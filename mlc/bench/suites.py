@@ -34,7 +34,8 @@ LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder
 # MLC_SUITE_TINY: the widths too (keys a config does not have are left alone).
 TINY = {**{k: 1 for k in LAYER_KEYS}, "hidden_size": 64, "d_model": 64, "n_embd": 64, "dim": 64, "embedding_size": 64,
         "intermediate_size": 128, "hidden_dim": 128, "d_ff": 128, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128,
-        "n_inner": 128, "num_attention_heads": 2, "n_head": 2, "n_heads": 2, "num_heads": 2, "encoder_attention_heads": 2,
+        "n_inner": 128, "num_attention_heads": 2, "n_head": 2, "n_heads": 2, "num_heads": 2,
+        "encoder_attention_heads": 2,
         "decoder_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "d_kv": 32, "d_head": 32,
         "true_hidden_size": 64, "intra_bottleneck_size": 64, "rotary_dim": 16}  # GPT-J rotates part of a 32-wide head
 
@@ -183,7 +184,8 @@ def require(suite: str) -> None:
         if probe.returncode:
             lines = [ln for ln in probe.stderr.strip().splitlines() if ln.strip()]
             raise MissingDependencyError(
-                f"timm unavailable: needs torchvision, and `import timm` fails here ({lines[-1] if lines else 'no output'})"
+                "timm unavailable: needs torchvision, and `import timm` fails here "
+                f"({lines[-1] if lines else 'no output'})"
                 "; install a torchvision built for this torch (PyPI's CPU wheels of torch 2.13 have none that loads)")
 
 

@@ -149,7 +149,8 @@ def _build(plan: CompilePlan, prepared: Prepared, refs: References, builds: list
                 raise cause from None
             except UnsupportedModelError as e:  # one node TVM's converter failed on: with --dynamic, say what helps
                 if plan.dynamic and "importer cannot convert a " in str(e):
-                    raise UnsupportedModelError(_DYNAMIC_IMPORT_HINT.format(dims=", ".join(plan.dynamic), e=e)) from None
+                    hint = _DYNAMIC_IMPORT_HINT.format(dims=", ".join(plan.dynamic), e=e)
+                    raise UnsupportedModelError(hint) from None
                 raise
     return results
 
