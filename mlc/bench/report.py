@@ -315,6 +315,8 @@ def _figures(cells: list[dict]) -> tuple[list[Figure], list[Figure], list[Figure
     machines = list(dict.fromkeys(c["machine"] for c in cells))
     models = list(dict.fromkeys(c["model"] for c in cells))
     for machine in machines:
+        # File names name the machine only where a report merges several (the captions always do).
+        tag = f"-{_slug(machine)}" if len(machines) > 1 else ""
         for model in models:
             mine = [c for c in cells if c["machine"] == machine and c["model"] == model]
             groups = _grouped(mine)
@@ -323,7 +325,7 @@ def _figures(cells: list[dict]) -> tuple[list[Figure], list[Figure], list[Figure
                       for b in _backends(mine)}
             series = {b: v for b, v in series.items() if any(x is not None for x in v)}
             if series:
-                latency_figs.append(Figure(f"latency-{_slug(machine)}-{_slug(model)}",
+                latency_figs.append(Figure(f"latency{tag}-{_slug(model)}",
                                            f"{model} on {machine}: p50 latency (ms, log scale; lower is better)",
                                            _png(_bars(f"{model} — {machine}", labels, series, "p50 ms", log=True))))
         mcells = [c for c in cells if c["machine"] == machine]
@@ -333,7 +335,7 @@ def _figures(cells: list[dict]) -> tuple[list[Figure], list[Figure], list[Figure
             series = {f"{m} vs {b}": [r.get((m, b)) for _, r in speedups] for m in mlcs for b in others}
             series = {k: v for k, v in series.items() if any(x is not None for x in v)}
             if series:
-                speedup_figs.append(Figure(f"speedup-{_slug(machine)}", f"mlc speed-up over each baseline on {machine} "
+                speedup_figs.append(Figure(f"speedup{tag}", f"mlc speed-up over each baseline on {machine} "
                                                                         "(above the dashed line: mlc is faster)",
                                            _png(_bars(f"speed-up of mlc — {machine}", labels, series,
                                                       "baseline p50 / mlc p50", log=True, line=1.0))))
@@ -345,7 +347,7 @@ def _figures(cells: list[dict]) -> tuple[list[Figure], list[Figure], list[Figure
             groups = list(dict.fromkeys(g for g, _ in compiled))
             names = list(dict.fromkeys(b for _, b in compiled))
             series = {b: [compiled.get((g, b)) for g in groups] for b in names}
-            compile_figs.append(Figure(f"compile-{_slug(machine)}", f"compile/setup time on {machine} (s, log scale)",
+            compile_figs.append(Figure(f"compile{tag}", f"compile/setup time on {machine} (s, log scale)",
                                        _png(_bars(f"compile time — {machine}", groups, series, "seconds", log=True))))
     return latency_figs, speedup_figs, compile_figs
 
@@ -414,7 +416,7 @@ def _lengths_sections(docs: list[dict]) -> list[Section]:
             for ax in axes[:2]:
                 ax.tick_params(axis="x", rotation=30)
                 ax.grid(axis="y", alpha=0.3)
-            parts.append(Figure(f"lengths-{_slug(run['model'])}-{_slug(machine_label(doc['machine']))}",
+            parts.append(Figure(f"lengths-{_slug(run['model'])}",
                                 f"{run['model']}: compile and run time per strategy, and the length distribution",
                                 _png(fig)))
         sections.append(Section(title, text, parts))
