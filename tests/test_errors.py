@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from conftest import assert_clean_error, run_mlc
+from helpers import assert_clean_error, run_mlc
 
 
 def test_missing_file(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_clean_error, run_mlc
+from helpers import assert_clean_error, run_mlc
 from mlc.bench import matrix, report, suites
 from mlc.errors import InputError, MissingDependencyError
 
