@@ -32,6 +32,10 @@ class UnsupportedModelError(MlcError):
     """The model is valid but uses something mlc/TVM cannot compile."""
 
 
+class NodeConversionError(UnsupportedModelError):
+    """TVM's converter failed on one node of a valid model (an op it converts in other forms)."""
+
+
 class TargetError(MlcError):
     """An unknown or unusable target."""
 

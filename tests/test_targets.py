@@ -44,6 +44,7 @@ def test_presets_resolve_to_valid_tvm_targets():
 )
 def test_host_detection_by_cpu_flags(monkeypatch, flags, mcpu):
     monkeypatch.setattr(presets, "host_cpu_flags", lambda: flags)
+    monkeypatch.setattr(presets, "_cpuinfo_fields", lambda names: {"vendor_id": "GenuineIntel"})
     monkeypatch.setattr(presets.platform, "machine", lambda: "x86_64")
     target = targets.resolve("x86")
     assert target.tvm["mcpu"] == mcpu and target.tvm["num-cores"] >= 1
@@ -103,3 +104,21 @@ def test_several_targets_in_one_run(tmp_path):
     assert not (tmp_path / "x").exists()
     bad = run_mlc("compile", "zoo:mlp", "-t", '{"kind": "llvm", "mattr": "oops"}', "-o", tmp_path / "y")
     assert_clean_error(bad, 1, "TVM rejects the target")
+
+
+@pytest.mark.parametrize("family, model, flags, mcpu", [
+    ("25", "17", {"avx2", "fma", "bmi2", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd", "avx512_vnni",
+                  "avx512_bf16"}, "znver4"),
+    ("25", "1", {"avx2", "fma", "bmi2"}, "znver3"),
+    ("26", "2", {"avx2", "fma", "bmi2", "avx512f"}, "znver5"),
+    ("23", "49", {"avx2", "fma", "bmi2"}, "znver2"),
+])
+def test_amd_zen_cores_get_their_own_scheduling_model(monkeypatch, family, model, flags, mcpu):
+    """Zen 4 has Cooper Lake's features, but LLVM's znver4 model has its instruction costs."""
+    monkeypatch.setattr(presets, "host_cpu_flags", lambda: flags)
+    monkeypatch.setattr(presets, "_cpuinfo_fields",
+                        lambda names: {"vendor_id": "AuthenticAMD", "cpu family": family, "model": model})
+    monkeypatch.setattr(presets.platform, "machine", lambda: "x86_64")
+    target = targets.resolve("x86")
+    assert target.tvm["mcpu"] == mcpu
+    assert set(target.required_cpu_features) <= flags  # the runtime check still reads the features

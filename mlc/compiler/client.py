@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from mlc import _proc
-from mlc.errors import CompilerError, MissingDependencyError, TargetError, UnsupportedModelError
+from mlc.errors import (CompilerError, MissingDependencyError, NodeConversionError, TargetError,
+                        UnsupportedModelError)
 
 TVM_PIN = "apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post1"
 
@@ -90,7 +91,7 @@ def _check_result(result: _proc.WorkerResult, log_path: Optional[Path]) -> dict[
         raise UnsupportedModelError(f"the model returns something other than tensors ({result.message}); "
                                     "only tensor outputs are supported")
     if result.kind == "unsupported_node":  # TVM's converter for an op cannot convert this node
-        raise UnsupportedModelError(result.message)
+        raise NodeConversionError(result.message)
     if result.kind == "pass":  # a pass the user asked for cannot handle the model
         raise UnsupportedModelError(result.message)
     if result.kind == "target":

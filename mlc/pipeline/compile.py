@@ -12,7 +12,8 @@ from mlc import artifacts, compiler, frontends, targets
 from mlc.artifacts.manifest import Manifest
 from mlc.check import CheckResult
 from mlc.compiler import runtimes
-from mlc.errors import CompilerError, InputError, MlcError, TargetError, UnsupportedModelError
+from mlc.errors import (CompilerError, InputError, MlcError, NodeConversionError, TargetError,
+                        UnsupportedModelError)
 from mlc.pipeline import buckets as bucketing
 from mlc.pipeline import schedules as tuning_records
 from mlc.pipeline import source as sources
@@ -136,10 +137,10 @@ def _build(plan: CompilePlan, prepared: Prepared, refs: References, builds: list
             try:
                 try:
                     results[build.library] = compile_(build.onnx)
-                except CompilerError as e:
+                except (CompilerError, NodeConversionError) as e:
                     # A dim TVM cannot keep symbolic (no --dynamic asked for it): compile at the reference sizes.
-                    if e.stage != "import" or plan.dynamic or plan.buckets or not bind_to_reference(
-                            prepared, plan.steps, e):
+                    imported = isinstance(e, NodeConversionError) or e.stage == "import"
+                    if not imported or plan.dynamic or plan.buckets or not bind_to_reference(prepared, plan.steps, e):
                         raise
                     results[build.library] = compile_(prepared.cleaned_path)
             except CompilerError as e:
@@ -147,8 +148,8 @@ def _build(plan: CompilePlan, prepared: Prepared, refs: References, builds: list
                 if cause is None:
                     raise
                 raise cause from None
-            except UnsupportedModelError as e:  # one node TVM's converter failed on: with --dynamic, say what helps
-                if plan.dynamic and "importer cannot convert a " in str(e):
+            except NodeConversionError as e:  # with --dynamic, say what helps
+                if plan.dynamic:
                     hint = _DYNAMIC_IMPORT_HINT.format(dims=", ".join(plan.dynamic), e=e)
                     raise UnsupportedModelError(hint) from None
                 raise

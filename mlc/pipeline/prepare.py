@@ -14,7 +14,7 @@ import onnx
 from mlc import compiler
 from mlc import passes as graph_passes
 from mlc.artifacts.manifest import SourceInfo
-from mlc.errors import CompilerError, InputError
+from mlc.errors import InputError, MlcError
 from mlc.frontends import onnx as onnx_frontend
 from mlc.passes import onnx as onnx_passes
 from mlc.pipeline import source as sources
@@ -129,7 +129,7 @@ def references(prepared: Prepared) -> References:
         return References(eager, onnxruntime_error=str(e))
 
 
-def bind_to_reference(prepared: Prepared, steps: list, error: CompilerError) -> bool:
+def bind_to_reference(prepared: Prepared, steps: list, error: MlcError) -> bool:
     """TVM could not import the model with its symbolic dims: fix them at the reference inputs' sizes
     (graph passes again), with a note and a record among the manifest's passes. False: none to fix."""
     symbolic = {d: np.shape(prepared.feeds[s.name])[axis] for s in prepared.specs
