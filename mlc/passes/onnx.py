@@ -218,14 +218,7 @@ def constant_folding(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
         slimmed = onnxslim.slim(with_inferred_shapes(model), skip_fusion_patterns=["FusionGemm"], no_shape_infer=True)
     if slimmed is None:
         raise PassFailed("onnxslim returned no model")
-    # onnxslim drops graph inputs no node reads (CastLike's `like`); they stay: the artifact takes them.
-    weights = {t.name for t in model.graph.initializer}
-    by_name = {i.name: i for i in slimmed.graph.input}
-    if any(i.name not in by_name for i in model.graph.input if i.name not in weights):
-        ordered = [by_name.pop(i.name, i) for i in model.graph.input if i.name in by_name or i.name not in weights]
-        del slimmed.graph.input[:]
-        slimmed.graph.input.extend(ordered + list(by_name.values()))
-    return slimmed
+    return slimmed  # the inputs it drops (unread ones, e.g. CastLike's `like`) come back in run()
 
 
 def shape_inference(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
@@ -796,7 +789,7 @@ def run(model: onnx.ModelProto, steps: Sequence[Step], dump_dir: Optional[Path] 
 
 def _with_inputs_of(before: onnx.ModelProto, after: onnx.ModelProto) -> onnx.ModelProto:
     """`after` with every graph input of `before` (in its order): a pass may drop an input no node reads (onnxslim
-    does, and so does prune_initializers), but the model's callers still pass it (an ignored attention mask)."""
+    does: an ignored attention mask, CastLike's `like`), but the model's callers still pass it."""
     weights = {t.name for g in (before.graph, after.graph) for t in g.initializer}  # old IRs list them as inputs
     kept = {i.name for i in after.graph.input}
     wanted = [i for i in before.graph.input if i.name not in weights]
