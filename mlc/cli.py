@@ -84,6 +84,8 @@ def _check_table(result, title: str) -> Table:
         if o.nonfinite_mismatch:
             problems.append(f"{o.nonfinite_mismatch} NaN/Inf differ")
         verdict = "[green]pass[/]" if o.passed else "[red]FAIL[/] " + escape("; ".join(problems))
+        if not o.passed and getattr(result, "gate", None) is not None and o.dtype.startswith("float"):
+            verdict = "[yellow]outside[/] " + escape("; ".join(problems))  # the gate decides
         table.add_row(
             escape(o.name), "x".join(map(str, o.shape)) or "scalar", o.dtype,
             _fmt(o.max_abs_error), _fmt(o.max_rel_error), _fmt(o.cosine_similarity, ".6f"),
@@ -102,7 +104,30 @@ def _print_check(result, prefix: str) -> None:
         out.print(f"[yellow]conversion: ONNX Runtime could not run the export[/] ({escape(result.conversion_error)})")
     what = ("compilation: the artifact vs" if result.conversion is not None or result.conversion_error
             else "check against")
+    if result.gate is not None:
+        what = f"fp32 tolerances, for information (a {result.gate.precision} build is judged by its gate below):"
     out.print(_check_table(result, f"{prefix}{what} {result.reference}"))
+    if result.gate is not None:
+        out.print(_gate_table(result.gate, f"{prefix}{result.gate.precision} accuracy gate vs {result.reference}"))
+
+
+def _gate_table(gate, title: str) -> Table:
+    limits = gate.limits
+    table = Table(title=title, title_justify="left")
+    for column in ("output", "shape", "cosine", "max abs err", "% of peak", "top-1", "top-5", "result"):
+        table.add_column(column, justify="left" if column in ("output", "result") else "right")
+    for o in gate.outputs:
+        top1 = "-" if o.top1_agreement is None else (
+            f"{o.top1_agreement:.0%}" + (f" (+{o.top1_near_ties} near tie)" if o.top1_near_ties else ""))
+        top5 = "-" if o.top5_agreement is None else f"{o.top5_agreement:.0%}"
+        verdict = "[green]pass[/]" if o.passed else "[red]FAIL[/] " + escape("; ".join(o.problems))
+        table.add_row(escape(o.name), "x".join(map(str, o.shape)) or "scalar", _fmt(o.cosine_similarity, ".6f"),
+                      _fmt(o.max_abs_error), _fmt(100 * o.rel_error, ".2f"), top1, top5, verdict.strip())
+    table.caption = (f"gate: cosine >= {limits.min_cosine}, max abs error <= {limits.max_rel_error:.0%} of the "
+                     f"peak |ref|, top-1 >= {limits.min_top1:.0%} of rows (near ties agree), top-5 >= "
+                     f"{limits.min_top5:.0%}")
+    table.caption_justify = "left"
+    return table
 
 
 def _latency_line(stats: dict) -> str:
@@ -195,6 +220,13 @@ def compile_cmd(
                                       help="One static build per length, e.g. 8,16,32 or seq=8,16,32: "
                                            "inputs are padded to the next bucket (the mask input marks "
                                            "the padding), outputs sliced back."),
+    precision: str = typer.Option("fp32", "--precision",
+                                  help="fp32, bf16 (CPUs with AVX512-BF16) or fp16 (CUDA): matmul/conv inputs and "
+                                       "weights in that type, fp32 accumulation; judged by an accuracy gate "
+                                       "against the fp32 reference (exit 3 when missed)."),
+    emulated: bool = typer.Option(False, "--emulated",
+                                  help="Build a --precision the target has no instructions for (slow: converted "
+                                       "in software)."),
 ) -> None:
     """Compile a model into a verified artifact: compiled library, thin runtime, reference data.
 
@@ -209,7 +241,9 @@ def compile_cmd(
 
     presets = [targets.resolve(t) for t in dict.fromkeys(target)]
     # every target's toolchain and runtime (and the pass choices) are checked before anything compiles
+    api.check_precision(precision)
     for preset in presets:
+        api.precision_supported(preset, precision, emulated)
         api.prepare_target(preset)
         pass_options.plan(preset.device)
     results = []
@@ -222,7 +256,8 @@ def compile_cmd(
         results.append(api.compile(model, target=spec, output=dest, input_shapes=input_shape, archive=archive,
                                    atol=atol, rtol=rtol, step=_step if not as_json else api.quiet_step,
                                    framework=framework, dynamic=dynamic, exporter=exporter, db=db,
-                                   pass_options=pass_options, buckets=buckets))
+                                   pass_options=pass_options, buckets=buckets, precision=precision,
+                                   emulated=emulated))
         _report_compile(results[-1], as_json)
     for result in results:
         if result.check is not None:

@@ -129,3 +129,7 @@ class Manifest(_Strict):
     dynamic_ranges: dict[str, tuple[int, int]] = Field(default_factory=dict)
     files: dict[str, str] = Field(default_factory=dict)  # path -> sha256, every file but the manifest
     buckets: Optional[BucketInfo] = None  # --buckets: then `library` is the largest bucket's
+    # --precision: what matmul/conv compute in (fp32, bf16, fp16); a reduced-precision artifact is judged by the
+    # accuracy gate against the fp32 reference, and `gate` holds its figures from the compile's check
+    precision: str = "fp32"
+    gate: Optional[dict[str, Any]] = None

@@ -7,6 +7,8 @@ from typing import Mapping, Optional
 
 import numpy as np
 
+from mlc.check.gate import GateResult
+
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -63,10 +65,23 @@ class CheckResult:
     # reference (the conversion step's error), or why ONNX Runtime could not run it.
     conversion: Optional["CheckResult"] = None
     conversion_error: str = ""
+    # A reduced-precision build (--precision bf16/fp16) is judged by its gate; the float outputs' fp32 figures
+    # above are then for information (integer outputs must still match exactly).
+    gate: Optional[GateResult] = None
 
     @property
     def passed(self) -> bool:
+        if self.gate is not None:
+            return bool(self.outputs) and self.gate.passed and all(
+                o.passed for o in self.outputs if not o.dtype.startswith(("float", "bfloat")))
         return bool(self.outputs) and all(o.passed for o in self.outputs)
+
+    def failed(self) -> list[str]:
+        """The outputs that fail (the gate's, for a reduced-precision build)."""
+        if self.gate is not None:
+            return self.gate.failed() + [o.name for o in self.outputs
+                                         if not o.passed and not o.dtype.startswith(("float", "bfloat"))]
+        return [o.name for o in self.outputs if not o.passed]
 
     def __bool__(self) -> bool:
         return self.passed
@@ -76,6 +91,8 @@ class CheckResult:
         if self.conversion is not None or self.conversion_error:
             result["conversion"] = {"error": self.conversion_error or None,
                                     **(self.conversion.to_json() if self.conversion else {"passed": False})}
+        if self.gate is not None:
+            result["gate"] = self.gate.to_json()
         return result
 
 

@@ -54,6 +54,7 @@ def compile_in_worker(
     relax_passes: Optional[list[dict]] = None,
     dump_ir: Optional[Path] = None,
     dim_upper_bounds: Optional[dict[str, int]] = None,
+    precision: str = "fp32",
 ) -> dict[str, Any]:
     """Import + build (+ export to `library`) (+ run on `run`=(inputs.npz, outputs.npz)) with TVM.
 
@@ -67,7 +68,7 @@ def compile_in_worker(
                "cross_compiler": cross_compiler, "kernels_dir": str(kernels_dir) if kernels_dir else None,
                "object_dir": str(object_dir) if object_dir else None, "schedules": schedules,
                "relax_passes": relax_passes or [], "dump_ir": str(dump_ir) if dump_ir else None,
-               "dim_upper_bounds": dim_upper_bounds or {}}
+               "dim_upper_bounds": dim_upper_bounds or {}, "precision": precision}
     if not isolate:
         return _check_result(_proc.WorkerResult.from_dict(worker.compile_request(request)), None)
     request_path = onnx_path.with_name(onnx_path.stem + ".request.json")

@@ -89,6 +89,62 @@ def mixed_precision(mod, config: dict, target):
     return relax.transform.ToMixedPrecision(out_dtype=config.get("out_dtype", "float32"))(mod)
 
 
+def bf16_matmul(mod):
+    """matmul (dense, batch matmul) and conv2d (groups 1) on float32 -> bf16 inputs and weights with a float32
+    result: the kernels accumulate in float32 (mlc's CPU schedule runs them on AVX512-BF16's vdpbf16ps), and
+    everything else (normalisations, softmax, reductions, elementwise) stays float32. Constant weights are cast
+    at compile time (FoldConstant)."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    matmul, conv2d = tvm.ir.Op.get("relax.matmul"), tvm.ir.Op.get("relax.nn.conv2d")
+
+    def f32(expr) -> bool:
+        return str(getattr(expr.ty, "dtype", "")) == "float32"
+
+    @mutator
+    class Rewrite(PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            is_conv = call.op.same_as(conv2d) and int(call.attrs.groups) == 1
+            if not (call.op.same_as(matmul) or is_conv) or not all(f32(a) for a in call.args[:2]):
+                return call
+            a, b = (relax.op.astype(x, "bfloat16") for x in call.args[:2])
+            if call.op.same_as(matmul):
+                return relax.op.matmul(a, b, out_dtype="float32")
+            if is_conv:
+                at = call.attrs
+                return relax.op.nn.conv2d(a, b, strides=at.strides, padding=at.padding, dilation=at.dilation,
+                                          groups=1, data_layout=at.data_layout, kernel_layout=at.kernel_layout,
+                                          out_layout=at.out_layout, out_dtype="float32")
+            return call
+
+    rewrite = Rewrite(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            rewrite.builder_.update_func(gv, rewrite.visit_expr(func))
+    return relax.transform.FoldConstant()(rewrite.builder_.get())
+
+
+def reduce_precision(mod, precision: str, target_json: dict):
+    """--precision: bf16 (CPU: bf16_matmul) or fp16 (TVM's ToMixedPrecision: fp16 compute, fp32 accumulation);
+    returns the module and its pass record."""
+    import tvm
+
+    before = op_counts(mod)
+    start = time.perf_counter()
+    with tvm.target.Target(target_json):
+        if precision == "bf16":
+            name, result = "bf16_matmul", bf16_matmul(mod)
+        else:
+            name, result = "mixed_precision", mixed_precision(mod, {"out_dtype": "float32"}, None)
+    after = op_counts(result)
+    return result, {"name": name, "level": "relax", "status": "applied", "ops_before": sum(before.values()),
+                    "ops_after": sum(after.values()), "op_changes": changes(before, after),
+                    "time_s": round(time.perf_counter() - start, 4), "reason": f"--precision {precision}"}
+
+
 _KERNEL_LAYOUT = {"NHWC": "OHWI", "NCHW": "OIHW"}
 
 

@@ -164,9 +164,16 @@ def compile_request(request: dict) -> dict:
                                        fused_by_build=bool(request.get("schedules")))
         if passes["error"]:
             return {"ok": False, "kind": "pass", "message": passes["error"]}
+        applied = any(r["status"] == "applied" for r in passes["records"])
+        precision = request.get("precision", "fp32")
+        if precision != "fp32":  # not optional: the fallback without the Relax passes keeps the precision too
+            stage = "precision"
+            mod, record = relax_passes.reduce_precision(mod, precision, request["target"])
+            imported = relax_passes.reduce_precision(imported, precision, request["target"])[0] if applied else mod
+            passes["records"].append(record)
+            applied = True
         stage = "build"
         start = time.perf_counter()
-        applied = any(r["status"] == "applied" for r in passes["records"])
         executable, schedule_report = _build_with_fallbacks(imported, mod if applied else None, request,
                                                             passes["notes"])
         timings["build"] = time.perf_counter() - start

@@ -10,7 +10,7 @@ from typing import Optional
 
 from mlc import artifacts, compiler, frontends, targets
 from mlc.artifacts.manifest import Manifest
-from mlc.check import CheckResult
+from mlc.check import PRECISIONS, CheckResult
 from mlc.compiler import runtimes
 from mlc.errors import (CompilerError, InputError, MlcError, NodeConversionError, TargetError,
                         UnsupportedModelError)
@@ -77,6 +77,8 @@ def compile(model: ModelSpec, options: CompileOptions, step: StepReporter = quie
             manifest, result = _package(plan, prepared, refs, bucket_plan, results, staged, timed)
     notes = prepared.notes + result["passes"]["notes"] + _schedule_notes(plan, result)
     check_result, verify_notes = _verify(plan, timed)
+    if check_result is not None and check_result.gate is not None:  # the gate's figures go into the manifest
+        manifest = artifacts.seal(plan.output, manifest.model_copy(update={"gate": check_result.gate.to_json()}))
     archive_path = artifacts.archive(plan.output) if options.archive else None
     return CompileResult(plan.output, manifest, check_result, archive_path, notes + verify_notes)
 
@@ -91,6 +93,7 @@ def plan_compile(model: ModelSpec, options: CompileOptions) -> CompilePlan:
     """Check every option, resolve the target, fetch its runtime and toolchain: what is missing or wrong fails
     here, before any heavy work."""
     check_tolerances(options.atol, options.rtol)
+    check_precision(options.precision)
     dynamic = model.dynamic_dims()
     requested_buckets = bucketing.parse(model.buckets)
     if requested_buckets and model.dynamic:
@@ -98,12 +101,33 @@ def plan_compile(model: ModelSpec, options: CompileOptions) -> CompilePlan:
     model = sources.resolve(model)
     frontends.check_exporter(model.framework, model.exporter)
     preset = targets.resolve(options.target)
+    precision_supported(preset, options.precision, options.emulated)
     steps, schedules = build_settings(preset, options)
     runtime, cross = prepare_target(preset)
     output = options.output or default_output(sources.model_name(model.source), preset.name)
     artifacts.check_replaceable(output)
     return CompilePlan(model, options, preset, dynamic, dynamic_ranges(model), requested_buckets, schedules, steps,
                 runtime, cross, output)
+
+
+def check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise InputError(f"--precision {precision}: choose one of {', '.join(PRECISIONS)}")
+
+
+def precision_supported(preset: targets.Target, precision: str, emulated: bool) -> None:
+    """A reduced precision needs the target's instructions for it; --emulated builds it anyway (slowly)."""
+    if precision == "fp32" or emulated:
+        return
+    if precision == "bf16" and preset.device == "cpu" and not targets.has_bf16_dot(preset):
+        raise TargetError(f"--precision bf16: target {preset.name} ({preset.tvm.get('mcpu', preset.tvm['kind'])}) "
+                          "has no bf16 dot-product instructions (x86 AVX512-BF16: cooperlake, sapphirerapids, znver4 "
+                          "or newer); --emulated builds it anyway, converting in software (slow)")
+    if precision == "bf16" and preset.device != "cpu":
+        raise TargetError(f"--precision bf16 is for CPU targets; use --precision fp16 on {preset.name}")
+    if precision == "fp16" and preset.device != "cuda":
+        raise TargetError(f"--precision fp16 needs a GPU with fp16 arithmetic (cuda); target {preset.name} has none "
+                          "mlc uses (bf16 on CPUs with AVX512-BF16); --emulated builds it anyway (slow)")
 
 
 def _plan_builds(plan: CompilePlan, prepared: Prepared, workdir: Path, timed: Timer
@@ -132,7 +156,8 @@ def _build(plan: CompilePlan, prepared: Prepared, refs: References, builds: list
                     cross_compiler=plan.cross, kernels_dir=staged / KERNELS,
                     object_dir=staged / OBJECTS if macos else None, schedules=plan.schedules,
                     relax_passes=[s.to_json() for s in plan.steps], dump_ir=options.pass_options.dump_ir,
-                    dim_upper_bounds={name: hi for name, (_, hi) in plan.ranges.items()})
+                    dim_upper_bounds={name: hi for name, (_, hi) in plan.ranges.items()},
+                    precision=options.precision)
 
             try:
                 try:

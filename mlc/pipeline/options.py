@@ -51,6 +51,8 @@ class CompileOptions:
     rtol: Optional[float] = None
     archive: bool = False  # also write DIR.tar.gz
     isolate: bool = True  # run TVM in a child process
+    precision: str = "fp32"  # fp32, bf16 (CPU) or fp16 (CUDA): matmul/conv inputs and weights, fp32 accumulation
+    emulated: bool = False  # allow a precision the target has no instructions for (slow; for accuracy studies)
 
 
 def check_tolerances(atol: Optional[float], rtol: Optional[float]) -> None:
@@ -83,4 +85,10 @@ def recipe(model: ModelSpec, options: CompileOptions) -> Recipe:
     if model.buckets:
         recorded["buckets"] = list(model.buckets)
         argv += [a for b in model.buckets for a in ("--buckets", b)]
+    if options.precision != "fp32":
+        recorded["precision"] = options.precision
+        argv += ["--precision", options.precision]
+        if options.emulated:
+            recorded["emulated"] = True
+            argv.append("--emulated")
     return Recipe(recorded, shlex.join(argv + options.pass_options.cli_args()))

@@ -76,6 +76,7 @@ def package(staged: Path, *, runtime: runtimes.RuntimeFiles, preset: targets.Tar
                                                                "after": len(prepared.cleaned.graph.node)}),
         buckets=buckets,
         dynamic_ranges=ranges or {},
+        precision=recipe.options.get("precision", "fp32"),
     )
     return artifacts.seal(staged, manifest)
 

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from mlc import artifacts
-from mlc.check import CheckResult, compare
+from mlc.check import CheckResult, compare, gate
 from mlc.compiler import runtimes
 from mlc.errors import AccuracyError, InputError, IntegrityError, MissingDependencyError
 from mlc.pipeline.options import check_tolerances
@@ -100,6 +100,9 @@ def check(artifact: str | Path, *, atol: Optional[float] = None, rtol: Optional[
     info = runner.manifest["reference"]
     result = compare(reference, actual, atol=atol, rtol=rtol)
     result.reference = info["producer"]
+    precision = runner.manifest.get("precision", "fp32")
+    if precision != "fp32":  # judged by the reduced-precision gate against the same fp32 reference
+        result.gate = gate(reference, actual, precision)
     if info.get("onnxruntime"):
         result.conversion = compare(reference, read_npz(runner.root / info["onnxruntime"]), atol=atol, rtol=rtol)
     result.conversion_error = info.get("onnxruntime_error") or ""
@@ -107,17 +110,25 @@ def check(artifact: str | Path, *, atol: Optional[float] = None, rtol: Optional[
         expected = read_npz(runner.root / case["outputs"])
         with runtime_errors():
             got = runner.run(read_npz(runner.root / case["inputs"]))
+        where = f" [{runner.buckets['dim']}={case['length']} in bucket {case['bucket']}]"
         for stats in compare(expected, got, atol=atol, rtol=rtol).outputs:
-            stats.name = f"{stats.name} [{runner.buckets['dim']}={case['length']} in bucket {case['bucket']}]"
+            stats.name += where
             result.outputs.append(stats)
+        if result.gate is not None:
+            for figures in gate(expected, got, precision).outputs:
+                figures.name += where
+                result.gate.outputs.append(figures)
     return result
 
 
 def require_pass(result: CheckResult) -> None:
     """Raise AccuracyError (exit 3) naming the failed outputs, and the export when it lost the accuracy."""
     if not result.passed:
-        failed = [o.name for o in result.outputs if not o.passed]
+        failed = result.failed()
         where = ""
+        if result.gate is not None:
+            raise AccuracyError(f"the {result.gate.precision} build misses the accuracy gate for output(s): "
+                                f"{', '.join(failed)}")
         if result.conversion is not None and not result.conversion.passed:
             where = ("; ONNX Runtime on the exported ONNX differs from the framework too, so the export lost the "
                      "accuracy, not TVM (try another --exporter)")

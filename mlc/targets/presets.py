@@ -285,3 +285,19 @@ def describe_all() -> list[dict[str, str]]:
         except TargetError as e:
             rows.append({"name": name, "description": f"unavailable here: {e}", "tvm": ""})
     return rows
+
+
+# LLVM cpus with AVX512-BF16 (vdpbf16ps); a JSON target may name the feature in mattr instead.
+_BF16_X86_CPUS = ("cooperlake", "sapphirerapids", "emeraldrapids", "graniterapids", "diamondrapids", "znver4", "znver5")
+
+
+def has_bf16_dot(target: Target) -> bool:
+    """Whether the target's CPU has the bf16 dot-product instruction mlc's bf16 kernels use (x86 AVX512-BF16)."""
+    tvm = target.tvm
+    if tvm.get("kind") != "llvm" or not str(tvm.get("mtriple", "x86_64")).startswith("x86_64"):
+        return False
+    mattr = tvm.get("mattr") or []
+    mattr = mattr.split(",") if isinstance(mattr, str) else list(mattr)
+    if "-avx512bf16" in mattr:
+        return False
+    return str(tvm.get("mcpu", "")) in _BF16_X86_CPUS or "+avx512bf16" in mattr

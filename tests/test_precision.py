@@ -1,0 +1,89 @@
+"""--precision bf16/fp16: the accuracy gate (figures, verdicts, exit 3 naming the output) and the target check."""
+
+import json
+
+import numpy as np
+import pytest
+from helpers import assert_clean_error, reseal, run_mlc
+
+from mlc import targets
+from mlc.check import LIMITS, gate
+
+
+def test_gate_passes_bf16_rounding_and_fails_a_wrong_output_by_name():
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((8, 100)).astype(np.float32) * 5
+    hidden = rng.standard_normal((2, 16, 32)).astype(np.float32)
+    # bf16 rounding of every value (8 mantissa bits): what a good bf16 build is off by, and more
+    rounded = {k: (v.view(np.uint32) & 0xFFFF0000).view(np.float32) for k, v in
+               {"logits": logits, "hidden": hidden}.items()}
+    result = gate({"logits": logits, "hidden": hidden}, rounded, "bf16")
+    assert result.passed, result.to_json()
+    by_name = {o.name: o for o in result.outputs}
+    assert by_name["logits"].top1_agreement == 1.0 and by_name["logits"].top5_agreement == 1.0
+    assert by_name["hidden"].top1_agreement is None  # 3-D and not named logits: no classes axis
+    assert 0 < by_name["hidden"].rel_error < 0.01 and by_name["hidden"].cosine_similarity > 0.9999
+
+    wrong = dict(rounded, hidden=rounded["hidden"] + 0.2 * np.abs(hidden).max())
+    result = gate({"logits": logits, "hidden": hidden}, wrong, "bf16")
+    assert not result.passed and result.failed() == ["hidden"]
+
+
+def test_gate_top1_counts_near_ties_but_not_real_flips():
+    ref = np.array([[1.0, 0.999, -3.0, 0.0, 0.5, 0.1, 0.2], [3.0, -2.0, 0.0, 0.1, 0.2, 0.3, 0.4]], np.float32)
+    tie = ref.copy()
+    tie[0, 1] = 1.001  # a near tie flips: either answer is right at bf16
+    figures = gate({"logits": ref}, {"logits": tie}, "bf16").outputs[0]
+    assert figures.passed and figures.top1_agreement == 0.5 and figures.top1_near_ties == 1
+    flip = ref.copy()
+    flip[1, 1] = 3.1  # row 1's pick moves to a class the reference puts far below
+    figures = gate({"logits": ref}, {"logits": flip}, "bf16").outputs[0]
+    assert not figures.passed and any("top-1" in p for p in figures.problems)
+    assert LIMITS["fp16"].min_cosine > LIMITS["bf16"].min_cosine
+
+
+def test_bf16_build_passes_the_gate_and_a_doctored_reference_exits_3(tmp_path):
+    """zoo:cnn (conv + linear) in bf16: gate figures in the manifest; `mlc check` on a reference made wrong fails."""
+    emulated = [] if targets.has_bf16_dot(targets.resolve("x86")) else ["--emulated"]  # CI hosts without bf16
+    out = tmp_path / "cnn-bf16"
+    proc = run_mlc("compile", "zoo:cnn", "--precision", "bf16", *emulated, "-o", out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "bf16 accuracy gate" in proc.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["precision"] == "bf16" and manifest["gate"]["passed"]
+    assert "--precision bf16" in manifest["compile"]["recipe"]
+    assert any(p["name"] == "bf16_matmul" and p["op_changes"].get("astype", 0) > 0
+               for p in manifest["compile"]["passes"])
+    figures = manifest["gate"]["outputs"][0]
+    assert 0 < figures["max_abs_error"] and figures["cosine_similarity"] > 0.999  # bf16 moved it, a little
+
+    outputs = out / manifest["reference"]["outputs"]
+    with np.load(outputs) as data:
+        reference = {k: data[k] for k in data.files}
+    name = next(iter(reference))
+    reference[name] = reference[name] * -1.0  # a reference the compiled model cannot match
+    np.savez(outputs, **reference)
+    reseal(out)
+    proc = run_mlc("check", out)
+    assert_clean_error(proc, 3, "bf16", "accuracy gate", name)
+
+
+def test_bf16_on_a_target_without_bf16_is_a_one_line_error():
+    proc = run_mlc("compile", "zoo:mlp", "--target", "x86-avx2", "--precision", "bf16")
+    assert_clean_error(proc, 1, "no bf16 dot-product instructions", "--emulated")
+    assert len(proc.stderr.strip().splitlines()) == 1
+    proc = run_mlc("compile", "zoo:mlp", "--precision", "int8")
+    assert_clean_error(proc, 1, "--precision int8")
+    proc = run_mlc("compile", "zoo:mlp", "--target", "x86-avx2", "--precision", "fp16")
+    assert_clean_error(proc, 1, "fp16")
+
+
+@pytest.mark.parametrize("tvm, expected", [
+    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4"}, True),
+    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512", "mattr": ["+avx512bf16"]}, True),
+    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4", "mattr": ["-avx512bf16"]}, False),
+    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "cascadelake"}, False),
+    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-v1"}, False),
+])
+def test_bf16_capability_from_the_target(tvm, expected):
+    assert targets.has_bf16_dot(targets.Target("t", "", tvm, "x86_64")) is expected
