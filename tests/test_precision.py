@@ -87,3 +87,44 @@ def test_bf16_on_a_target_without_bf16_is_a_one_line_error():
 ])
 def test_bf16_capability_from_the_target(tvm, expected):
     assert targets.has_bf16_dot(targets.Target("t", "", tvm, "x86_64")) is expected
+
+
+def test_bf16_kernels_run_on_vdpbf16ps_and_match_fp32():
+    """A dense layer and a 3x3 conv in bf16: vdpbf16ps in the code for a target with AVX512-BF16 (none for one
+    without: the emulated build), results within bf16 rounding of fp32 (run only where the host has the
+    instructions)."""
+    tvm = pytest.importorskip("tvm")
+    from tvm import relax
+
+    from mlc.compiler import relax_passes, schedules
+
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((8, 64), "float32"))
+    image = relax.Var("image", relax.TensorType((1, 16, 8, 8), "float32"))
+    w = (rng.standard_normal((64, 32)) * 0.1).astype(np.float32)
+    k = (rng.standard_normal((32, 16, 3, 3)) * 0.1).astype(np.float32)
+    with bb.function("main", [x, image]):
+        with bb.dataflow():
+            dense = bb.emit(relax.op.matmul(x, relax.const(w)))
+            conv = bb.emit(relax.op.nn.conv2d(image, relax.const(k), padding=1))
+            out = bb.emit_output(relax.Tuple([dense, conv]))
+        bb.emit_func_output(out)
+    mod = relax_passes.bf16_matmul(bb.get())
+    feeds = [rng.standard_normal((8, 64)).astype(np.float32), rng.standard_normal((1, 16, 8, 8)).astype(np.float32)]
+    for mcpu, dot in (("znver4", True), ("skylake-avx512", False)):
+        target = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": mcpu, "num-cores": 1}
+        executable, report = schedules.build(mod, target, None, True, [])
+        assert not report["unscheduled"], report
+        asm = executable.mod.imports[0].inspect_source("asm")
+        assert ("vdpbf16ps" in asm) is dot, mcpu
+        if dot and not targets.has_bf16_dot(targets.resolve("x86")):
+            continue
+        vm = relax.VirtualMachine(executable, tvm.cpu())
+        dense, conv = (t.numpy() for t in vm["main"](*(tvm.runtime.tensor(f) for f in feeds)))
+        windows = np.lib.stride_tricks.sliding_window_view(np.pad(feeds[1], ((0, 0), (0, 0), (1, 1), (1, 1))),
+                                                           (3, 3), axis=(2, 3))  # [1, 16, 8, 8, 3, 3]
+        expected = {"dense": feeds[0] @ w, "conv": np.einsum("nchwij,ocij->nohw", windows, k)}
+        result = gate(expected, {"dense": dense, "conv": conv}, "bf16")
+        assert result.passed, result.to_json()
+        assert all(o.max_abs_error > 1e-5 for o in result.outputs)  # bf16 rounding shows: not an fp32 build

@@ -90,10 +90,11 @@ def mixed_precision(mod, config: dict, target):
 
 
 def bf16_matmul(mod):
-    """matmul (dense, batch matmul) and conv2d (groups 1) on float32 -> bf16 inputs and weights with a float32
-    result: the kernels accumulate in float32 (mlc's CPU schedule runs them on AVX512-BF16's vdpbf16ps), and
-    everything else (normalisations, softmax, reductions, elementwise) stays float32. Constant weights are cast
-    at compile time (FoldConstant)."""
+    """matmul (dense, batch matmul) and conv2d (groups 1) with a constant weight on float32 -> bf16 inputs and
+    weights with a float32 result: the kernels accumulate in float32 (mlc's CPU schedule runs them on
+    AVX512-BF16's vdpbf16ps), and everything else (normalisations, softmax, reductions, elementwise, and matmuls
+    of two activations, such as attention's, which have no weight to pack) stays float32. Constant weights are
+    cast at compile time (FoldConstant)."""
     import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
@@ -110,6 +111,8 @@ def bf16_matmul(mod):
             is_conv = call.op.same_as(conv2d) and int(call.attrs.groups) == 1
             if not (call.op.same_as(matmul) or is_conv) or not all(f32(a) for a in call.args[:2]):
                 return call
+            if not isinstance(call.args[1], tvm.ir.GenericConst):  # activation x activation (attention): stays fp32
+                return call
             a, b = (relax.op.astype(x, "bfloat16") for x in call.args[:2])
             if call.op.same_as(matmul):
                 return relax.op.matmul(a, b, out_dtype="float32")
@@ -120,6 +123,7 @@ def bf16_matmul(mod):
                                           out_layout=at.out_layout, out_dtype="float32")
             return call
 
+    mod = relax.transform.FoldConstant()(mod)  # weights as constants (transposes folded)
     rewrite = Rewrite(mod)
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):

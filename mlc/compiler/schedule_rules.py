@@ -103,7 +103,7 @@ def _inline_epilogue(sch, block) -> None:
             return
 
 
-def _pack_weights(sch, block, last, width: int) -> None:
+def _pack_weights(sch, block, last, width: int, pairs: bool = False) -> None:
     """Constant inputs indexed by J last (a conv's HWIO or a dense layer's weight) are repacked
     so each tile's J slice is contiguous: [.., J] -> [J/width, .., width]. Rows of a power-of-two
     stride otherwise land in a few cache sets and a 512-channel conv's slice misses L2 (3x
@@ -132,8 +132,13 @@ def _pack_weights(sch, block, last, width: int) -> None:
             if packer is None:
                 continue
         sch.annotate(packer, "meta_schedule.layout_rewrite_preproc", True)
-        sch.transform_layout(block, ("read", index),
-                             lambda *idx: [idx[-1] // width, *idx[:-1], idx[-1] % width])
+        if pairs:  # [.., K, J] -> [J/width, .., K/2, width, 2]: a lane's two K values side by side (vdpbf16ps)
+            sch.transform_layout(block, ("read", index),
+                                 lambda *idx: [idx[-1] // width, *idx[:-2], idx[-2] // 2, idx[-1] % width,
+                                               idx[-2] % 2])
+        else:
+            sch.transform_layout(block, ("read", index),
+                                 lambda *idx: [idx[-1] // width, *idx[:-1], idx[-1] % width])
 
 
 def _tile_shape(j_extent: int, row_extent, lanes: int) -> tuple[int, int]:
@@ -177,7 +182,84 @@ def _panels_per_block(n_panels, depth, width: int) -> int:
     return _divisor_at_most(n_panels, fit) if fit > 1 else 1
 
 
-def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int) -> None:
+BF16_DOT = "mlc_bf16_dot_16x2"  # C[16] (fp32) += A[2] (bf16) . B[16, 2] (bf16): AVX512-BF16's vdpbf16ps
+# The intrinsic with bfloat operands, in LLVM IR: a kernel using BF16_DOT imports it (pragma_import_llvm).
+BF16_DOT_LLVM = """
+define linkonce_odr <16 x float> @mlc_dpbf16ps(<16 x float> %c, i32 %a, <32 x i16> %b) alwaysinline {
+  %one = insertelement <16 x i32> poison, i32 %a, i64 0
+  %all = shufflevector <16 x i32> %one, <16 x i32> poison, <16 x i32> zeroinitializer
+  %abf = bitcast <16 x i32> %all to <32 x bfloat>
+  %bbf = bitcast <32 x i16> %b to <32 x bfloat>
+  %r = call <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float> %c, <32 x bfloat> %abf, <32 x bfloat> %bbf)
+  ret <16 x float> %r
+}
+declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloat>, <32 x bfloat>)
+"""
+
+
+def _bf16_intrinsic() -> str:
+    """Register the bf16 dot-product tensor intrinsic (TVM 0.27 ships none): one vdpbf16ps adds, to each of 16
+    fp32 lanes, the products of a pair of bf16 values broadcast from A with that lane's pair of B (weights
+    packed [.., K/2, 16, 2]), in fp32."""
+    from tvm.s_tir import TensorIntrin
+    from tvm.script import tirx as T
+
+    if TensorIntrin.get(BF16_DOT, allow_missing=True) is not None:
+        return BF16_DOT
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (2,), "bfloat16", offset_factor=1)
+        B = T.match_buffer(b, (16, 2), "bfloat16", offset_factor=1)
+        C = T.match_buffer(c, (16,), "float32", offset_factor=1, scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:2], B[0:16, 0:2])
+            T.writes(C[0:16])
+            for i, k in T.grid(16, 2):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    C[vi] = C[vi] + T.cast(A[vk], "float32") * T.cast(B[vi, vk], "float32")
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (2,), "bfloat16", offset_factor=1)
+        B = T.match_buffer(b, (16, 2), "bfloat16", offset_factor=1)
+        C = T.match_buffer(c, (16,), "float32", offset_factor=1, scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:2], B[0:16, 0:2])
+            T.writes(C[0:16])
+            # bf16 bits as integers: TVM's BF16ComputeLegalize widens bf16 values to fp32, and its LLVM codegen has
+            # no bfloat type, so the call goes to BF16_DOT_LLVM (linked in, inlined), which passes them on as bfloat
+            A_bits = T.decl_buffer((2,), "uint16", data=A.data, elem_offset=A.elem_offset)
+            B_bits = T.decl_buffer((32,), "uint16", data=B.data, elem_offset=B.elem_offset)
+            C[T.ramp(T.int32(0), 1, 16)] = T.call_pure_extern(
+                "float32x16", "mlc_dpbf16ps", C.vload([0], dtype="float32x16"),
+                T.reinterpret(A_bits.vload([0], "uint16x2"), dtype="int32"), B_bits.vload([0], dtype="uint16x32"))
+
+    TensorIntrin.register(BF16_DOT, desc, impl)
+    return BF16_DOT
+
+
+def _bf16_dot_block(sch, block, reduction, lanes: int, target) -> bool:
+    """Whether a register-tile block can run on vdpbf16ps: fp32 output from two bf16 operands, an even innermost
+    reduction, 16 lanes, and a target with AVX512-BF16 (an --emulated build has none: plain casts there)."""
+    from tvm.target import codegen
+
+    stmt = sch.get(block)
+    if lanes != 16 or str(stmt.writes[0].source.dtype) != "float32" or len(stmt.reads) < 2:
+        return False
+    if sum(str(r.source.dtype) == "bfloat16" for r in stmt.reads) < 2:
+        return False
+    depth = _extent(sch, reduction[-1])
+    if depth is None or depth % 2:
+        return False
+    try:
+        return bool(codegen.target_has_features("avx512bf16", target))
+    except Exception:  # noqa: BLE001 - not an LLVM x86 target
+        return False
+
+
+def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf16: bool = False) -> None:
     """out[M, J] += ... with J contiguous: a (rows x vectors) accumulator tile in registers,
     the reduction loops around it, blocks of J tiles outermost so their weight slices stay in
     cache while the rows stream past (each row tile visits the block's tiles in turn), epilogue
@@ -204,8 +286,12 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int) ->
         else:
             head.append(spatial[-2])
     head += inner_panels
-    sch.reorder(*head, *reduction, *([rows] if rows is not None else []), jv, ji)
-    _pack_weights(sch, block, last, vectors * lanes)
+    pair = []
+    if bf16:  # the innermost reduction in pairs, the pair innermost: vdpbf16ps's operand layout
+        ko, ki = sch.split(reduction[-1], factors=[None, 2])
+        reduction, pair = [*reduction[:-1], ko], [ki]
+    sch.reorder(*head, *reduction, *([rows] if rows is not None else []), jv, ji, *pair)
+    _pack_weights(sch, block, last, vectors * lanes, pairs=bf16)
     tile = sch.fuse(*head) if len(head) > 1 else head[0]
     # Annotate before decompose_reduction: the primitives need the block to still be a reduction.
     sch.parallel(tile)
@@ -219,11 +305,16 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int) ->
     if rows is not None:
         sch.unroll(rows)
     sch.unroll(jv)
+    if bf16:
+        sch.decompose_reduction(block, reduction[0])
+        sch.tensorize(ji, _bf16_intrinsic())
+        sch.annotate(tile, "pragma_import_llvm", BF16_DOT_LLVM)
+        return
     sch.vectorize(ji)
     sch.decompose_reduction(block, reduction[0])
 
 
-def _schedule_reduction(sch, block, n_spatial: int, lanes: int) -> None:
+def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None) -> None:
     stmt = sch.get(block)
     loops = sch.get_loops(block)
     spatial, reduction = loops[:n_spatial], loops[n_spatial:]
@@ -237,7 +328,8 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int) -> None:
         last = sch.get(block).iter_vars[n_spatial - 1].var
         j_extent = _extent(sch, spatial[-1])
     if j_extent is not None and j_extent % lanes == 0 and contiguous:
-        _schedule_register_tile(sch, block, spatial, reduction, last, lanes)
+        bf16 = target is not None and _bf16_dot_block(sch, block, reduction, lanes, target)
+        _schedule_register_tile(sch, block, spatial, reduction, last, lanes, bf16)
         return
     if j_extent is not None and j_extent >= lanes and contiguous:
         jo, ji = sch.split(spatial[-1], factors=[None, lanes])
@@ -301,6 +393,12 @@ def _rule():
         def apply(self, func, target, _tunable):
             if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
                 return None
+            try:
+                return self.schedule(func, target, bf16_dot=True)
+            except Exception:  # noqa: BLE001 - a bf16 kernel vdpbf16ps does not fit: the plain register tile
+                return self.schedule(func, target, bf16_dot=False)
+
+        def schedule(self, func, target, bf16_dot: bool):
             sch = s_tir.Schedule(func)
             infos = normalize_prim_func(sch)
             if not infos:
@@ -325,7 +423,7 @@ def _rule():
                 if info.is_injective():
                     _schedule_spatial(sch, info.block_rv, lanes)
                 elif n_spatial and set(kinds[n_spatial:]) == {"R"}:
-                    _schedule_reduction(sch, info.block_rv, n_spatial, lanes)
+                    _schedule_reduction(sch, info.block_rv, n_spatial, lanes, target if bf16_dot else None)
             return sch
 
     return CPUDefault()
