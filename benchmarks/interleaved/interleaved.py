@@ -36,6 +36,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("-o", "--output", type=Path, required=True)
     parser.add_argument("--plot", type=Path, help="Also draw every row of --output: mlc/ORT ratio per row (PNG).")
+    parser.add_argument("--openvino", action="store_true",
+                        help="Also time OpenVINO at fp32 and at its default precision (bf16 on CPUs with it) in "
+                             "each round; the row records the precision it ran at.")
     args = parser.parse_args()
     for name in ("OMP_NUM_THREADS", "TVM_NUM_THREADS"):  # before TVM's or ORT's thread pools start
         os.environ[name] = str(args.threads)
@@ -62,9 +65,26 @@ def main() -> None:
     def time_mlc() -> float:
         return runner.measure(feeds, warmup=0, repeat=1)[1]["mean_ms"] / 1e3
 
+    extra = {}  # name -> (timer, precision): OpenVINO columns
+    if args.openvino:
+        from mlc.bench.baselines import openvino_model
+
+        for name, hint in (("openvino_fp32", "f32"), ("openvino_default", None)):
+            compiled, precision = openvino_model(args.onnx, args.threads, hint)
+            request = compiled.create_infer_request()
+            wanted = {n for port in compiled.inputs for n in port.get_names()}
+            ov_feeds = {k: v for k, v in feeds.items() if k in wanted}
+
+            def time_ov(request=request, ov_feeds=ov_feeds) -> float:
+                start = time.perf_counter()
+                request.infer(ov_feeds)
+                return time.perf_counter() - start
+
+            extra[name] = (time_ov, precision)
     for _ in range(args.warmup):
-        time_ort(), time_mlc()
+        time_ort(), time_mlc(), [timer() for timer, _ in extra.values()]
     ort_s, mlc_s = [], []
+    extra_s = {name: [] for name in extra}
     load_start = load_average()
     for i in range(args.rounds):
         if i % 2:
@@ -73,6 +93,8 @@ def main() -> None:
         else:
             mlc_s.append(time_mlc())
             ort_s.append(time_ort())
+        for name, (timer, _) in extra.items():
+            extra_s[name].append(timer())
     ratios = np.array(mlc_s) / np.array(ort_s)
     row = {"label": args.label, "artifact_inputs": {i["name"]: i["shape"] for i in manifest["inputs"]},
            "tuned_kernels": len((manifest["compile"].get("schedules") or {}).get("tuned", [])),
@@ -82,6 +104,10 @@ def main() -> None:
            "mlc_over_ort_median": round(float(np.median(ratios)), 3),
            "mlc_over_ort_p10_p90": [round(float(np.percentile(ratios, q)), 3) for q in (10, 90)],
            "load_average": [load_start, load_average()]}
+    for name, (_, precision) in extra.items():
+        row[f"{name}_p50_ms"] = round(float(np.median(extra_s[name])) * 1e3, 3)
+        row[f"{name}_precision"] = precision
+        row[f"mlc_over_{name}_median"] = round(float(np.median(np.array(mlc_s) / np.array(extra_s[name]))), 3)
     doc = json.loads(args.output.read_text()) if args.output.exists() else {"benchmark": "interleaved", "rows": []}
     doc["machine"] = machine_info()
     doc["rows"] = [r for r in doc["rows"] if r["label"] != args.label] + [row]
