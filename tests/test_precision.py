@@ -128,3 +128,15 @@ def test_bf16_kernels_run_on_vdpbf16ps_and_match_fp32():
         result = gate(expected, {"dense": dense, "conv": conv}, "bf16")
         assert result.passed, result.to_json()
         assert all(o.max_abs_error > 1e-5 for o in result.outputs)  # bf16 rounding shows: not an fp32 build
+
+
+def test_fp16_on_cuda_computes_in_half(tmp_path):
+    """--precision fp16 (ToMixedPrecision) runs before the GPU build fuses, so the kernels compute in half; the gate
+    runs where a GPU is present (`mlc check`)."""
+    out = tmp_path / "mlp-fp16"
+    proc = run_mlc("compile", "zoo:mlp", "--target", "cuda-t4", "--precision", "fp16", "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "half" in (out / "kernels" / "cuda.cu").read_text()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["precision"] == "fp16" and manifest["outputs"][0]["dtype"] == "float32"
+    assert any(p["name"] == "mixed_precision" for p in manifest["compile"]["passes"])

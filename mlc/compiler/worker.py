@@ -157,6 +157,11 @@ def compile_request(request: dict) -> dict:
         stage = "passes"
         from mlc.compiler import relax_passes
 
+        precision, precision_record = request.get("precision", "fp32"), None
+        if precision == "fp16":  # before the passes: GPU builds fuse there, and ToMixedPrecision needs unfused ops
+            stage = "precision"
+            mod, precision_record = relax_passes.reduce_precision(mod, precision, request["target"])
+            stage = "passes"
         imported = mod
         # mlc.tuning's CPU build legalizes and fuses itself (its tuning keys are the kernels it fuses)
         mod, passes = relax_passes.run(mod, request.get("relax_passes") or [], request["target"],
@@ -165,13 +170,13 @@ def compile_request(request: dict) -> dict:
         if passes["error"]:
             return {"ok": False, "kind": "pass", "message": passes["error"]}
         applied = any(r["status"] == "applied" for r in passes["records"])
-        precision = request.get("precision", "fp32")
-        if precision != "fp32":  # not optional: the fallback without the Relax passes keeps the precision too
+        if precision == "bf16":  # after the passes (CPU builds fuse later); the fallback without them keeps it too
             stage = "precision"
-            mod, record = relax_passes.reduce_precision(mod, precision, request["target"])
+            mod, precision_record = relax_passes.reduce_precision(mod, precision, request["target"])
             imported = relax_passes.reduce_precision(imported, precision, request["target"])[0] if applied else mod
-            passes["records"].append(record)
             applied = True
+        if precision_record:
+            passes["records"].append(precision_record)
         stage = "build"
         start = time.perf_counter()
         executable, schedule_report = _build_with_fallbacks(imported, mod if applied else None, request,
