@@ -51,6 +51,7 @@ def test_bf16_build_passes_the_gate_and_a_doctored_reference_exits_3(tmp_path):
     assert "bf16 accuracy gate" in proc.stdout
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["precision"] == "bf16" and manifest["gate"]["passed"]
+    assert ("avx512_bf16" in manifest["target"]["required_cpu_features"]) is not emulated  # vdpbf16ps needs it
     assert "--precision bf16" in manifest["compile"]["recipe"]
     assert any(p["name"] == "bf16_matmul" and p["op_changes"].get("astype", 0) > 0
                for p in manifest["compile"]["passes"])

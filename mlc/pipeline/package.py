@@ -64,7 +64,7 @@ def package(staged: Path, *, runtime: runtimes.RuntimeFiles, preset: targets.Tar
         tvm_version=result["tvm_version"],
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         source=prepared.source,
-        target=TargetInfo(**preset.to_json()),
+        target=TargetInfo(**_target_info(preset, recipe)),
         library=library,
         runtime=runtime_info,
         reference=reference_info,
@@ -79,6 +79,15 @@ def package(staged: Path, *, runtime: runtimes.RuntimeFiles, preset: targets.Tar
         precision=recipe.options.get("precision", "fp32"),
     )
     return artifacts.seal(staged, manifest)
+
+
+def _target_info(preset: targets.Target, recipe: Recipe) -> dict:
+    """The preset, and for a bf16 build on the dot-product instructions the CPU feature they need (a JSON target
+    names no features: without it, a host lacking them would die of SIGILL instead of being told)."""
+    info = preset.to_json()
+    if recipe.options.get("precision") == "bf16" and not recipe.options.get("emulated"):
+        info["required_cpu_features"] = list(dict.fromkeys(info["required_cpu_features"] + ["avx512_bf16"]))
+    return info
 
 
 def _copy_runtime(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.Target) -> tuple[RuntimeInfo, str]:
