@@ -170,7 +170,7 @@ def _pad_width(sch, block, spatial, n_reduction: int, lanes: int) -> bool:
         return False
 
 
-def _panels_per_block(n_panels, depth, width: int, itemsize: int = 4) -> int:
+def _panels_per_block(n_panels, depth, width: int) -> int:
     """How many J tiles (panels) one row tile visits before the next row tile: as many as keep
     their weight slices (`depth` x `width` floats each) within PANEL_BLOCK_BYTES of L2, so the
     output is written in runs of a kilobyte or more. One panel per visit wrote a 10001-wide
@@ -178,7 +178,7 @@ def _panels_per_block(n_panels, depth, width: int, itemsize: int = 4) -> int:
     or more: 290 ms where the blocked loop takes 240 (ONNX Runtime: 280)."""
     if not n_panels or not depth:
         return 1
-    fit = min(PANEL_BLOCK_BYTES // (depth * width * itemsize), n_panels)
+    fit = min(PANEL_BLOCK_BYTES // (depth * width * 4), n_panels)
     return _divisor_at_most(n_panels, fit) if fit > 1 else 1
 
 
@@ -268,8 +268,7 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
                                     lanes)
     jo, jv, ji = sch.split(spatial[-1], factors=[None, vectors, lanes])
     depths = [_extent(sch, r) for r in reduction]
-    panels = _panels_per_block(_extent(sch, jo), None if None in depths else math.prod(depths), vectors * lanes,
-                               2 if bf16 else 4)
+    panels = _panels_per_block(_extent(sch, jo), None if None in depths else math.prod(depths), vectors * lanes)
     inner_panels = []
     if panels > 1:
         jo, inner = sch.split(jo, factors=[None, panels])
