@@ -43,10 +43,10 @@ def test_gate_top1_counts_near_ties_but_not_real_flips():
 
 
 def test_bf16_build_passes_the_gate_and_a_doctored_reference_exits_3(tmp_path):
-    """zoo:cnn (conv + linear) in bf16: gate figures in the manifest; `mlc check` on a reference made wrong fails."""
+    """zoo:mlp in bf16: gate figures in the manifest; `mlc check` on a reference made wrong fails (convs: below)."""
     emulated = [] if targets.has_bf16_dot(targets.resolve("x86")) else ["--emulated"]  # CI hosts without bf16
-    out = tmp_path / "cnn-bf16"
-    proc = run_mlc("compile", "zoo:cnn", "--precision", "bf16", *emulated, "-o", out)
+    out = tmp_path / "mlp-bf16"
+    proc = run_mlc("compile", "zoo:mlp", "--precision", "bf16", *emulated, "-o", out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "bf16 accuracy gate" in proc.stdout
     manifest = json.loads((out / "manifest.json").read_text())
