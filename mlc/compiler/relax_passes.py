@@ -177,6 +177,32 @@ def _fast_sigmoid(x):
     return topi.divide(1.0, topi.add(1.0, topi.fast_exp(topi.negative(x))))
 
 
+def _softmax_exp(x, axis):
+    """exp(x - max(x)) along `axis` (NaN-preserving), the first half of _fast_softmax as a kernel of its own."""
+    from tvm import te, topi
+
+    axis = axis + len(x.shape) if axis < 0 else axis
+    k = te.reduce_axis((0, x.shape[axis]), name="k")
+    rest = [d for i, d in enumerate(x.shape) if i != axis]
+    max_elem = te.compute(rest, lambda *i: te.max(x[tuple(i[:axis]) + (k,) + tuple(i[axis:])], axis=k),
+                          name="T_softmax_maxelem")
+    delta = te.compute(x.shape, lambda *i: x[i] - max_elem[tuple(v for j, v in enumerate(i) if j != axis)],
+                       name="T_softmax_delta")
+    return _keep_nan(topi.fast_exp)(delta)
+
+
+def _softmax_normalize(e, axis):
+    from tvm import te
+
+    axis = axis + len(e.shape) if axis < 0 else axis
+    k = te.reduce_axis((0, e.shape[axis]), name="k")
+    rest = [d for i, d in enumerate(e.shape) if i != axis]
+    total = te.compute(rest, lambda *i: te.sum(e[tuple(i[:axis]) + (k,) + tuple(i[axis:])], axis=k),
+                       name="T_softmax_expsum")
+    return te.compute(e.shape, lambda *i: e[i] / total[tuple(v for j, v in enumerate(i) if j != axis)],
+                      name="T_softmax_norm")
+
+
 def _fast_softmax(x, axis):
     """topi.nn.fast_softmax with a NaN-preserving exp: a row holding a NaN is NaN, as in ONNX Runtime."""
     from tvm import te, topi
@@ -282,8 +308,12 @@ def fast_math(mod, config: dict, target):
             if name in unary:
                 return self.builder_.call_te(unary[name], call.args[0], primfunc_name_hint=f"fast_{name[6:]}")
             if name == "relax.nn.softmax":
-                return self.builder_.call_te(_fast_softmax, call.args[0], int(call.attrs.axis),
-                                             primfunc_name_hint="fast_softmax")
+                # two kernels: in one, the default schedule inlines the exp polynomial into the sum (a scalar
+                # reduction) and again into the normalisation; apart, exp is computed once, vectorized
+                e = self.builder_.emit(self.builder_.call_te(_softmax_exp, call.args[0], int(call.attrs.axis),
+                                                             primfunc_name_hint="fast_softmax_exp"))
+                return self.builder_.call_te(_softmax_normalize, e, int(call.attrs.axis),
+                                             primfunc_name_hint="fast_softmax_norm")
             return call
 
     rewrite = Rewrite(mod)
