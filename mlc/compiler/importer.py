@@ -10,6 +10,7 @@ from typing import Optional
 
 import onnx
 
+from mlc.compiler import onnx_fixes
 from mlc.compiler.client import tvm_package_dir
 
 STANDARD_DOMAINS = {"", "ai.onnx"}
@@ -156,6 +157,7 @@ class _OneNode:
 
 def apply_conformance_overrides() -> None:
     """Converters TVM 0.27 lacks or gets wrong, found by benchmarks/onnx_node_tests."""
+    onnx_fixes.apply()
     _fold_variadic_pairwise()
     _add_loss_converters()
     _name_failing_converter()
