@@ -1,5 +1,6 @@
 """Converter overrides for ONNX node forms TVM 0.27 builds wrongly or not at all (#19, found by
-benchmarks/onnx_node_tests): Split with empty parts; Resize and Upsample (see resize.py)."""
+benchmarks/onnx_node_tests): Split with empty parts; Resize and Upsample (see resize.py); Dropout's mask;
+BatchNormalization in training mode; ConvTranspose's output_shape."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import functools
 
 def apply() -> None:
     _split_with_empty_parts()
+    _dropout_mask()
+    _batch_norm_training()
+    _conv_transpose_output_shape()
     from mlc.compiler import resize
 
     resize.override()
@@ -46,3 +50,131 @@ def _split_with_empty_parts() -> None:
                                 for b, e in zip(starts, ends)])
 
         setattr(split, f"_impl_v{version}", classmethod(impl))
+
+
+@functools.lru_cache(maxsize=1)
+def _dropout_mask() -> None:
+    """Dropout's mask output (TVM returns the data twice): all ones, bool from opset 10 (the input's type
+    before). Training mode with a ratio above 0 is random: refused (exit 1), not compiled."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    def identity(x, attr, mask_dtype: str):
+        if attr["tvm_custom"]["num_outputs"] < 2:
+            return x
+        return relax.Tuple([x, relax.op.ones_like(x, mask_dtype)])
+
+    def v1(cls, bb, inputs, attr, params):
+        return identity(inputs[0], attr, str(inputs[0].ty.dtype))
+
+    def v10(cls, bb, inputs, attr, params):
+        return identity(inputs[0], attr, "bool")
+
+    def v12(cls, bb, inputs, attr, params):
+        values = []
+        for k in (1, 2):
+            value = onnx_frontend.get_constant(inputs[k], params) if len(inputs) > k and inputs[k] is not None \
+                else None
+            if value is not None and not isinstance(value, tvm.ir.GenericConst):
+                raise NotImplementedError("Dropout needs a constant ratio and training_mode")
+            values.append(None if value is None else value.value.numpy())
+        ratio, training = values
+        if training is not None and bool(np.asarray(training)) and (ratio is None or float(ratio) > 0):
+            raise NotImplementedError("Dropout in training mode is random; mlc compiles inference graphs")
+        return identity(inputs[0], attr, "bool")
+
+    dropout = onnx_frontend.Dropout
+    dropout._impl_v1 = classmethod(v1)
+    dropout._impl_v10 = classmethod(v10)
+    dropout._impl_v12 = classmethod(v12)
+
+
+@functools.lru_cache(maxsize=1)
+def _batch_norm_training() -> None:
+    """BatchNormalization with training_mode=1: normalized by the batch's own mean and (biased) variance, and the
+    running statistics as ONNX defines them (input * momentum + batch * (1 - momentum)); TVM mixed them up."""
+    from tvm import relax
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    original = onnx_frontend.BatchNormalization._impl_v15.__func__
+
+    def impl(cls, bb, inputs, attr, params):
+        if not attr.get("training_mode", 0):
+            return original(cls, bb, inputs, attr, params)
+        data, scale, bias, mean, var = inputs[:5]
+        dtype, stats_dtype = str(data.ty.dtype), str(mean.ty.dtype)
+        compute = "float32" if dtype == "float16" else dtype
+
+        def cast(x):
+            return x if str(x.ty.dtype) == compute else bb.normalize(relax.op.astype(x, compute))
+
+        x = cast(data)
+        rank = len(data.ty.shape)
+        axes = [0] + list(range(2, rank))
+
+        def per_channel(v):
+            return relax.op.reshape(cast(v), [-1] + [1] * (rank - 2))
+
+        batch_mean = bb.normalize(relax.op.mean(x, axes))
+        batch_var = bb.normalize(relax.op.variance(x, axes))
+        eps = relax.const(float(attr.get("epsilon", 1e-5)), compute)
+        centred = relax.op.subtract(x, relax.op.reshape(batch_mean, [-1] + [1] * (rank - 2)))
+        normalized = relax.op.divide(centred, relax.op.sqrt(relax.op.add(
+            relax.op.reshape(batch_var, [-1] + [1] * (rank - 2)), eps)))
+        y = relax.op.add(relax.op.multiply(normalized, per_channel(scale)), per_channel(bias))
+        momentum = float(attr.get("momentum", 0.9))
+
+        def running(old, batch):
+            mixed = relax.op.add(relax.op.multiply(cast(old), relax.const(momentum, compute)),
+                                 relax.op.multiply(batch, relax.const(1 - momentum, compute)))
+            return mixed if compute == stats_dtype else relax.op.astype(mixed, stats_dtype)
+
+        y = y if compute == dtype else relax.op.astype(y, dtype)
+        return relax.Tuple([y, running(mean, batch_mean), running(var, batch_var)])
+
+    onnx_frontend.BatchNormalization._impl_v15 = classmethod(impl)
+
+
+@functools.lru_cache(maxsize=1)
+def _conv_transpose_output_shape() -> None:
+    """ConvTranspose's output_shape attribute (TVM ignores it): the pads it implies, as onnx's reference derives
+    them; a negative pad (a larger output than the full result) becomes zero rows, then the bias."""
+    from tvm import relax
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    original = onnx_frontend.ConvTranspose._impl_v1.__func__
+
+    def impl(cls, bb, inputs, attr, params):
+        shape = getattr(inputs[0].ty, "shape", None)
+        if "output_shape" not in attr or shape is None:
+            return original(cls, bb, inputs, attr, params)
+        spatial = [int(d) for d in shape.values[2:]]
+        n = len(spatial)
+        out_shape = list(attr["output_shape"])[-n:]
+        strides = list(attr.get("strides", [1] * n))
+        dilations = list(attr.get("dilations", [1] * n))
+        output_padding = list(attr.get("output_padding", [0] * n))
+        kernel = list(attr["kernel_shape"]) if "kernel_shape" in attr else \
+            [int(d) for d in inputs[1].ty.shape.values[2:]]
+        auto_pad = attr.get("auto_pad", b"NOTSET")
+        upper = (auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad) == "SAME_UPPER"
+        begin, end = [], []
+        for i in range(n):
+            full = strides[i] * (spatial[i] - 1) + output_padding[i] + (kernel[i] - 1) * dilations[i] + 1
+            total = full - out_shape[i]
+            small, large = total // 2, total - total // 2
+            begin.append(small if upper else large)
+            end.append(large if upper else small)
+        kept = {k: v for k, v in attr.items() if k not in ("output_shape", "auto_pad")}
+        kept["pads"] = [max(p, 0) for p in begin + end]
+        out = bb.normalize(original(cls, bb, [inputs[0], inputs[1], None], kept, params))
+        if any(p < 0 for p in begin + end):
+            widths = [0, 0, 0, 0] + [w for b, e in zip(begin, end) for w in (max(-b, 0), max(-e, 0))]
+            out = bb.normalize(relax.op.nn.pad(out, widths))
+        if len(inputs) > 2 and inputs[2] is not None:
+            out = relax.op.add(out, relax.op.reshape(inputs[2], [1, -1] + [1] * n))
+        return out
+
+    onnx_frontend.ConvTranspose._impl_v1 = classmethod(impl)
