@@ -1,6 +1,6 @@
 """Converter overrides for ONNX node forms TVM 0.27 builds wrongly or not at all (#19, found by
 benchmarks/onnx_node_tests): Split with empty parts; Resize and Upsample (see resize.py); Dropout's mask;
-BatchNormalization in training mode; ConvTranspose's output_shape."""
+BatchNormalization in training mode; ConvTranspose's output_shape; blocked Quantize/DequantizeLinear."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ def apply() -> None:
     _dropout_mask()
     _batch_norm_training()
     _conv_transpose_output_shape()
+    _blocked_quantization()
     from mlc.compiler import resize
 
     resize.override()
@@ -178,3 +179,64 @@ def _conv_transpose_output_shape() -> None:
         return out
 
     onnx_frontend.ConvTranspose._impl_v1 = classmethod(impl)
+
+
+@functools.lru_cache(maxsize=1)
+def _blocked_quantization() -> None:
+    """QuantizeLinear/DequantizeLinear with block_size (opset 21): one scale (and zero point) per block of
+    block_size elements along `axis`, repeated to the data's shape, then the elementwise formula (round half to
+    even and saturate to the output type when quantizing)."""
+    import numpy as np
+    from tvm import relax
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    from mlc.compiler.importer import _round_half_even
+
+    def expanded(value, data, axis: int, block: int):
+        """`value` per element of `data`: each repeated block_size times along axis, the last block cut."""
+        size = int(data.ty.shape.values[axis])
+        return relax.op.strided_slice(relax.op.repeat(value, block, axis), [axis], [0], [size])
+
+    def layout(inputs, attr):
+        x = inputs[0]
+        axis = attr.get("axis", 1)
+        axis = axis + x.ty.ndim if axis < 0 else axis
+        zp = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
+        return x, axis, zp
+
+    def quantize(cls, bb, inputs, attr, params):
+        x, axis, zp = layout(inputs, attr)
+        block = int(attr["block_size"])
+        output_dtype = attr.get("output_dtype", 0)
+        out = onnx_frontend.get_type(output_dtype) if output_dtype else str(zp.ty.dtype) if zp is not None \
+            else "uint8"
+        if out not in ("int8", "uint8", "int16", "uint16", "int32", "uint32"):
+            raise NotImplementedError(f"blocked QuantizeLinear to {out}")
+        scale = expanded(inputs[1], x, axis, block)
+        ratio = relax.op.astype(relax.op.divide(x, bb.normalize(scale)), "float64")
+        shifted = _round_half_even(bb.normalize(ratio))
+        if zp is not None:
+            shifted = relax.op.add(shifted, relax.op.astype(expanded(zp, x, axis, block), "float64"))
+        info = np.iinfo(out)
+        return relax.op.astype(relax.op.clip(shifted, float(info.min), float(info.max)), out)
+
+    def dequantize(cls, bb, inputs, attr, params):
+        x, axis, zp = layout(inputs, attr)
+        block = int(attr["block_size"])
+        scale = bb.normalize(expanded(inputs[1], x, axis, block))
+        dtype = str(scale.ty.dtype)
+        value = relax.op.astype(x, "int32")
+        if zp is not None:
+            value = relax.op.subtract(value, relax.op.astype(expanded(zp, x, axis, block), "int32"))
+        return relax.op.multiply(relax.op.astype(value, dtype), scale)
+
+    for cls, blocked in ((onnx_frontend.QuantizeLinear, quantize), (onnx_frontend.DequantizeLinear, dequantize)):
+        for version in (21, 23):
+            original = getattr(cls, f"_impl_v{version}").__func__
+
+            def impl(cls, bb, inputs, attr, params, _original=original, _blocked=blocked):
+                if attr.get("block_size", 0):
+                    return _blocked(cls, bb, inputs, attr, params)
+                return _original(cls, bb, inputs, attr, params)
+
+            setattr(cls, f"_impl_v{version}", classmethod(impl))
