@@ -60,6 +60,8 @@ PASSING = [
     # Dropout's bool mask; BatchNormalization's training-mode statistics; ConvTranspose's output_shape
     "test_dropout_default_mask", "test_training_dropout_zero_ratio_mask", "test_batchnorm_example_training_mode",
     "test_convtranspose_output_shape", "test_quantizelinear_blocked_asymmetric", "test_dequantizelinear_blocked",
+    # Cast to float8 e4m3fn, returned as its bits (saturated, and NaN past the range with saturate=0)
+    "test_cast_FLOAT_to_FLOAT8E4M3FN", "test_cast_no_saturate_FLOAT16_to_FLOAT8E4M3FN",
     # plain ops, as a baseline
     "test_abs", "test_add_bcast", "test_conv_with_strides_padding", "test_softmax_axis_0", "test_matmul_2d",
 ]
@@ -148,3 +150,22 @@ def test_resize_forms_match_onnxruntime(tmp_path, opset, op, scales, mode):
     got = api.open_runner(tmp_path / "art").run({"x": x})["y"]
     assert got.shape == expected.shape
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_float8_value_read_by_a_node_is_refused(tmp_path):
+    """mlc carries a cast to float8 as its bits, right for a graph output only: a node reading one is refused
+    (exit 1 naming the op), not computed on the bits."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    import mlc.api as api
+    from mlc.errors import UnsupportedModelError
+
+    nodes = [helper.make_node("Cast", ["x"], ["f8"], to=TensorProto.FLOAT8E4M3FN),
+             helper.make_node("Cast", ["f8"], ["y"], to=TensorProto.FLOAT)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)]), str(tmp_path / "f8.onnx"))
+    with pytest.raises(UnsupportedModelError, match="cannot convert a Cast node .*float8") as caught:
+        api.compile(str(tmp_path / "f8.onnx"), output=tmp_path / "art", isolate=False)
+    assert caught.value.exit_code == 1

@@ -66,6 +66,9 @@ def to_relax(model: onnx.ModelProto, dim_upper_bounds: Optional[dict[str, int]] 
     _keep_symbolic_range_lengths()
     _shape_inputs_as_tensors()
     apply_conformance_overrides()
+    problem = onnx_fixes.float8_problem(model)
+    if problem:
+        raise ConversionError("Cast", problem)
     # Weights become constants of the module so the compiled library is self-contained.
     try:
         mod = from_onnx(model, keep_params_in_input=False)

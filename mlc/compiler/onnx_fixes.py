@@ -1,10 +1,17 @@
 """Converter overrides for ONNX node forms TVM 0.27 builds wrongly or not at all (#19, found by
 benchmarks/onnx_node_tests): Split with empty parts; Resize and Upsample (see resize.py); Dropout's mask;
-BatchNormalization in training mode; ConvTranspose's output_shape; blocked Quantize/DequantizeLinear."""
+BatchNormalization in training mode; ConvTranspose's output_shape; blocked Quantize/DequantizeLinear; Cast to
+float8 e4m3fn."""
 
 from __future__ import annotations
 
 import functools
+from typing import Optional
+
+import onnx
+
+FLOAT8 = {onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ, onnx.TensorProto.FLOAT8E5M2,
+          onnx.TensorProto.FLOAT8E5M2FNUZ}
 
 
 def apply() -> None:
@@ -13,6 +20,7 @@ def apply() -> None:
     _batch_norm_training()
     _conv_transpose_output_shape()
     _blocked_quantization()
+    _cast_to_float8()
     from mlc.compiler import resize
 
     resize.override()
@@ -240,3 +248,81 @@ def _blocked_quantization() -> None:
                 return _original(cls, bb, inputs, attr, params)
 
             setattr(cls, f"_impl_v{version}", classmethod(impl))
+
+
+def float8_problem(model: onnx.ModelProto) -> Optional[str]:
+    """Why mlc cannot compile the model's float8 casts, or None. TVM imports float8 values as float32; mlc
+    computes a cast to float8 e4m3fn as the value's bits (uint8, what ONNX Runtime returns), right only for a
+    value the graph returns and no node reads."""
+    read = {name for node in model.graph.node for name in node.input}
+    for node in model.graph.node:
+        if node.op_type != "Cast" or node.domain not in ("", "ai.onnx"):
+            continue
+        to = next((a.i for a in node.attribute if a.name == "to"), None)
+        if to in FLOAT8 and node.output[0] in read:
+            return "a float8 value that other nodes read: mlc computes float8 casts of graph outputs only"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _cast_to_float8() -> None:
+    """Cast to FLOAT8E4M3FN as its bit pattern in uint8 (TVM casts to float32: get_type maps float8 to it):
+    rounded to nearest even, saturated to 448 (or NaN with saturate=0), NaN 0x7F, the sign kept (-0 too).
+    The other float8 types are refused."""
+    from tvm import relax, topi
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    from mlc.compiler.importer import _round_half_even
+
+    original = onnx_frontend.Cast._impl_v13.__func__
+
+    def i32(value: int):
+        return relax.const(value, "int32")
+
+    def power_of_two(bb, exponent):
+        """2**exponent (int32 tensor, a normal float32 exponent) as float32, exactly."""
+        return bb.emit_te(topi.reinterpret, bb.normalize(relax.op.left_shift(
+            relax.op.add(exponent, i32(127)), i32(23))), "float32")
+
+    def exponent_of(bb, x):
+        bits = bb.emit_te(topi.reinterpret, x, "int32")
+        return bits, bb.normalize(relax.op.subtract(relax.op.bitwise_and(relax.op.right_shift(bits, i32(23)),
+                                                                         i32(255)), i32(127)))
+
+    def e4m3fn_bits(bb, x, saturate: bool):
+        x = x if str(x.ty.dtype) == "float32" else bb.normalize(relax.op.astype(x, "float32"))
+        bits, exponent = exponent_of(bb, x)
+        magnitude = bb.normalize(relax.op.abs(x))
+        quantum = power_of_two(bb, relax.op.subtract(relax.op.maximum(exponent, i32(-6)), i32(3)))
+        steps = _round_half_even(bb.normalize(relax.op.astype(relax.op.divide(magnitude, quantum), "float64")))
+        rounded = bb.normalize(relax.op.multiply(relax.op.astype(steps, "float32"), quantum))
+        _, rounded_exponent = exponent_of(bb, rounded)
+        scale = power_of_two(bb, relax.op.subtract(rounded_exponent, i32(3)))
+        normal_code = relax.op.add(relax.op.multiply(relax.op.astype(relax.op.add(rounded_exponent, i32(6)),
+                                                                     "float32"), relax.const(8.0, "float32")),
+                                   relax.op.divide(rounded, scale))
+        code = relax.op.where(relax.op.greater_equal(rounded, relax.const(2.0 ** -6, "float32")), normal_code,
+                              relax.op.multiply(rounded, relax.const(512.0, "float32")))
+        too_large = relax.const(126.0 if saturate else 127.0, "float32")
+        code = relax.op.where(relax.op.greater(rounded, relax.const(448.0, "float32")), too_large, code)
+        if not saturate:  # as onnx's reference and ONNX Runtime: their truncation keeps [480, 496) at 448
+            quirk = relax.op.logical_and(relax.op.greater_equal(magnitude, relax.const(480.0, "float32")),
+                                         relax.op.less(magnitude, relax.const(496.0, "float32")))
+            code = relax.op.where(quirk, relax.const(126.0, "float32"), code)
+        code = relax.op.where(relax.op.isnan(x), relax.const(127.0, "float32"), code)
+        sign = relax.op.where(relax.op.less(bits, i32(0)), relax.const(128.0, "float32"),
+                              relax.const(0.0, "float32"))
+        return relax.op.astype(relax.op.add(code, sign), "uint8")
+
+    def impl(cls, bb, inputs, attr, params):
+        to = attr.get("to")
+        if to not in FLOAT8:
+            return original(cls, bb, inputs, attr, params)
+        if to != onnx.TensorProto.FLOAT8E4M3FN:
+            raise NotImplementedError(f"Cast to {onnx.TensorProto.DataType.Name(to)}")
+        x = inputs[0]
+        if not isinstance(x, relax.Expr) or not str(getattr(x.ty, "dtype", "")).startswith("float"):
+            raise NotImplementedError("Cast to FLOAT8E4M3FN of a value that is not a float tensor")
+        return e4m3fn_bits(bb, x, bool(attr.get("saturate", 1)))
+
+    onnx_frontend.Cast._impl_v13 = classmethod(impl)
