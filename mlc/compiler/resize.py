@@ -155,17 +155,22 @@ class Plan:
     """Per axis: (in_len, out_len, scale as the reference holds it, roi start/end)."""
 
     axes: list[int]  # in the order onnx's reference recurses over them (the innermost is resized first)
-    in_shape: list[int]
-    out_shape: list[int]
+    in_shape: list  # ints; a symbolic dim (a PrimExpr) only on an axis kept as it is
+    out_shape: list
     scales: dict
     rois: dict
 
 
-def plan(in_shape: list[int], scales: Optional[np.ndarray], sizes: Optional[np.ndarray], axes: Optional[list[int]],
-         roi: Optional[np.ndarray], keep_aspect: str = "stretch") -> Plan:
-    """Output shape and per-axis scales as onnx's reference derives them (scales as float32, sizes in float64)."""
+def plan(in_shape: list, scales: Optional[np.ndarray], sizes: Optional[np.ndarray], axes: Optional[list[int]],
+         roi: Optional[np.ndarray], keep_aspect: str = "stretch") -> Optional[Plan]:
+    """Output shape and per-axis scales as onnx's reference derives them (scales as float32, sizes in float64);
+    None where a symbolic dim would be resized."""
     rank = len(in_shape)
     axes = [a + rank if a < 0 else a for a in axes] if axes is not None else list(range(rank))
+    symbolic = {a for a in range(rank) if not isinstance(in_shape[a], int)}
+    if symbolic and (sizes is not None and symbolic & set(axes) or sizes is None and any(
+            float(scales[i]) != 1.0 for i, a in enumerate(axes) if a in symbolic)):
+        return None
     rois = {a: (0.0, 1.0) for a in range(rank)}
     if roi is not None and roi.size == 2 * len(axes):
         rois.update({a: (roi[i], roi[len(axes) + i]) for i, a in enumerate(axes)})
@@ -173,7 +178,7 @@ def plan(in_shape: list[int], scales: Optional[np.ndarray], sizes: Optional[np.n
         out = list(in_shape)
         for i, a in enumerate(axes):
             out[a] = int(sizes[i])
-        scale = {a: np.float64(out[a]) / in_shape[a] for a in range(rank)}
+        scale = {a: np.float64(out[a]) / in_shape[a] if a not in symbolic else np.float64(1.0) for a in range(rank)}
         if keep_aspect != "stretch":
             pick = min if keep_aspect == "not_larger" else max
             common = pick(scale[a] for a in axes)
@@ -182,7 +187,7 @@ def plan(in_shape: list[int], scales: Optional[np.ndarray], sizes: Optional[np.n
     else:
         scale = {a: np.float32(1.0) for a in range(rank)}
         scale.update({a: np.float32(scales[i]) for i, a in enumerate(axes)})
-        out = [int(np.float64(scale[a]) * in_shape[a]) for a in range(rank)]
+        out = [int(np.float64(scale[a]) * in_shape[a]) if a not in symbolic else in_shape[a] for a in range(rank)]
     return Plan(axes, list(in_shape), out, scale, rois)
 
 
@@ -201,6 +206,8 @@ def emit(bb, x, resize: Plan, mode: Mode):
     rank = len(shape)
     for axis in reversed(resize.axes):
         in_len, out_len = shape[axis], resize.out_shape[axis]
+        if not isinstance(in_len, int):
+            continue  # a symbolic dim is never resized (plan)
         indices, weights, outside = axis_taps(in_len, out_len, resize.scales[axis], mode, resize.rois[axis])
         single = indices.shape[1] == 1 and bool((weights == 1.0).all())
         if single and not outside.any() and out_len == in_len and (indices[:, 0] == np.arange(in_len)).all():
@@ -234,12 +241,12 @@ def _text(attr: dict, name: str, default: str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _static_shape(x) -> Optional[list[int]]:
+def _shape(x) -> Optional[list]:
+    """The dims of `x`: ints, or PrimExprs where symbolic; None when its shape is unknown."""
     shape = getattr(getattr(x, "ty", None), "shape", None)
-    try:
-        return [int(d) for d in shape.values] if shape is not None else None
-    except (TypeError, ValueError):  # a symbolic dim
+    if shape is None:
         return None
+    return [int(d.value) if hasattr(d, "value") and isinstance(d.value, int) else d for d in shape.values]
 
 
 def _constant(value, params) -> Optional[np.ndarray]:
@@ -265,7 +272,10 @@ def tvm_is_exact(in_shape: list[int], resize: Plan, mode: Mode, attr: dict, scal
     ONNX's scale equal to the size ratio, and no attribute it ignores."""
     rank = len(in_shape)
     spatial = range(2, rank)
-    if rank not in (3, 4, 5) or resize.out_shape[:2] != in_shape[:2] or mode.antialias or "axes" in attr:
+    if rank not in (3, 4, 5) or mode.antialias or "axes" in attr:
+        return False
+    if any(resize.out_shape[a] is not in_shape[a] and resize.out_shape[a] != in_shape[a] for a in (0, 1)) or \
+            any(not isinstance(in_shape[a], int) for a in spatial):
         return False
     if _text(attr, "keep_aspect_ratio_policy", "stretch") != "stretch":
         return False
@@ -290,7 +300,7 @@ def override() -> None:
 
     def resize_v11(cls, bb, inputs, attr, params):
         x = inputs[0]
-        in_shape = _static_shape(x)
+        in_shape = _shape(x)
         mode = Mode(mode=_text(attr, "mode", "nearest"),
                     coordinate=_text(attr, "coordinate_transformation_mode", "half_pixel"),
                     nearest=_text(attr, "nearest_mode", "round_prefer_floor"),
@@ -305,18 +315,20 @@ def override() -> None:
             return tvm_resize(cls, bb, inputs, attr, params)
         axes = list(attr["axes"]) if "axes" in attr else None
         resize = plan(in_shape, scales, sizes, axes, roi, _text(attr, "keep_aspect_ratio_policy", "stretch"))
-        if tvm_is_exact(in_shape, resize, mode, attr, scales is not None):
+        if resize is None or tvm_is_exact(in_shape, resize, mode, attr, scales is not None):
             return tvm_resize(cls, bb, inputs, attr, params)
         return emit(bb, x, resize, mode)
 
     def simple(cls, bb, x, scales, attr):
         """Resize-10 and Upsample: asymmetric coordinates, nearest by ORT's rule (floor up, ceil down)."""
-        in_shape = _static_shape(x)
-        if in_shape is None or scales is None:
-            raise NotImplementedError(f"{cls.__name__} needs a static input shape and constant scales")
+        in_shape = _shape(x)
+        resize = plan(in_shape, np.asarray(scales, np.float32), None, None, None) \
+            if in_shape is not None and scales is not None else None
+        if resize is None:
+            raise NotImplementedError(f"{cls.__name__} needs constant scales and static dims where they resize")
         mode = _text(attr, "mode", "nearest")
         mode = Mode(mode="linear" if mode == "bilinear" else mode, coordinate="asymmetric", nearest="simple")
-        return emit(bb, x, plan(in_shape, np.asarray(scales, np.float32), None, None, None), mode)
+        return emit(bb, x, resize, mode)
 
     def resize_v10(cls, bb, inputs, attr, params):
         try:
