@@ -90,3 +90,20 @@ def test_reproducer_is_kept_beside_the_log(tmp_path):
                                  f"subgraph (1 of 9 nodes): {kept})")
     assert kept.read_bytes() == b"onnx" and not written.exists()
 
+
+
+def test_import_failure_writes_the_failing_node(monkeypatch, tmp_path):
+    """A failure of TVM's importer outside a converter (exit 70 at import): the search imports only."""
+    from mlc.compiler import importer
+
+    original = importer.to_relax
+
+    def to_relax(model, bounds=None):
+        if any(n.op_type == "Neg" for n in model.graph.node):
+            raise RuntimeError("InternalError: Check failed: normalize (injected)")
+        return original(model, bounds)
+
+    monkeypatch.setattr(importer, "to_relax", to_relax)
+    with pytest.raises(CompilerError, match="TVM failed during import: .*injected") as caught:
+        api.compile(str(_chain(tmp_path / "chain.onnx")), output=tmp_path / "art", isolate=False)
+    assert [n.op_type for n in _reproducer(caught.value).graph.node] == ["Neg"]
