@@ -10,6 +10,7 @@ from typing import Optional
 
 import onnx
 
+from mlc.compiler import onnx_fixes
 from mlc.compiler.client import tvm_package_dir
 
 STANDARD_DOMAINS = {"", "ai.onnx"}
@@ -65,6 +66,9 @@ def to_relax(model: onnx.ModelProto, dim_upper_bounds: Optional[dict[str, int]] 
     _keep_symbolic_range_lengths()
     _shape_inputs_as_tensors()
     apply_conformance_overrides()
+    problem = onnx_fixes.float8_problem(model)
+    if problem:
+        raise ConversionError("Cast", problem)
     # Weights become constants of the module so the compiled library is self-contained.
     try:
         mod = from_onnx(model, keep_params_in_input=False)
@@ -156,6 +160,7 @@ class _OneNode:
 
 def apply_conformance_overrides() -> None:
     """Converters TVM 0.27 lacks or gets wrong, found by benchmarks/onnx_node_tests."""
+    onnx_fixes.apply()
     _fold_variadic_pairwise()
     _add_loss_converters()
     _name_failing_converter()
