@@ -142,6 +142,9 @@ def _shape_inputs_as_tensors() -> None:
                         copy.input[k] = alias
                 node = copy
             construct(self, _OneNode(node))
+        for value in graph.output:  # a shape the model returns is an int64 tensor in ONNX
+            if is_shape(self._nodes.get(value.name)):
+                self._nodes[value.name] = self.bb.normalize(relax.op.shape_to_tensor(self._nodes[value.name]))
 
     importer._construct_nodes = construct_nodes
 
