@@ -10,6 +10,7 @@ from typing import Optional
 
 import onnx
 
+from mlc.compiler import onnx_ops
 from mlc.compiler.client import tvm_package_dir
 
 STANDARD_DOMAINS = {"", "ai.onnx"}
@@ -32,12 +33,12 @@ def supported_ops() -> frozenset[str]:
         table = next(n.value for n in ast.walk(func) if isinstance(n, ast.Return))
         keys = frozenset(k.value for k in table.keys if isinstance(k, ast.Constant) and isinstance(k.value, str))
         if keys:
-            return keys | ADDED_CONVERTERS | DIRECTLY_HANDLED
+            return keys | ADDED_CONVERTERS | DIRECTLY_HANDLED | onnx_ops.ADDED
     except (OSError, SyntaxError, StopIteration, AttributeError):
         pass
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    return frozenset(_get_convert_map()) | ADDED_CONVERTERS | DIRECTLY_HANDLED
+    return frozenset(_get_convert_map()) | ADDED_CONVERTERS | DIRECTLY_HANDLED | onnx_ops.ADDED
 
 
 def unsupported_ops(model: onnx.ModelProto) -> dict[str, dict]:
@@ -65,6 +66,7 @@ def to_relax(model: onnx.ModelProto, dim_upper_bounds: Optional[dict[str, int]] 
     _keep_symbolic_range_lengths()
     _shape_inputs_as_tensors()
     apply_conformance_overrides()
+    onnx_ops.register()
     # Weights become constants of the module so the compiled library is self-contained.
     try:
         mod = from_onnx(model, keep_params_in_input=False)
