@@ -92,6 +92,8 @@ def _converters() -> dict:
         "MaxPool": converter("MaxPool", _max_pool, onnx_frontend.MaxPool),
         "OptionalHasElement": converter("OptionalHasElement", _optional_has_element,
                                         onnx_frontend.OptionalHasElement),
+        "Unsqueeze": converter("Unsqueeze", _scalar_axes, onnx_frontend.Unsqueeze),
+        "Squeeze": converter("Squeeze", _scalar_axes, onnx_frontend.Squeeze),
         "ReverseSequence": converter("ReverseSequence", _reverse_sequence),
         "Det": converter("Det", _det),
         "ConvInteger": converter("ConvInteger", _conv_integer),
@@ -137,6 +139,14 @@ def _eye_like(bb, inputs, attr, params, tvm_impl):
         return tvm_impl(bb, inputs, attr, params)
     dtype = helper.tensor_dtype_to_np_dtype(attr["dtype"]) if "dtype" in attr else np.dtype(_dtype(inputs[0]))
     return _array(np.eye(shape[0], shape[1], k=attr.get("k", 0), dtype=dtype))
+
+
+def _scalar_axes(bb, inputs, attr, params, tvm_impl):
+    """Unsqueeze/Squeeze with a scalar constant axes input (ONNX Runtime takes it; TVM iterates over it)."""
+    axes = _constant(_optional_input(inputs, 1), params)
+    if axes is not None and axes.ndim == 0:
+        inputs = [inputs[0], _array(axes.reshape(1))]
+    return tvm_impl(bb, inputs, attr, params)
 
 
 def _optional_has_element(bb, inputs, attr, params, tvm_impl):
