@@ -130,7 +130,7 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
             raise UnsupportedModelError(f"input '{value.name}' is not a tensor (sequences and maps are not supported)")
         shape: list = []
         for axis, dim in enumerate(tensor.shape.dim):
-            if dim.HasField("dim_value") and dim.dim_value > 0:
+            if dim.HasField("dim_value"):
                 shape.append(int(dim.dim_value))
             else:
                 shape.append(_sanitize_dim(dim.dim_param) if dim.dim_param
@@ -181,7 +181,7 @@ def _attach_index_ranges(model: onnx.ModelProto, specs: list[InputSpec]) -> None
 
 
 # Ops whose input 1 indexes input 0 (ScatterND and GatherND index its leading axes).
-_INDEXING = {"Gather", "GatherElements", "GatherND", "ScatterElements", "ScatterND"}
+_INDEXING = {"Gather", "GatherElements", "GatherND", "Scatter", "ScatterElements", "ScatterND"}
 
 
 def _attach_index_limits(model: onnx.ModelProto, by_name: dict[str, InputSpec]) -> None:
