@@ -445,7 +445,8 @@ def _deform_conv(bb, inputs, attr, params, tvm_impl):
 def _tfidf_vectorizer(bb, inputs, attr, params, tvm_impl):
     """TfIdfVectorizer over integer tokens ([C] or [B, C]): per pool n-gram of length n, the windows that match it
     (n > 1: with each skip 0..max_skip_count; unigrams once), mapped to output columns by ngram_indexes, weighted
-    as mode says (TF: counts, IDF: weight where seen, TFIDF: weight * count)."""
+    as mode says (TF: counts, IDF: weight where seen, TFIDF: weight * count; a weight per pool n-gram, as ONNX
+    Runtime reads them)."""
     from tvm import relax
 
     x = inputs[0]
@@ -460,7 +461,7 @@ def _tfidf_vectorizer(bb, inputs, attr, params, tvm_impl):
     size = max(indexes) + 1
     low, high, skips = attr["min_gram_length"], attr["max_gram_length"], attr["max_skip_count"]
     tokens = bb.normalize(relax.op.astype(rows, "int64"))
-    counts, columns = [], []
+    counts, columns, ids_used = [], [], []
     ngram = 0
     for gram, (begin, end) in enumerate(zip(starts[:-1], starts[1:]), start=1):
         grams = pool[begin:end].reshape(-1, gram)
@@ -484,20 +485,18 @@ def _tfidf_vectorizer(bb, inputs, attr, params, tvm_impl):
         if total is not None:
             counts.append(bb.normalize(total))
             columns.extend(indexes[i] for i in ids)
+            ids_used.extend(ids)
     if not counts:
         out = relax.op.zeros([batch, size], "float32")
     else:
+        found = relax.op.concat(counts, axis=1) if len(counts) > 1 else counts[0]  # [B, n-grams]
+        mode = _text(attr.get("mode"), "TF")
+        weights = attr.get("weights")
+        if mode == "IDF":
+            found = relax.op.astype(relax.op.greater(found, relax.const(0.0, "float32")), "float32")
+        if mode != "TF" and weights:  # one weight per pool n-gram, in pool order
+            found = relax.op.multiply(found, _array(np.array([weights[i] for i in ids_used], np.float32)))
         scatter = np.zeros((len(columns), size), np.float32)
         scatter[np.arange(len(columns)), columns] = 1
-        frequency = relax.op.matmul(relax.op.concat(counts, axis=1) if len(counts) > 1 else counts[0],
-                                    _array(scatter))
-        mode = _text(attr.get("mode"), "TF")
-        weights = np.array(attr["weights"], np.float32) if "weights" in attr else None
-        if mode == "IDF":
-            seen = relax.op.astype(relax.op.greater(frequency, relax.const(0.0, "float32")), "float32")
-            out = relax.op.multiply(seen, _array(weights)) if weights is not None else seen
-        elif mode == "TFIDF" and weights is not None:
-            out = relax.op.multiply(frequency, _array(weights))
-        else:
-            out = frequency
+        out = relax.op.matmul(found, _array(scatter))
     return out if len(shape) == 2 else relax.op.squeeze(out, [0])
