@@ -524,7 +524,7 @@ def test_cli_passes_and_compile_options(tmp_path):
                    "--pass-config", "fuse_ops.fuse_opt_level=2", "--dump-ir", dump, "--json", check=True)
     report = json.loads(proc.stdout)
     ran = [p["name"] for p in report["passes"]]
-    assert ran == ["lower_rnn", "eliminate_dead_nodes", "keep_symbolic_dims", "inline_constant_ifs",
+    assert ran == ["lower_rnn", "eliminate_dead_nodes", "keep_symbolic_dims", "static_control_flow",
                    "canonicalize_shapes", "reduce_empty_sets", "shape_inference", "fold_constant",
                    "dead_code_elimination", "fuse_ops"]
     assert (dump / "onnx_02_eliminate_dead_nodes.onnx").is_file() and (dump / "relax_00_import.py").is_file()

@@ -45,6 +45,7 @@ PARAMETER_SLOTS = {
     "ReduceL1": {1}, "ReduceL2": {1}, "ReduceLogSum": {1}, "ReduceLogSumExp": {1}, "ReduceMax": {1},
     "ReduceMean": {1}, "ReduceMin": {1}, "ReduceProd": {1}, "ReduceSum": {1}, "ReduceSumSquare": {1},
     "LSTM": {1, 2, 3, 7}, "GRU": {1, 2, 3}, "RNN": {1, 2, 3},  # weights (and peepholes)
+    "Loop": {0, 1},  # trip count and initial condition: they decide the scan outputs' shapes
 }
 
 

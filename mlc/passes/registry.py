@@ -90,10 +90,11 @@ PASSES: tuple[Pass, ...] = (
          "onnxslim: fold constant subgraphs (static shape arithmetic included), remove dead nodes, "
          "its pattern fusions except MatMul+Add -> Gemm (which adds Reshapes around N-D inputs), shape inference",
          1, f"{_ONNX}:constant_folding"),
-    Pass("inline_constant_ifs", "onnx",
-         "an If whose condition is a constant -> the branch it takes (TVM imports both branches, and the other may "
-         "not import), then constant_folding again",
-         1, "mlc.passes.control_flow:inline_constant_ifs"),
+    Pass("static_control_flow", "onnx",
+         "an If whose condition is known before run time -> the branch it takes (TVM imports both branches, and the "
+         "other may not import); a Loop with a constant trip count and a Scan over static lengths -> unrolled "
+         "(TVM has no Loop or Scan converter); then constant folding",
+         0, "mlc.passes.control_flow:static_control_flow"),
     Pass("canonicalize_shapes", "onnx",
          "Reshape targets computed from Shape->Gather/Squeeze/Unsqueeze->Mul->Concat chains become constants "
          "with 0 (keep dim) and -1 (infer dim), so dynamic dims survive TVM import",
