@@ -53,7 +53,7 @@ def _init(name, *shape) -> onnx.TensorProto:
 
 def test_levels_add_passes_and_explicit_choices_override():
     names = {level: [s.name for s in passes.plan(level)] for level in passes.OPT_LEVELS}
-    assert names[0] == ["lower_rnn", "reduce_empty_sets", "shape_inference"]
+    assert names[0] == ["lower_rnn", "static_control_flow", "reduce_empty_sets", "shape_inference"]
     assert set(names[0]) < set(names[1]) < set(names[2])
     assert "fuse_ops" in names[1]
     assert "combine_parallel_matmul" not in names[1] and "combine_parallel_matmul" in names[2]
