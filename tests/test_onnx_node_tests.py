@@ -60,6 +60,9 @@ PASSING = [
     "test_optional_has_element_empty_no_input_optional_input", "test_reversesequence_batch", "test_det_nd",
     "test_convinteger_with_padding", "test_qlinearconv", "test_col2im_pads", "test_deform_conv_with_mask_bias",
     "test_tfidfvectorizer_tf_batch_uniandbigrams_skip5",
+    # ai.onnx.ml: ArrayFeatureExtractor, Binarizer, TreeEnsemble
+    "test_ai_onnx_ml_array_feature_extractor", "test_ai_onnx_ml_binarizer",
+    "test_ai_onnx_ml_tree_ensemble_set_membership",
     # expanded tests freeze their op's parameters; static_control_flow: If inlined, Loop and Scan unrolled
     "test_center_crop_pad_crop_axes_chw_expanded", "test_affine_grid_2d_expanded", "test_loop11", "test_scan9_sum",
     "test_range_int32_type_negative_delta_expanded",

@@ -48,7 +48,7 @@ def unsupported_ops(model: onnx.ModelProto) -> dict[str, dict]:
     first: dict[str, list[str]] = {}
     for index, node in enumerate(model.graph.node):
         standard = node.domain in STANDARD_DOMAINS
-        if standard and node.op_type in known:
+        if standard and node.op_type in known or (node.domain, node.op_type) in onnx_ops.ML_OPS:
             continue
         op = node.op_type if standard else f"{node.domain}.{node.op_type}"
         counts[op] += 1

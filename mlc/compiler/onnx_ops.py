@@ -11,6 +11,9 @@ from typing import Optional
 import numpy as np
 
 ADDED = frozenset({"ReverseSequence", "Det", "ConvInteger", "QLinearConv", "Col2Im", "DeformConv", "TfIdfVectorizer"})
+ML_DOMAIN = "ai.onnx.ml"
+ML_ADDED = frozenset({"ArrayFeatureExtractor", "Binarizer", "TreeEnsemble"})  # ops of the ai.onnx.ml domain
+ML_OPS = frozenset((ML_DOMAIN, op) for op in ML_ADDED)
 
 
 def _static_shape(x) -> Optional[list[int]]:
@@ -57,7 +60,7 @@ def register() -> None:
     from tvm.relax.frontend.onnx import onnx_frontend
 
     table = _converters()
-    assert ADDED <= set(table)
+    assert ADDED | ML_ADDED <= set(table)
     original = onnx_frontend._get_convert_map
 
     def convert_map():
@@ -101,6 +104,9 @@ def _converters() -> dict:
         "Col2Im": converter("Col2Im", _col2im),
         "DeformConv": converter("DeformConv", _deform_conv),
         "TfIdfVectorizer": converter("TfIdfVectorizer", _tfidf_vectorizer),
+        "ArrayFeatureExtractor": converter("ArrayFeatureExtractor", _array_feature_extractor),
+        "Binarizer": converter("Binarizer", _binarizer),
+        "TreeEnsemble": converter("TreeEnsemble", _tree_ensemble),
     }
 
 
@@ -500,3 +506,125 @@ def _tfidf_vectorizer(bb, inputs, attr, params, tvm_impl):
         scatter[np.arange(len(columns)), columns] = 1
         out = relax.op.matmul(found, _array(scatter))
     return out if len(shape) == 2 else relax.op.squeeze(out, [0])
+
+
+# ---------------------------------------------------------------- ai.onnx.ml
+
+def _array_feature_extractor(bb, inputs, attr, params, tvm_impl):
+    """ArrayFeatureExtractor: x[..., indices] (flattened indices; a 1-D x gives one row, as ONNX Runtime does)."""
+    from tvm import relax
+
+    x, indices = inputs
+    rank = len(x.ty.shape.values)
+    flat = relax.op.reshape(indices, [-1])
+    out = relax.op.take(x, flat, axis=rank - 1)
+    return relax.op.expand_dims(out, 0) if rank == 1 else out
+
+
+def _binarizer(bb, inputs, attr, params, tvm_impl):
+    from tvm import relax
+
+    x = inputs[0]
+    dtype = _dtype(x)
+    above = relax.op.greater(x, relax.const(attr.get("threshold", 0.0), dtype))
+    return relax.op.astype(above, dtype)
+
+
+def _tensor_attr(attr, name, default=None):
+    from onnx import TensorProto, numpy_helper
+
+    value = attr.get(name)
+    if value is None:
+        return default
+    if isinstance(value, TensorProto):
+        return numpy_helper.to_array(value)
+    return np.asarray(value)
+
+
+def _tree_ensemble(bb, inputs, attr, params, tvm_impl):
+    """TreeEnsemble (ai.onnx.ml 5): every tree walked at once, one level per step for the deepest tree's depth
+    (a sample at a leaf stays there); each comparison mode, NaN routing and set membership as ONNX defines them;
+    leaf weights summed, averaged, or min/max-ed per target."""
+    from tvm import relax
+
+    x = inputs[0]
+    dtype = _dtype(x)
+    if int(attr.get("post_transform", 0)) != 0:
+        raise NotImplementedError("TreeEnsemble's post_transform other than NONE")
+    aggregate = int(attr.get("aggregate_function", 1))
+    feature = _tensor_attr(attr, "nodes_featureids").astype(np.int64)
+    splits = _tensor_attr(attr, "nodes_splits").astype(dtype)
+    modes = _tensor_attr(attr, "nodes_modes").astype(np.int64)
+    true_ids = _tensor_attr(attr, "nodes_truenodeids").astype(np.int64)
+    false_ids = _tensor_attr(attr, "nodes_falsenodeids").astype(np.int64)
+    true_leaf = _tensor_attr(attr, "nodes_trueleafs").astype(bool)
+    false_leaf = _tensor_attr(attr, "nodes_falseleafs").astype(bool)
+    missing = _tensor_attr(attr, "nodes_missing_value_tracks_true", np.zeros(len(feature), np.int64)).astype(bool)
+    targets = _tensor_attr(attr, "leaf_targetids").astype(np.int64)
+    weights = _tensor_attr(attr, "leaf_weights").astype(dtype)
+    roots = _tensor_attr(attr, "tree_roots").astype(np.int64)
+    n_targets = int(attr["n_targets"])
+    members = _tensor_attr(attr, "membership_values")
+    # set members per MEMBER node (NaN-separated, in node order), padded with NaN
+    sets = [[] for _ in feature]
+    if members is not None:
+        chunks, current = [], []
+        for v in members.astype(np.float64):
+            if np.isnan(v):
+                chunks.append(current)
+                current = []
+            else:
+                current.append(v)
+        for node, chunk in zip([i for i, m in enumerate(modes) if m == 6], chunks):
+            sets[node] = chunk
+    width = max([len(c) for c in sets] + [1])
+    table = np.full((len(feature), width), np.nan, dtype)
+    for i, chunk in enumerate(sets):
+        table[i, :len(chunk)] = chunk
+
+    def depth(node: int, leaf: bool) -> int:
+        if leaf:
+            return 0
+        return 1 + max(depth(int(true_ids[node]), bool(true_leaf[node])),
+                       depth(int(false_ids[node]), bool(false_leaf[node])))
+
+    degenerate = np.array([true_leaf[r] and false_leaf[r] and true_ids[r] == false_ids[r] for r in roots])
+    steps = max(depth(int(r), bool(d)) for r, d in zip(roots, degenerate))
+    batch = x.ty.shape.values[0]
+    trees = len(roots)
+    current = relax.op.broadcast_to(_array(np.where(degenerate, true_ids[roots], roots)[None, :]), [batch, trees])
+    at_leaf = relax.op.broadcast_to(_array(degenerate[None, :]), [batch, trees])
+    for _ in range(steps):
+        value = bb.normalize(relax.op.gather_elements(x, relax.op.take(_array(feature), current, axis=0), axis=1))
+        split = relax.op.take(_array(splits), current, axis=0)
+        mode = relax.op.take(_array(modes), current, axis=0)
+        member = relax.op.equal(relax.op.expand_dims(value, -1), relax.op.take(_array(table), current, axis=0))
+        member = relax.op.greater(relax.op.sum(relax.op.astype(member, "int32"), axis=-1), relax.const(0, "int32"))
+        outcomes = [relax.op.less_equal(value, split), relax.op.less(value, split),
+                    relax.op.greater_equal(value, split), relax.op.greater(value, split),
+                    relax.op.equal(value, split),
+                    relax.op.logical_or(relax.op.not_equal(value, split), relax.op.isnan(value)),  # NaN != v
+                    member]
+        decided = outcomes[-1]
+        for code in range(5, -1, -1):
+            decided = relax.op.where(relax.op.equal(mode, relax.const(code, "int64")), outcomes[code], decided)
+        nan_goes_true = relax.op.logical_and(relax.op.isnan(value), relax.op.take(_array(missing), current, axis=0))
+        decided = bb.normalize(relax.op.logical_or(decided, nan_goes_true))
+        following = relax.op.where(decided, relax.op.take(_array(true_ids), current, axis=0),
+                                   relax.op.take(_array(false_ids), current, axis=0))
+        reaches_leaf = relax.op.where(decided, relax.op.take(_array(true_leaf), current, axis=0),
+                                      relax.op.take(_array(false_leaf), current, axis=0))
+        current = bb.normalize(relax.op.where(at_leaf, current, following))
+        at_leaf = bb.normalize(relax.op.logical_or(at_leaf, reaches_leaf))
+    leaf_weight = relax.op.expand_dims(relax.op.take(_array(weights), current, axis=0), -1)  # [B, T, 1]
+    leaf_target = relax.op.expand_dims(relax.op.take(_array(targets), current, axis=0), -1)
+    hits = bb.normalize(relax.op.equal(leaf_target, _array(np.arange(n_targets, dtype=np.int64))))  # [B, T, n]
+    if aggregate in (0, 1):
+        total = relax.op.sum(relax.op.where(hits, leaf_weight, relax.const(0.0, dtype)), axis=1)
+        return relax.op.divide(total, relax.const(float(trees), dtype)) if aggregate == 0 else total
+    info = np.finfo(dtype)  # MIN/MAX: a target no tree's leaf names is 0, as in ONNX Runtime
+    bound = relax.const(float(info.max if aggregate == 2 else info.min), dtype)
+    picked = relax.op.where(hits, leaf_weight, bound)
+    extreme = relax.op.min(picked, axis=1) if aggregate == 2 else relax.op.max(picked, axis=1)
+    named = relax.op.greater(relax.op.sum(relax.op.astype(hits, "int32"), axis=1), relax.const(0, "int32"))
+    return relax.op.where(named, extreme, relax.const(0.0, dtype))
