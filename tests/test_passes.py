@@ -170,6 +170,19 @@ def test_lower_rnn_attributes(kind, attrs):
     assert any(not np.allclose(a, b, atol=1e-4) for a, b in zip(_ort(model, feeds), _ort(plain, feeds)))
 
 
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_lower_rnn_sequence_lens_matches_onnxruntime(kind, direction):
+    """Variable lengths: past its length a row's state stays and its Y is 0; the reverse pass starts at its end."""
+    model, feeds = _rnn_case(kind, direction, 0, True)
+    model.graph.node[0].input[4] = "lens"
+    model.graph.input.append(helper.make_tensor_value_info("lens", TensorProto.INT32, [3]))
+    feeds["lens"] = np.array([4, 1, 3], np.int32)
+    lowered = rnn.lower_rnn(model, {})
+    assert not _ops(lowered) & set(rnn.RNN_OPS)
+    _same_under_ort(model, lowered, feeds)
+
+
 def test_lower_rnn_opset9_with_computed_weights():
     """As paddle2onnx emits it: opset 9 (attribute forms of Slice/Unsqueeze), W built by a Concat of
     initializers, zero initial states from Expand."""

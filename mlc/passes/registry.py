@@ -72,7 +72,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("lower_rnn", "onnx",
          "LSTM, GRU and RNN nodes (TVM's importer has none) -> MatMul/Add/Sigmoid/Tanh/Gather/Concat, "
          "unrolled over the sequence (its length must be static; batch stays dynamic). All directions, "
-         "layouts, given or absent initial states, peepholes, clip, activations; not sequence_lens.",
+         "layouts, given or absent initial states, peepholes, clip, activations, sequence_lens.",
          0, f"{_RNN}:lower_rnn"),
     Pass("eliminate_dead_nodes", "onnx",
          "drop Identity, inference Dropout, Casts to the same type and nodes no output depends on",
