@@ -95,7 +95,9 @@ def _inlined(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return out, count
 
 
-MAX_FOLDED_ELEMENTS = 1 << 20
+# Only small values are folded (shape arithmetic, trip counts): a weight stays as the model has it (a QDQ pair
+# folded to float would lose its int8 kernel).
+MAX_FOLDED_ELEMENTS = 4096
 
 
 def _folded(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -114,6 +116,9 @@ def _folded(model: onnx.ModelProto) -> onnx.ModelProto:
         known = all(i == "" or i in values for i in node.input)
         reads_shape = node.op_type in ("Shape", "Size") and node.input[0] in shapes
         if node.domain not in ("", "ai.onnx") or node.op_type in ("If", "Loop", "Scan") or not (known or reads_shape):
+            kept.append(node)
+            continue
+        if known and any(values[i].size > MAX_FOLDED_ELEMENTS for i in node.input if i):
             kept.append(node)
             continue
         try:
