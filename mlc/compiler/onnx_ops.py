@@ -95,6 +95,7 @@ def _converters() -> dict:
         "MaxPool": converter("MaxPool", _max_pool, onnx_frontend.MaxPool),
         "OptionalHasElement": converter("OptionalHasElement", _optional_has_element,
                                         onnx_frontend.OptionalHasElement),
+        "ConvTranspose": converter("ConvTranspose", _conv_transpose, onnx_frontend.ConvTranspose),
         "Unsqueeze": converter("Unsqueeze", _scalar_axes, onnx_frontend.Unsqueeze),
         "Squeeze": converter("Squeeze", _scalar_axes, onnx_frontend.Squeeze),
         "ReverseSequence": converter("ReverseSequence", _reverse_sequence),
@@ -145,6 +146,32 @@ def _eye_like(bb, inputs, attr, params, tvm_impl):
         return tvm_impl(bb, inputs, attr, params)
     dtype = helper.tensor_dtype_to_np_dtype(attr["dtype"]) if "dtype" in attr else np.dtype(_dtype(inputs[0]))
     return _array(np.eye(shape[0], shape[1], k=attr.get("k", 0), dtype=dtype))
+
+
+def _conv_transpose(bb, inputs, attr, params, tvm_impl):
+    """ConvTranspose's output_shape (TVM ignores it): the pads ONNX derives from it, split as auto_pad says; a
+    negative total (a larger output than the default) is extra output_padding at the end."""
+    shape, kernel = _static_shape(inputs[0]), _static_shape(inputs[1])
+    if "output_shape" not in attr or shape is None or kernel is None:
+        return tvm_impl(bb, inputs, attr, params)
+    rank = len(shape) - 2
+    wanted = list(attr["output_shape"])[-rank:]
+    strides = list(attr.get("strides", [1] * rank))
+    dilations = list(attr.get("dilations", [1] * rank))
+    kernel = list(attr.get("kernel_shape", kernel[2:]))
+    extra = list(attr.get("output_padding", [0] * rank))
+    upper = _text(attr.get("auto_pad"), "NOTSET") == "SAME_UPPER"
+    begin, end = [0] * rank, [0] * rank
+    for i in range(rank):
+        total = strides[i] * (shape[2 + i] - 1) + extra[i] + (kernel[i] - 1) * dilations[i] + 1 - wanted[i]
+        if total < 0:
+            extra[i] -= total
+        else:
+            begin[i] = total // 2 if upper else total - total // 2
+            end[i] = total - begin[i]
+    attr = {k: v for k, v in attr.items() if k not in ("output_shape", "auto_pad")}
+    attr.update(pads=begin + end, output_padding=extra)
+    return tvm_impl(bb, inputs, attr, params)
 
 
 def _scalar_axes(bb, inputs, attr, params, tvm_impl):
