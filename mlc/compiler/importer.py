@@ -122,6 +122,7 @@ _SHAPE_COMPATIBLE_OPS = frozenset({"Reshape", "Resize", "ConstantOfShape", "Gath
 
 @functools.lru_cache(maxsize=1)
 def _shape_inputs_as_tensors() -> None:
+    import tvm
     from tvm import relax
     from tvm.relax.frontend.onnx import onnx_frontend
 
@@ -144,9 +145,14 @@ def _shape_inputs_as_tensors() -> None:
                         copy.input[k] = alias
                 node = copy
             construct(self, _OneNode(node))
-        for value in graph.output:  # a shape the model returns is an int64 tensor in ONNX
-            if is_shape(self._nodes.get(value.name)):
-                self._nodes[value.name] = self.bb.normalize(relax.op.shape_to_tensor(self._nodes[value.name]))
+        for value in graph.output:  # a shape (or a dim of one) the model returns is an int64 tensor in ONNX
+            result = self._nodes.get(value.name)
+            if tvm.ir.is_prim_expr(result) and str(result.ty.dtype) == "int64":
+                result = relax.op.reshape(self.bb.normalize(relax.op.shape_to_tensor(relax.ShapeExpr([result]))), [])
+            elif is_shape(result):
+                result = relax.op.shape_to_tensor(result)
+            if result is not self._nodes.get(value.name):
+                self._nodes[value.name] = self.bb.normalize(result)
 
     importer._construct_nodes = construct_nodes
 
