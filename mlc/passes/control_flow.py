@@ -366,7 +366,7 @@ def static_control_flow(model: onnx.ModelProto, config: dict) -> onnx.ModelProto
 
     if not any(n.op_type in ("If", "Loop", "Scan") for n in model.graph.node):
         return model
-    changed = False
+    original, changed = model, False
     for _ in range(8):  # nested control flow surfaces one level per round
         model = _folded(model)
         model, inlined = _inlined(model)
@@ -374,4 +374,4 @@ def static_control_flow(model: onnx.ModelProto, config: dict) -> onnx.ModelProto
         if not inlined and not unrolled:
             break
         changed = True
-    return constant_folding(model, config) if changed else model
+    return constant_folding(model, config) if changed else original
