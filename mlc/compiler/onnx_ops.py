@@ -80,10 +80,16 @@ def _converters() -> dict:
         """A converter class for op `name`: `impl(bb, inputs, attr, params, opset_impl)`, where opset_impl is
         TVM's own converter for the model's opset (when `wraps`, TVM's class, has one)."""
 
+        def missing(*args):
+            raise NotImplementedError(f"TVM has no {name} converter for this opset")
+
         class Converter(base):
             @classmethod
             def get_converter(cls, opset):
-                tvm_impl = wraps.get_converter(opset) if wraps is not None else None
+                try:  # mlc's conversions of OneHot, Det, ... need no TVM converter for the model's opset
+                    tvm_impl = wraps.get_converter(opset) if wraps is not None else missing
+                except NotImplementedError:
+                    tvm_impl = missing
                 return lambda bb, inputs, attr, params: impl(bb, inputs, attr, params, tvm_impl)
 
         Converter.__name__ = name
