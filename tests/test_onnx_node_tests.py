@@ -42,7 +42,7 @@ PASSING = [
     "test_isinf_negative", "test_reduce_max_bool_inputs", "test_if", "test_gathernd_example_int32_batch_dim1",
     "test_gru_defaults", "test_lstm_with_peepholes",
     # ConvertLayout skipped where its layout inference fails
-    "test_squeeze_negative_axes", "test_unique_not_sorted_without_axis",
+    "test_squeeze_negative_axes",
     # the weight-packing split skipped where it fails
     "test_top_k_smallest", "test_scatter_elements_with_reduction_min", "test_cumsum_1d_exclusive",
     # parameter inputs compiled as constants
@@ -109,6 +109,14 @@ def test_unimportable_node_is_a_user_error(tmp_path):
         api.compile(str(tmp_path / "m.onnx"), output=tmp_path / "art", isolate=False)
     assert int(error.value.exit_code) == 1
     assert "TVM's ONNX importer cannot convert a OneHot node" in str(error.value)
+
+
+def test_op_the_runtime_cannot_run_is_a_user_error(node_tests):
+    """TVM compiles Unique into a call to relax.run.unique, which only its compiler library has: the check ran
+    in-process and passed, and the artifact failed when run on its own (exit 70). Now: exit 1 before packaging."""
+    record = node_tests.run_case("test_unique_not_sorted_without_axis")
+    assert record["ort"]["pass"]
+    assert record["mlc"]["exit_code"] == 1 and "relax.run.unique" in record["mlc"]["reason"], record["mlc"]
 
 
 def test_out_of_scope_is_classified(node_tests):
