@@ -241,10 +241,10 @@ def test_report_bad_inputs_are_clean_errors(tmp_path, results):
 
 
 _FRAMEWORK_BASELINES = r'''
-import sys, tempfile
+import json, sys, tempfile
 from pathlib import Path
 import numpy as np
-from mlc.bench import baselines
+from mlc.bench import baselines, worker
 from mlc.frontends.base import FrameworkModel, InputDecl
 
 framework = sys.argv[1]
@@ -278,6 +278,10 @@ for name in names:
         run = baselines.get(name).setup(baselines.Context(fm, None, ["x"], [x], 1, Path(scratch)))
         (out,) = run()
         print(name, float(np.abs(out - expected).max()))
+with tempfile.TemporaryDirectory() as scratch:  # the bench's prepare step on the framework's zoo model
+    prepared = worker.prepare({"out_dir": scratch, "source": "zoo:cnn", "framework": framework, "batch": [1],
+                               "seq": [8]})
+    print("prepared", json.dumps(prepared["params"]))
 '''
 
 
@@ -299,6 +303,8 @@ def test_framework_baselines_run_a_native_model(framework, package, tmp_path):
     results = dict(line.split() for line in proc.stdout.splitlines() if line.split()[0] in baselines_of(framework))
     assert set(results) == set(baselines_of(framework))
     assert all(float(err) < 1e-5 for err in results.values()), results
+    (params,) = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("prepared ")]
+    assert int(params) > 1000  # the CNN's parameter count, as a plain integer
 
 
 def baselines_of(framework: str) -> list[str]:

@@ -39,12 +39,12 @@ def test_empty_graph(tmp_path):
 
 
 def test_unsupported_ops_are_all_listed(tmp_path):
-    """Det (no TVM converter) twice and a custom-domain op: every type, its count, first nodes.
+    """RandomUniformLike (no TVM converter) twice and a custom-domain op: every type, its count, first nodes.
     (LSTM is no longer one: the lower_rnn pass rewrites it, see test_passes.py.)"""
     nodes = [
-        helper.make_node("Det", ["x"], ["y1"], name="det_a"),
+        helper.make_node("RandomUniformLike", ["x"], ["y1"], name="rand_a"),
         helper.make_node("Relu", ["y1"], ["y2"], name="relu"),
-        helper.make_node("Det", ["y2"], ["y3"], name="det_b"),
+        helper.make_node("RandomUniformLike", ["y2"], ["y3"], name="rand_b"),
         helper.make_node("FancyOp", ["y3"], ["out"], name="fancy", domain="com.example"),
     ]
     graph = helper.make_graph(nodes, "unsupported", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 3])],
@@ -54,7 +54,8 @@ def test_unsupported_ops_are_all_listed(tmp_path):
     onnx.save(model, path)
     # Checked before anything runs the model (ONNX Runtime has no kernel for FancyOp either).
     proc = run_mlc("compile", path)
-    assert_clean_error(proc, 1, "2 op type(s)", "Det x2 (first: det_a, det_b)", "com.example.FancyOp x1 (first: fancy)")
+    assert_clean_error(proc, 1, "2 op type(s)", "RandomUniformLike x2 (first: rand_a, rand_b)",
+                       "com.example.FancyOp x1 (first: fancy)")
     assert len(proc.stderr.strip().splitlines()) == 1
 
 

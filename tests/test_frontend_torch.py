@@ -178,7 +178,7 @@ def test_bad_torch_sources_are_clean_errors(spec, fragments, factory_file, tmp_p
 
 def test_bad_framework_options(tmp_path):
     cases = [
-        (["zoo:bert-base", "--framework", "paddle"], "zoo:bert-base is not built for paddle"),
+        (["zoo:resnet50", "--framework", "paddle"], "zoo:resnet50 is not built for paddle"),
         (["zoo:cnn", "--framework", "caffe"], "unknown framework 'caffe'"),
         (["zoo:mlp", "--framework", "torch", "--dynamic", "seq"], "its dims that can be dynamic are: batch"),
         (["zoo:mlp", "--framework", "torch", "--dynamic", "batch=9..2"], "1 <= MIN <= MAX"),

@@ -53,7 +53,7 @@ def _init(name, *shape) -> onnx.TensorProto:
 
 def test_levels_add_passes_and_explicit_choices_override():
     names = {level: [s.name for s in passes.plan(level)] for level in passes.OPT_LEVELS}
-    assert names[0] == ["lower_rnn", "reduce_empty_sets", "shape_inference"]
+    assert names[0] == ["lower_rnn", "static_control_flow", "reduce_empty_sets", "shape_inference"]
     assert set(names[0]) < set(names[1]) < set(names[2])
     assert "fuse_ops" in names[1]
     assert "combine_parallel_matmul" not in names[1] and "combine_parallel_matmul" in names[2]
@@ -168,6 +168,19 @@ def test_lower_rnn_attributes(kind, attrs):
     if len(node.input) > 7:
         node.input[7] = ""  # P
     assert any(not np.allclose(a, b, atol=1e-4) for a, b in zip(_ort(model, feeds), _ort(plain, feeds)))
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_lower_rnn_sequence_lens_matches_onnxruntime(kind, direction):
+    """Variable lengths: past its length a row's state stays and its Y is 0; the reverse pass starts at its end."""
+    model, feeds = _rnn_case(kind, direction, 0, True)
+    model.graph.node[0].input[4] = "lens"
+    model.graph.input.append(helper.make_tensor_value_info("lens", TensorProto.INT32, [3]))
+    feeds["lens"] = np.array([4, 1, 3], np.int32)
+    lowered = rnn.lower_rnn(model, {})
+    assert not _ops(lowered) & set(rnn.RNN_OPS)
+    _same_under_ort(model, lowered, feeds)
 
 
 def test_lower_rnn_opset9_with_computed_weights():
@@ -524,8 +537,9 @@ def test_cli_passes_and_compile_options(tmp_path):
                    "--pass-config", "fuse_ops.fuse_opt_level=2", "--dump-ir", dump, "--json", check=True)
     report = json.loads(proc.stdout)
     ran = [p["name"] for p in report["passes"]]
-    assert ran == ["lower_rnn", "eliminate_dead_nodes", "keep_symbolic_dims", "canonicalize_shapes",
-                   "reduce_empty_sets", "shape_inference", "fold_constant", "dead_code_elimination", "fuse_ops"]
+    assert ran == ["lower_rnn", "eliminate_dead_nodes", "keep_symbolic_dims", "static_control_flow",
+                   "canonicalize_shapes", "reduce_empty_sets", "shape_inference", "fold_constant",
+                   "dead_code_elimination", "fuse_ops"]
     assert (dump / "onnx_02_eliminate_dead_nodes.onnx").is_file() and (dump / "relax_00_import.py").is_file()
     assert "R.matmul" in (dump / "relax_02_dead_code_elimination.py").read_text()
     manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())

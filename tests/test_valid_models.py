@@ -31,14 +31,25 @@ def _compile(model, out: Path, *extra: str):
     return proc
 
 
-@pytest.mark.parametrize("op", ["CumSum", "TopK"])
+@pytest.mark.parametrize("op", ["CumSum", "TopK", "NonMaxSuppression"])
 def test_scan_and_sort_kernels_build_and_run(tmp_path: Path, op: str) -> None:
     """TVM's cumsum and topk kernels are one opaque block, which SplitLayoutRewritePreproc (weight
-    packing) rejected; topk also called a packed function the artifact's runtime lacks."""
+    packing) rejected; topk, and the argsort inside NonMaxSuppression, called a packed function the
+    artifact's runtime lacks (the check, run by the artifact's runtime, failed with exit 70)."""
     if op == "CumSum":
         nodes = [helper.make_node("CumSum", ["x", "axis"], ["y"])]
         consts = [numpy_helper.from_array(np.array(-1, np.int64), "axis")]
         outputs = [_float("y", [1, 4, 8, 8])]
+    elif op == "NonMaxSuppression":
+        nodes = [helper.make_node("NonMaxSuppression", ["boxes", "scores", "limit", "iou"], ["selected"])]
+        consts = [numpy_helper.from_array(np.array([3], np.int64), "limit"),
+                  numpy_helper.from_array(np.array([0.5], np.float32), "iou")]
+        outputs = [helper.make_tensor_value_info("selected", TensorProto.INT64, ["n", 3])]
+        model = _save(tmp_path / "nms.onnx", nodes, [_float("boxes", [1, 6, 4]), _float("scores", [1, 2, 6])],
+                      outputs, consts)
+        proc = _compile(model, tmp_path / "art")
+        assert "selected" in proc.stdout and "pass" in proc.stdout, proc.stdout
+        return
     else:
         nodes = [helper.make_node("TopK", ["x", "k"], ["y", "i"], axis=-1)]
         consts = [numpy_helper.from_array(np.array([3], np.int64), "k")]

@@ -49,8 +49,8 @@ SEEDS = {
             "2 1 32 162.81 109.33 32.9%", "2 1 128 556.30 269.69 51.5%", "2 1 512 2390.78 1258.76 47.3%",
             "2 4 32 436.09 420.18 3.6%", "2 4 128 1734.58 1095.62 36.8%", "2 4 512 9097.34 4045.13 55.5%")],
         "The seed ran PaddleNLP's bert-base-uncased (paddle.jit.to_static + Paddle Inference). The zoo's "
-        "bert-base is transformers' BertModel in torch (same architecture, seeded weights); the paddle and "
-        "paddle-static columns fill in once a Paddle bert-base is in the zoo (until then they are skipped)."),
+        "bert-base is transformers' BertModel in torch, which mlc compiles; the paddle and paddle-static "
+        "columns run the zoo's Paddle bert-base, paddle.nn's encoder at the same shape (seeded weights)."),
     "001": Seed(
         "001", "Stacked LSTM language model, forward only, CPU (vocab 10001, emb 128, 3x256, seq 50, batch 128)",
         ["--models", "lstm-lm", "--batch", "128", "--threads", "1,2",

@@ -18,6 +18,8 @@ every mlc worker does (mlc._proc)."""
 
 from __future__ import annotations
 
+import math
+
 import os
 import sys
 from pathlib import Path
@@ -90,10 +92,15 @@ def prepare(request: dict) -> dict:
             except Exception as e:  # noqa: BLE001 - one shape failing (memory, limits) must not stop the rest
                 entry["error"] = one_line(e)
             shapes.append(entry)
-    params = sum(p.numel() for p in fm.native.parameters()) if fm and hasattr(fm.native, "parameters") else None
-    return {"ok": True, "exporter": exporter, "reference": version if fm else "onnxruntime", "params": params,
-            "notes": fm.notes if fm else [],
+    return {"ok": True, "exporter": exporter, "reference": version if fm else "onnxruntime",
+            "params": _parameter_count(fm.native if fm else None, model), "notes": fm.notes if fm else [],
             "inputs": [s.name for s in specs], "outputs": names, "symbolic": symbolic, "shapes": shapes}
+
+
+def _parameter_count(native, model) -> int:
+    if hasattr(native, "parameters"):  # torch and paddle (whose numel() is a Tensor)
+        return sum(int(p.numel()) for p in native.parameters())
+    return sum(math.prod(init.dims) for init in model.graph.initializer)  # Keras, ONNX: the exported weights
 
 
 def measure(request: dict) -> dict:

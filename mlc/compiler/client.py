@@ -4,6 +4,9 @@ back into a dict or an MlcError), and the checks that need no tvm. Only the work
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -68,7 +71,8 @@ def compile_in_worker(
                "cross_compiler": cross_compiler, "kernels_dir": str(kernels_dir) if kernels_dir else None,
                "object_dir": str(object_dir) if object_dir else None, "schedules": schedules,
                "relax_passes": relax_passes or [], "dump_ir": str(dump_ir) if dump_ir else None,
-               "dim_upper_bounds": dim_upper_bounds or {}, "precision": precision}
+               "dim_upper_bounds": dim_upper_bounds or {}, "precision": precision,
+               "reproducer": str(onnx_path.with_name(onnx_path.stem + ".reproducer.onnx"))}
     if not isolate:
         return _check_result(_proc.WorkerResult.from_dict(worker.compile_request(request)), None)
     request_path = onnx_path.with_name(onnx_path.stem + ".request.json")
@@ -99,6 +103,27 @@ def _check_result(result: _proc.WorkerResult, log_path: Optional[Path]) -> dict[
         raise TargetError(f"TVM rejects the target: {result.message}")
     if result.kind == _proc.ERROR:  # an MlcError raised in the worker
         raise result.error(default=CompilerError)
-    where = f" (full log: {log_path})" if log_path else ""
+    notes = [f"full log: {log_path}"] if log_path else []
+    reproducer = _keep_reproducer(result.payload, log_path)
+    if reproducer:
+        notes.append(f"smallest failing subgraph ({result.payload['reproducer_nodes']} of "
+                     f"{result.payload['model_nodes']} nodes): {reproducer}")
+    where = f" ({'; '.join(notes)})" if notes else ""
     during = f" during {result.stage}" if result.stage else ""
     raise CompilerError(f"TVM failed{during}: {result.message}{where}", stage=result.stage)
+
+
+def _keep_reproducer(payload: dict[str, Any], log_path: Optional[Path]) -> Optional[Path]:
+    """The worker's reproducer moved out of the compile's scratch folder: beside the log (LOG.onnx), or without
+    one into the temp folder."""
+    written = payload.get("reproducer")
+    if not written or not Path(written).is_file():
+        return None
+    if log_path is not None:
+        kept = log_path.with_suffix(".onnx")
+    else:
+        handle, name = tempfile.mkstemp(prefix="mlc-reproducer-", suffix=".onnx")
+        os.close(handle)
+        kept = Path(name)
+    shutil.move(written, kept)
+    return kept

@@ -10,6 +10,7 @@ from typing import Optional
 
 import onnx
 
+from mlc.compiler import onnx_fixes, onnx_ops
 from mlc.compiler.client import tvm_package_dir
 
 STANDARD_DOMAINS = {"", "ai.onnx"}
@@ -32,12 +33,12 @@ def supported_ops() -> frozenset[str]:
         table = next(n.value for n in ast.walk(func) if isinstance(n, ast.Return))
         keys = frozenset(k.value for k in table.keys if isinstance(k, ast.Constant) and isinstance(k.value, str))
         if keys:
-            return keys | ADDED_CONVERTERS | DIRECTLY_HANDLED
+            return keys | ADDED_CONVERTERS | DIRECTLY_HANDLED | onnx_ops.ADDED
     except (OSError, SyntaxError, StopIteration, AttributeError):
         pass
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    return frozenset(_get_convert_map()) | ADDED_CONVERTERS | DIRECTLY_HANDLED
+    return frozenset(_get_convert_map()) | ADDED_CONVERTERS | DIRECTLY_HANDLED | onnx_ops.ADDED
 
 
 def unsupported_ops(model: onnx.ModelProto) -> dict[str, dict]:
@@ -47,7 +48,7 @@ def unsupported_ops(model: onnx.ModelProto) -> dict[str, dict]:
     first: dict[str, list[str]] = {}
     for index, node in enumerate(model.graph.node):
         standard = node.domain in STANDARD_DOMAINS
-        if standard and node.op_type in known:
+        if standard and node.op_type in known or (node.domain, node.op_type) in onnx_ops.ML_OPS:
             continue
         op = node.op_type if standard else f"{node.domain}.{node.op_type}"
         counts[op] += 1
@@ -65,6 +66,10 @@ def to_relax(model: onnx.ModelProto, dim_upper_bounds: Optional[dict[str, int]] 
     _keep_symbolic_range_lengths()
     _shape_inputs_as_tensors()
     apply_conformance_overrides()
+    onnx_ops.register()
+    problem = onnx_fixes.float8_problem(model)
+    if problem:
+        raise ConversionError("Cast", problem)
     # Weights become constants of the module so the compiled library is self-contained.
     try:
         mod = from_onnx(model, keep_params_in_input=False)
@@ -120,6 +125,7 @@ _SHAPE_COMPATIBLE_OPS = frozenset({"Reshape", "Resize", "ConstantOfShape", "Gath
 
 @functools.lru_cache(maxsize=1)
 def _shape_inputs_as_tensors() -> None:
+    import tvm
     from tvm import relax
     from tvm.relax.frontend.onnx import onnx_frontend
 
@@ -142,6 +148,14 @@ def _shape_inputs_as_tensors() -> None:
                         copy.input[k] = alias
                 node = copy
             construct(self, _OneNode(node))
+        for value in graph.output:  # a shape (or a dim of one) the model returns is an int64 tensor in ONNX
+            result = self._nodes.get(value.name)
+            if tvm.ir.is_prim_expr(result) and str(result.ty.dtype) == "int64":
+                result = relax.op.reshape(self.bb.normalize(relax.op.shape_to_tensor(relax.ShapeExpr([result]))), [])
+            elif is_shape(result):
+                result = relax.op.shape_to_tensor(result)
+            if result is not self._nodes.get(value.name):
+                self._nodes[value.name] = self.bb.normalize(result)
 
     importer._construct_nodes = construct_nodes
 
@@ -156,6 +170,7 @@ class _OneNode:
 
 def apply_conformance_overrides() -> None:
     """Converters TVM 0.27 lacks or gets wrong, found by benchmarks/onnx_node_tests."""
+    onnx_fixes.apply()
     _fold_variadic_pairwise()
     _add_loss_converters()
     _name_failing_converter()

@@ -69,10 +69,10 @@ def _legalize_and_fuse(mod, target, notes: Optional[list[str]] = None):
     from tvm import relax
     from tvm.relax.backend.cpu_generic import pipeline as cpu
 
-    from mlc.compiler.sorting import portable_topk
+    from mlc.compiler.sorting import portable_argsort, portable_topk
     from mlc.compiler.relax_passes import nan_preserving_legalizations
 
-    with target:
+    with target, portable_argsort(target):
         mod = portable_topk(_convert_layout(mod, notes if notes is not None else []), target)
         # relu/clip/max/min that keep NaN first; TVM's LegalizeOps then handles the other ops
         return tvm.transform.Sequential(cpu.library_dispatch_passes(target)

@@ -1,10 +1,13 @@
-"""TopK on CPU as plain TIR. TVM's CPU topk is an extern call to `tvm.contrib.sort.topk`, a
-packed function that lives in libtvm_runtime_extra.so, which artifacts do not ship: the model
-compiled and then failed on its first run ("Cannot find function tvm.contrib.sort.topk").
+"""TopK and argsort on CPU as plain TIR. TVM's CPU topk/argsort are extern calls to
+`tvm.contrib.sort.*`, packed functions that live in libtvm_runtime_extra.so, which artifacts do not
+ship: the model compiled and then failed on its first run ("Cannot find function
+tvm.contrib.sort.topk"; NonMaxSuppression's legalization argsorts its scores).
 Here each row keeps its k best in the output, kept sorted by insertion (O(n k)); equal values
-keep their input order, as ONNX Runtime does. Imports tvm."""
+keep their input order, as ONNX Runtime does (and as the extern's stable sort did). Imports tvm."""
 
 from __future__ import annotations
+
+import contextlib
 
 
 def _topk_te(data, k: int, axis: int, ret_type: str, largest: bool, dtype: str):
@@ -94,3 +97,27 @@ def portable_topk(mod, target):
         if isinstance(func, relax.Function):
             rewrite.builder_.update_func(gv, rewrite.visit_expr(func))
     return rewrite.builder_.get()
+
+
+@contextlib.contextmanager
+def portable_argsort(target):
+    """Within the block, TVM's legalizations on a CPU (llvm) target argsort with plain TIR (a topk of
+    the whole row) where the shape is static and no valid_count is given; else with TVM's extern."""
+    import tvm.topi
+    import tvm.topi.vision.nms as nms
+
+    original = tvm.topi.argsort
+    if target.kind.name != "llvm":
+        yield
+        return
+
+    def argsort(data, valid_count=None, axis=-1, is_ascend=1, dtype="float32"):
+        if valid_count is not None or not all(isinstance(d, tvm.tirx.IntImm) for d in data.shape):
+            return original(data, valid_count=valid_count, axis=axis, is_ascend=is_ascend, dtype=dtype)
+        return _topk_te(data, 0, axis, "indices", not is_ascend, dtype)
+
+    tvm.topi.argsort = nms.argsort = argsort  # nms imported the name itself
+    try:
+        yield
+    finally:
+        tvm.topi.argsort = nms.argsort = original

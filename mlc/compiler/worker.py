@@ -128,7 +128,7 @@ def _build_with_fallbacks(imported, passed, request: dict, notes: list[str]):
 def compile_request(request: dict) -> dict:
     import onnx
 
-    from mlc.compiler import build, importer
+    from mlc.compiler import build, importer, reproducer
 
     timings: dict[str, float] = {}
     stage = "load"
@@ -207,7 +207,10 @@ def compile_request(request: dict) -> dict:
         return {"ok": False, "kind": "unsupported_node", "message": str(e)}
     except Exception as e:
         traceback.print_exc()  # into the log file the parent points the user to
-        return {"ok": False, "kind": "compile", "stage": stage, "message": summarize(e)}
+        failure = {"ok": False, "kind": "compile", "stage": stage, "message": summarize(e)}
+        if request.get("reproducer") and stage in reproducer.STAGES:  # a mandatory step failed: exit 70
+            failure.update(reproducer.write(model, request, stage, failure["message"]))
+        return failure
 
 
 def main(argv: list[str]) -> int:

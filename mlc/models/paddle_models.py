@@ -68,23 +68,20 @@ def lstm_lm() -> FrameworkModel:
                                       {"batch": 128}, ["logits"])
 
 
-VOCAB, HIDDEN, LAYERS, HEADS, INTERMEDIATE, MAX_POSITIONS = 1000, 128, 2, 2, 512, 512
-
-
-def bert_tiny_layer():
-    """BERT-like encoder (post-LayerNorm, exact GELU); returns last_hidden_state and the tanh pooler."""
+def _bert_layer(vocab: int, hidden: int, layers: int, heads: int, intermediate: int, max_positions: int = 512):
+    """BERT encoder (post-LayerNorm, exact GELU); returns last_hidden_state and the tanh pooler."""
     paddle = _paddle()
     nn = paddle.nn
 
-    class BertTiny(nn.Layer):
+    class Bert(nn.Layer):
         def __init__(self):
             super().__init__()
-            self.words = nn.Embedding(VOCAB, HIDDEN)
-            self.positions = nn.Embedding(MAX_POSITIONS, HIDDEN)
-            self.norm = nn.LayerNorm(HIDDEN, epsilon=1e-12)
-            block = nn.TransformerEncoderLayer(HIDDEN, HEADS, INTERMEDIATE, dropout=0.0, activation="gelu")
-            self.encoder = nn.TransformerEncoder(block, LAYERS)
-            self.pooler = nn.Linear(HIDDEN, HIDDEN)
+            self.words = nn.Embedding(vocab, hidden)
+            self.positions = nn.Embedding(max_positions, hidden)
+            self.norm = nn.LayerNorm(hidden, epsilon=1e-12)
+            block = nn.TransformerEncoderLayer(hidden, heads, intermediate, dropout=0.0, activation="gelu")
+            self.encoder = nn.TransformerEncoder(block, layers)
+            self.pooler = nn.Linear(hidden, hidden)
 
         def forward(self, input_ids, attention_mask):
             positions = paddle.arange(paddle.shape(input_ids)[1])  # the seq dim is dynamic
@@ -94,14 +91,31 @@ def bert_tiny_layer():
             x = self.encoder(x, src_mask=mask)
             return x, paddle.tanh(self.pooler(x[:, 0]))
 
-    return BertTiny()
+    return Bert()
+
+
+def _bert(layer) -> FrameworkModel:
+    inputs = [InputDecl("input_ids", "int64", ["batch", "seq"]), InputDecl("attention_mask", "int64", ["batch", "seq"])]
+    return paddle_frontend.from_layer(layer, inputs, {"batch": 1, "seq": 8}, ["last_hidden_state", "pooler_output"])
+
+
+def bert_tiny_layer():
+    return _bert_layer(vocab=1000, hidden=128, layers=2, heads=2, intermediate=512)
 
 
 def bert_tiny() -> FrameworkModel:
     """vocab 1000, hidden 128, 2 layers, 2 heads, intermediate 512; batch and seq dynamic."""
-    inputs = [InputDecl("input_ids", "int64", ["batch", "seq"]), InputDecl("attention_mask", "int64", ["batch", "seq"])]
-    return paddle_frontend.from_layer(bert_tiny_layer(), inputs, {"batch": 1, "seq": 8},
-                                      ["last_hidden_state", "pooler_output"])
+    return _bert(bert_tiny_layer())
+
+
+def bert_base_layer():
+    # bert-base-uncased's shape (PaddleNLP's, in seed 000), built with paddle.nn's encoder.
+    return _bert_layer(vocab=30522, hidden=768, layers=12, heads=12, intermediate=3072)
+
+
+def bert_base() -> FrameworkModel:
+    """vocab 30522, hidden 768, 12 layers, 12 heads, intermediate 3072; batch and seq dynamic."""
+    return _bert(bert_base_layer())
 
 
 def save(name: str, prefix: str) -> None:

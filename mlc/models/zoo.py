@@ -64,7 +64,8 @@ ZOO: dict[str, ZooModel] = {
              "the same shape built natively in Keras and Paddle), dynamic batch and seq",
              torch="bert_tiny", tensorflow="bert_tiny", paddle="bert_tiny"),
         _zoo("bert-base", "BERT-base: 12 layers, hidden 768, 12 heads, vocab 30522 (transformers BertModel), "
-             "dynamic batch and seq", torch="bert_base"),
+             "dynamic batch and seq; the Paddle one is paddle.nn's encoder of the same shape", torch="bert_base",
+             paddle="bert_base"),
         _zoo("resnet18", "ResNet-18 on 3x224x224 images, dynamic batch", torch="resnet18"),
         _zoo("resnet50", "ResNet-50 (v1.5) on 3x224x224 images, dynamic batch", torch="resnet50"),
         _zoo("lstm", "small LSTM language model: vocab 1000, embedding 32, 1 layer of 64, seq 16, dynamic batch",

@@ -72,7 +72,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("lower_rnn", "onnx",
          "LSTM, GRU and RNN nodes (TVM's importer has none) -> MatMul/Add/Sigmoid/Tanh/Gather/Concat, "
          "unrolled over the sequence (its length must be static; batch stays dynamic). All directions, "
-         "layouts, given or absent initial states, peepholes, clip, activations; not sequence_lens.",
+         "layouts, given or absent initial states, peepholes, clip, activations, sequence_lens.",
          0, f"{_RNN}:lower_rnn"),
     Pass("eliminate_dead_nodes", "onnx",
          "drop Identity, inference Dropout, Casts to the same type and nodes no output depends on",
@@ -90,6 +90,11 @@ PASSES: tuple[Pass, ...] = (
          "onnxslim: fold constant subgraphs (static shape arithmetic included), remove dead nodes, "
          "its pattern fusions except MatMul+Add -> Gemm (which adds Reshapes around N-D inputs), shape inference",
          1, f"{_ONNX}:constant_folding"),
+    Pass("static_control_flow", "onnx",
+         "an If whose condition is known before run time -> the branch it takes (TVM imports both branches, and the "
+         "other may not import); a Loop with a constant trip count and a Scan over static lengths -> unrolled "
+         "(TVM has no Loop or Scan converter); then constant folding",
+         0, "mlc.passes.control_flow:static_control_flow"),
     Pass("canonicalize_shapes", "onnx",
          "Reshape targets computed from Shape->Gather/Squeeze/Unsqueeze->Mul->Concat chains become constants "
          "with 0 (keep dim) and -1 (infer dim), so dynamic dims survive TVM import",

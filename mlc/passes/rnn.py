@@ -195,8 +195,6 @@ def _lower(node: onnx.NodeProto, g: _Graph, constants, dims, producers, zeros_al
     inputs = list(node.input) + [""] * (8 - len(node.input))
     x, w_name, r_name, b_name, seq_lens, h0 = inputs[:6]
     c0, p_name = (inputs[6], inputs[7]) if kind == "LSTM" else ("", "")
-    if seq_lens:
-        raise PassFailed(f"{node.name or kind}: sequence_lens (variable-length batches) is not supported")
     for label, name in (("W", w_name), ("R", r_name), ("B", b_name), ("P", p_name)):
         if name and name not in constants:
             raise PassFailed(f"{node.name or kind}: its {label} weights are computed, not constant")
@@ -244,6 +242,9 @@ def _lower(node: onnx.NodeProto, g: _Graph, constants, dims, producers, zeros_al
     initial_c = None if not c0 or (zeros_allowed and _is_zeros(c0, producers, constants)) else c0
     H = hidden
     one = g.const(1.0, "one")
+    # sequence_lens: past a batch row's length its state stays and its Y is 0 (a reverse pass starts at its end)
+    lengths = g.unsqueeze(g.op("Cast", seq_lens, to=onnx.TensorProto.INT64), [1]) if seq_lens else None
+    zero = g.const(0.0, "zero") if seq_lens else None
     ys, last_h, last_c = [], [], []
     for d in range(directions):
         def f(i, v, clipped=True, d=d):
@@ -268,6 +269,7 @@ def _lower(node: onnx.NodeProto, g: _Graph, constants, dims, producers, zeros_al
         outputs: dict[int, str] = {}
         for t in order:
             xt = g.step(xw, t, time_axis)
+            h_before, c_before = h, c
             if kind == "LSTM":
                 pre = g.add(xt, g.matmul(h, RT))
                 gi, go, gf, gc = (g.columns(pre, k * H, (k + 1) * H) for k in range(4))
@@ -291,7 +293,13 @@ def _lower(node: onnx.NodeProto, g: _Graph, constants, dims, producers, zeros_al
                 h = g.add(g.op("Mul", g.op("Sub", one, z), candidate), g.mul(z, h))
             else:
                 h = f(0, g.add(xt, g.matmul(h, RT)))
-            outputs[t] = h
+            if lengths is not None:
+                valid = g.op("Less", g.const(t, "t", np.int64), lengths)  # [batch, 1]
+                outputs[t] = g.op("Where", valid, h, zero)
+                h = g.op("Where", valid, h, h_before or zero)
+                c = g.op("Where", valid, c, c_before or zero) if c is not None else None
+            else:
+                outputs[t] = h
         ys.append(g.op("Concat", *(g.unsqueeze(outputs[t], [1, 2] if layout else [0, 1]) for t in range(steps)),
                        axis=time_axis))
         last_h.append(h)

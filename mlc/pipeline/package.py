@@ -4,6 +4,7 @@ manifest."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 import shutil
 from pathlib import Path
 from typing import Optional, Sequence
@@ -12,7 +13,7 @@ from mlc import __version__, artifacts, targets
 from mlc.artifacts.manifest import (BucketInfo, CompileInfo, Manifest, ReferenceInfo, RuntimeInfo, TargetInfo,
                                     TensorSpec)
 from mlc.compiler import runtimes
-from mlc.errors import CompilerError
+from mlc.errors import CompilerError, UnsupportedModelError
 from mlc.pipeline.options import Recipe
 from mlc.pipeline.prepare import Prepared, References
 from mlc.runtime import runner as thin_runtime
@@ -41,6 +42,7 @@ def package(staged: Path, *, runtime: runtimes.RuntimeFiles, preset: targets.Tar
     """Write the runtime and the reference next to the compiled library in `staged`, and seal the manifest.
     `result`: the TVM worker's (merged) result; `bucket_axes`: per output, the axes carrying the bucketed dim."""
     runtime_info, library = _copy_runtime(staged, runtime, preset)
+    _check_runtime_functions(staged, runtime_info)
     reference_info = _write_reference(staged, references)
     inputs = [
         TensorSpec(name=s.name, dtype=s.dtype, shape=prepared.fixed.get(s.name, s.shape), value_range=s.value_range)
@@ -119,6 +121,24 @@ def _copy_runtime(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.
                        ffi_library=ffi_library, native_runner=NATIVE_RUNNER if runtime.native_runner else None,
                        device_libraries=device_libraries, link=link)
     return info, library
+
+
+# Packed functions compiled code can call by name (TVM's extern kernels): some live only in TVM's compiler
+# library or in libtvm_runtime_extra, which artifacts do not ship (the model built, then failed when run).
+_PACKED_CALL = re.compile(rb"(?:relax\.run|tvm\.contrib)\.[A-Za-z0-9_.]+")
+_PACKED_OPS = {b"relax.run.unique": "Unique", b"tvm.contrib.sort": "a sort (TopK, NonMaxSuppression, ...)"}
+
+
+def _check_runtime_functions(staged: Path, runtime: RuntimeInfo) -> None:
+    """A one-line error (exit 1) when the compiled code calls a packed function the shipped runtime lacks."""
+    shipped = b"".join((staged / lib).read_bytes() for lib in [runtime.library, *runtime.device_libraries])
+    compiled = [p for p in staged.rglob("model*") if p.is_file()]
+    missing = sorted({m for p in compiled for m in _PACKED_CALL.findall(p.read_bytes()) if m not in shipped})
+    if missing:
+        name = missing[0].decode()
+        op = next((op for prefix, op in _PACKED_OPS.items() if missing[0].startswith(prefix)), "an op")
+        raise UnsupportedModelError(f"TVM compiles {op} of this model into a call to {name}, a function of TVM's "
+                                    "compiler that the artifact's runtime does not have; replace or remove that op")
 
 
 def _write_reference(staged: Path, references: References) -> ReferenceInfo:

@@ -60,8 +60,9 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
         if steps is None:
             steps = graph_passes.plan(device="cpu")
         # Ops no pass rewrites fail here, before any work.
-        compiler.check_supported(onnx_model,
-                                 rewritten=graph_passes.RNN_OPS if any(s.name == "lower_rnn" for s in steps) else ())
+        planned = {s.name for s in steps}
+        compiler.check_supported(onnx_model, rewritten=(graph_passes.RNN_OPS if "lower_rnn" in planned else ())
+                                 + (("Loop", "Scan") if "static_control_flow" in planned else ()))
         specs = onnx_frontend.input_specs(onnx_model)
         fixed = onnx_frontend.resolve_input_shapes(specs, list(model.input_shapes))
         if static:  # tuning records match static kernels only: symbolic dims take the reference sizes

@@ -85,7 +85,8 @@ def schedule_notes(report: Optional[dict], source: str, target: str, db: Optiona
         return []
     hint = f"`mlc tune {source} --target {target} --db DIR` then `mlc compile ... --db DIR`"
     if db is None:
-        return [f"untuned build: {total} kernels use mlc's default CPU schedules; {hint} tunes them "
+        default = len(report.get("default", []))
+        return [f"untuned build: {default} of {total} kernels use mlc's default CPU schedules; {hint} tunes them "
                 f"({TUNING_GAIN_NOTE})"]
     return [f"{tuned} of {total} kernels were tuned (records in {db}); the other {total - tuned} use default "
             f"schedules: tune this model into the database to cover them ({hint})"]
