@@ -3,6 +3,7 @@ real CLI and passes its check."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -167,3 +168,50 @@ def test_build_retries_without_optional_steps(monkeypatch) -> None:
     monkeypatch.setattr(worker, "_build", lambda *a: (_ for _ in ()).throw(ValueError("mandatory")))
     with pytest.raises(ValueError, match="mandatory"):
         worker._build_with_fallbacks("imported", None, request, [])
+
+
+def _nonzero_and_unique(path: Path) -> Path:
+    nodes = [helper.make_node("NonZero", ["x"], ["where"]),
+             helper.make_node("Unique", ["x"], ["values", "first", "inverse", "counts"], sorted=0)]
+    int64 = [helper.make_tensor_value_info(name, TensorProto.INT64, shape)
+             for name, shape in (("where", [2, "n"]), ("first", ["u"]), ("inverse", [12]), ("counts", ["u"]))]
+    outputs = [int64[0], _float("values", ["u"]), *int64[1:]]
+    return _save(path, nodes, [_float("x", [3, 4])], outputs)
+
+
+def test_value_dependent_ops_run_in_the_artifacts_runtime(tmp_path: Path) -> None:
+    """NonZero and Unique compile into calls to relax.run.nonzero/unique, numpy functions TVM's compiler package
+    registers: the artifact's own runtime now provides them (the check used to end in exit 70), and the native
+    runner, which cannot, refuses the artifact in one line."""
+    from mlc.runtime.runner import ArtifactError, NativeRunner
+
+    out = tmp_path / "art"
+    proc = _compile(_nonzero_and_unique(tmp_path / "m.onnx"), out)
+    assert proc.stdout.count("pass") >= 5, proc.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["runtime"]["host_functions"] == ["relax.run.nonzero", "relax.run.unique"]
+    x = np.array([[0, 2, 2, 1], [0, 0, 3, 1], [5, 2, 0, 0]], np.float32)
+    np.savez(tmp_path / "x.npz", x=x)
+    proc = run_mlc("run", out, "-i", tmp_path / "x.npz", "-o", tmp_path / "y.npz")  # no tvm in that process
+    assert proc.returncode == 0, proc.stderr
+    with np.load(tmp_path / "y.npz") as y:
+        where, values, first, inverse, counts = (y[name] for name in ("where", "values", "first", "inverse", "counts"))
+    expected_values, expected_first = [0, 2, 1, 3, 5], [0, 1, 3, 6, 8]
+    np.testing.assert_array_equal(where, np.stack(np.nonzero(x)))
+    np.testing.assert_array_equal(values, expected_values)  # first-occurrence order (sorted=0)
+    np.testing.assert_array_equal(first, expected_first)
+    np.testing.assert_array_equal(np.asarray(expected_values)[inverse], x.reshape(-1))
+    np.testing.assert_array_equal(counts, [int((x == v).sum()) for v in expected_values])
+    with pytest.raises(ArtifactError, match="relax.run.nonzero, relax.run.unique, which the Python runtime provides"):
+        NativeRunner(out)
+
+
+def test_packed_function_no_runtime_has_is_a_user_error(monkeypatch, tmp_path: Path) -> None:
+    from mlc import api
+    from mlc.errors import MlcError
+    from mlc.runtime import runner
+
+    monkeypatch.setattr(runner, "HOST_FUNCTIONS", {})
+    with pytest.raises(MlcError, match="call to relax.run.nonzero, a function of TVM's compiler") as error:
+        api.compile(str(_nonzero_and_unique(tmp_path / "m.onnx")), target="x86", output=tmp_path / "art")
+    assert int(error.value.exit_code) == 1 and not (tmp_path / "art").exists()

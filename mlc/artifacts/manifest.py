@@ -53,6 +53,7 @@ class RuntimeInfo(_Strict):
     native_runner: Optional[str] = None  # runtime/mlc_runner: runs the model without Python
     link: Optional[str] = None  # macOS: the script that links the shipped objects into `library` on the Mac
     device_libraries: list[str] = Field(default_factory=list)  # e.g. the CUDA runtime, loaded in order
+    host_functions: list[str] = Field(default_factory=list)  # numpy functions of the thin runtime the model calls
 
 
 class ReferenceInfo(_Strict):

@@ -56,8 +56,14 @@ def _text(value, default: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def register() -> None:
-    """Put mlc's converters in TVM's converter table (once per process)."""
+    """Put mlc's converters in TVM's converter table (once per process), and the artifact runtime's numpy functions
+    for value-dependent ops in place of TVM's, so a model run in this process computes what its artifact will."""
+    import tvm_ffi
     from tvm.relax.frontend.onnx import onnx_frontend
+
+    from mlc.runtime import runner
+
+    runner.register_host_functions(tvm_ffi, override=True)
 
     table = _converters()
     assert ADDED | ML_ADDED <= set(table)

@@ -126,14 +126,17 @@ def _copy_runtime(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.
 # Packed functions compiled code can call by name (TVM's extern kernels): some live only in TVM's compiler
 # library or in libtvm_runtime_extra, which artifacts do not ship (the model built, then failed when run).
 _PACKED_CALL = re.compile(rb"(?:relax\.run|tvm\.contrib)\.[A-Za-z0-9_.]+")
-_PACKED_OPS = {b"relax.run.unique": "Unique", b"tvm.contrib.sort": "a sort (TopK, NonMaxSuppression, ...)"}
+_PACKED_OPS = {b"tvm.contrib.sort": "a sort (TopK, NonMaxSuppression, ...)"}
 
 
 def _check_runtime_functions(staged: Path, runtime: RuntimeInfo) -> None:
-    """A one-line error (exit 1) when the compiled code calls a packed function the shipped runtime lacks."""
+    """A one-line error (exit 1) when the compiled code calls a packed function the shipped runtime lacks and the
+    thin Python runtime does not provide (its HOST_FUNCTIONS, recorded in the manifest)."""
     shipped = b"".join((staged / lib).read_bytes() for lib in [runtime.library, *runtime.device_libraries])
     compiled = [p for p in staged.rglob("model*") if p.is_file()]
-    missing = sorted({m for p in compiled for m in _PACKED_CALL.findall(p.read_bytes()) if m not in shipped})
+    called = {m for p in compiled for m in _PACKED_CALL.findall(p.read_bytes()) if m not in shipped}
+    runtime.host_functions = sorted(m.decode() for m in called if m.decode() in thin_runtime.HOST_FUNCTIONS)
+    missing = sorted(m for m in called if m.decode() not in thin_runtime.HOST_FUNCTIONS)
     if missing:
         name = missing[0].decode()
         op = next((op for prefix, op in _PACKED_OPS.items() if missing[0].startswith(prefix)), "an op")

@@ -180,6 +180,50 @@ def _load_tvm_runtime(library: Path, device_libraries: list[Path], device: str) 
                                 "device and its driver") from None
 
 
+def _nonzero(x):
+    return np.stack(np.atleast_1d(np.from_dlpack(x)).nonzero(), axis=0)
+
+
+def _unique(x, is_sorted, return_index, return_inverse, return_counts, axis=None):
+    """ONNX Unique's outputs (values, then the requested indices, inverse indices and counts), in first-occurrence
+    order unless sorted, as TVM's own relax.run.unique computes them."""
+    data = np.from_dlpack(x)
+    values, first, inverse, counts = np.unique(data, return_index=True, return_inverse=True, return_counts=True,
+                                               axis=axis)
+    inverse = inverse.reshape(-1)
+    if not is_sorted:  # reorder by first occurrence
+        order = np.argsort(first, kind="stable")
+        values, first, counts = np.take(values, order, axis=axis if axis is not None else 0), first[order], \
+            counts[order]
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        inverse = rank[inverse]
+    wanted = [values] + [a for a, flag in ((first, return_index), (inverse, return_inverse),
+                                          (counts, return_counts)) if flag]
+    return wanted[0] if len(wanted) == 1 else tuple(wanted)
+
+
+# Packed functions that TVM's compiler package registers in Python (numpy) for ops whose output shape depends on
+# the values; compiled models call them by name, and artifacts do not ship TVM's compiler.
+HOST_FUNCTIONS = {"relax.run.nonzero": _nonzero, "relax.run.unique": _unique}
+
+
+def register_host_functions(tvm_ffi, override: bool = False) -> None:
+    """Register HOST_FUNCTIONS where missing; `override`: also where TVM's own are (mlc's compiler does, after
+    importing tvm: TVM's unique returns numpy 2's N-D inverse indices where ONNX wants them flat)."""
+    def wrap(function):
+        def call(*args):
+            result = function(*args)
+            results = result if isinstance(result, tuple) else (result,)
+            tensors = tuple(tvm_ffi.from_dlpack(aligned(np.ascontiguousarray(r))) for r in results)
+            return tensors if isinstance(result, tuple) else tensors[0]
+        return call
+
+    for name, function in HOST_FUNCTIONS.items():
+        if override or tvm_ffi.get_global_func(name, allow_missing=True) is None:
+            tvm_ffi.register_global_func(name, wrap(function), override=True)
+
+
 def _installed_tvm_runtime() -> Path | None:
     import importlib.util
 
@@ -392,6 +436,7 @@ class Runner(_ArtifactRunner):
         runtime = self.manifest["runtime"]
         _load_tvm_runtime(safe_member(self.root, runtime["library"]),
                           [safe_member(self.root, rel) for rel in runtime.get("device_libraries", [])], device)
+        register_host_functions(tvm_ffi)
         libraries = {None: self.manifest["library"]}
         if self.buckets:  # one static library per bucket
             libraries = {int(size): rel for size, rel in self.buckets["libraries"].items()}
@@ -490,6 +535,9 @@ class NativeRunner(_ArtifactRunner):
             raise ArtifactError("the native runner runs CPU artifacts only; use run.py (Python) for GPU artifacts")
         if not runtime.get("native_runner"):
             raise ArtifactError("this artifact has no native runner; recompile it with a newer mlc")
+        if runtime.get("host_functions"):
+            raise ArtifactError(f"this artifact calls {', '.join(runtime['host_functions'])}, which the Python runtime "
+                                "provides and the native runner does not: run it with run.py (Python)")
         self.runner = safe_member(self.root, runtime["native_runner"])
         arch = self.manifest["target"]["runtime_arch"]
         self.prefix = emulator_command(arch) or []
