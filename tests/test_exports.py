@@ -208,3 +208,24 @@ def test_shape_arithmetic_in_int32_stays_symbolic(tmp_path):
     assert batch == "batch" and "seq" in width  # an expression of seq (printed by TVM), not a number
     x = np.random.default_rng(0).standard_normal((3, 5, 8)).astype(np.float32)
     np.testing.assert_array_equal(thin_runtime.Runner(tmp_path / "art").run({"x": x})["y"], x.reshape(3, 40))
+
+
+@pytest.mark.parametrize("target", ["graviton3", "cuda-t4"])
+def test_export_stays_symbolic_for_arm_and_cuda(target, exported, tmp_path):
+    """The same export for ARM (cross-compiled, checked under qemu) and CUDA (built; no GPU here to run it)."""
+    import shutil
+
+    from mlc.runtime import runner
+
+    if target == "graviton3" and not (shutil.which("aarch64-linux-gnu-g++") and runner.emulator_command("aarch64")):
+        pytest.skip("apt-get install g++-aarch64-linux-gnu qemu-user")
+    out = tmp_path / "art"
+    proc = run_mlc("compile", exported("bert", "torchscript"), "--target", target, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [i["shape"] for i in manifest["inputs"]] == [["batch", "seq"]] * 2
+    assert manifest["outputs"][0]["shape"] == ["batch", "seq", 64]
+    if target == "graviton3":
+        assert "pass" in proc.stdout
+    else:
+        assert "__global__" in (out / "kernels" / "cuda.cu").read_text()
