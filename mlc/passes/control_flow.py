@@ -85,14 +85,7 @@ def _inlined(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         nodes.extend(taken.node)
         for inner, outer in zip(taken.output, node.output):
             nodes.append(helper.make_node("Identity", [inner.name], [outer]))
-    if not count:
-        return model, 0
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    out.graph.initializer.extend(added)
-    return out, count
+    return _rebuilt(model, nodes, added, count)
 
 
 # Only small values are folded (shape arithmetic, trip counts): a weight stays as the model has it (a QDQ pair
@@ -348,14 +341,7 @@ def _unrolled(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             count += 1
         else:
             nodes.append(node)
-    if not count:
-        return model, 0
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    out.graph.initializer.extend(weights)
-    return out, count
+    return _rebuilt(model, nodes, weights, count)
 
 
 def static_control_flow(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
@@ -375,3 +361,15 @@ def static_control_flow(model: onnx.ModelProto, config: dict) -> onnx.ModelProto
             break
         changed = True
     return constant_folding(model, config) if changed else original
+
+
+def _rebuilt(model: onnx.ModelProto, nodes: list, initializers: list, count: int) -> tuple[onnx.ModelProto, int]:
+    """`model` with `nodes` as its graph and `initializers` added; itself when nothing changed (`count` 0)."""
+    if not count:
+        return model, 0
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    out.graph.initializer.extend(initializers)
+    return out, count
