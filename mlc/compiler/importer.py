@@ -277,14 +277,7 @@ def _add_loss_converters() -> None:
     added = {"NegativeLogLikelihoodLoss": NegativeLogLikelihoodLoss, "SoftmaxCrossEntropyLoss": SoftmaxCrossEntropyLoss,
              "QLinearMatMul": _qlinear_matmul_converter(), **_elementwise_and_shape_converters()}
     assert set(added) == ADDED_CONVERTERS
-    original = onnx_frontend._get_convert_map
-
-    def convert_map():
-        table = original()
-        table.update(added)
-        return table
-
-    onnx_frontend._get_convert_map = convert_map
+    onnx_ops.extend_convert_map(added)
 
 
 class ConversionError(Exception):

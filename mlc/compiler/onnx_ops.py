@@ -59,7 +59,6 @@ def register() -> None:
     """Put mlc's converters in TVM's converter table (once per process), and the artifact runtime's numpy functions
     for value-dependent ops in place of TVM's, so a model run in this process computes what its artifact will."""
     import tvm_ffi
-    from tvm.relax.frontend.onnx import onnx_frontend
 
     from mlc.runtime import runner
 
@@ -67,6 +66,13 @@ def register() -> None:
 
     table = _converters()
     assert ADDED | ML_ADDED <= set(table)
+    extend_convert_map(table)
+
+
+def extend_convert_map(table: dict) -> None:
+    """Add `table` (op type -> converter class) to TVM's ONNX converter table, which it rebuilds on each import."""
+    from tvm.relax.frontend.onnx import onnx_frontend
+
     original = onnx_frontend._get_convert_map
 
     def convert_map():
