@@ -25,6 +25,8 @@ import math
 SCHEDULED = "tirx.is_scheduled"
 PARALLEL_MIN = 2048  # below this many output elements a thread pool launch costs more than it saves
 ROW_TILE = 4
+# A loop over the row tiles of a symbolic row count: rows per tile, and the row count (a Var's name)
+ROW_TAIL, ROW_COUNT = "mlc.row_tail", "mlc.row_count"
 PANEL_BLOCK_BYTES = 256 * 1024  # L2 is 512 KB to 2 MB on the x86 and ARM cores we target
 
 
@@ -182,8 +184,11 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int) ->
     the reduction loops around it, blocks of J tiles outermost so their weight slices stay in
     cache while the rows stream past (each row tile visits the block's tiles in turn), epilogue
     applied on the tile."""
-    vectors, row_tile = _tile_shape(_extent(sch, spatial[-1]), _extent(sch, spatial[-2]) if len(spatial) > 1 else 1,
-                                    lanes)
+    from tvm import tirx
+
+    row_extent = _extent(sch, spatial[-2]) if len(spatial) > 1 else 1
+    row_count = sch.get(spatial[-2]).extent if len(spatial) > 1 else None
+    vectors, row_tile = _tile_shape(_extent(sch, spatial[-1]), row_extent, lanes)
     jo, jv, ji = sch.split(spatial[-1], factors=[None, vectors, lanes])
     depths = [_extent(sch, r) for r in reduction]
     panels = _panels_per_block(_extent(sch, jo), None if None in depths else math.prod(depths), vectors * lanes)
@@ -204,15 +209,21 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int) ->
         else:
             head.append(spatial[-2])
     head += inner_panels
-    sch.reorder(*head, *reduction, *([rows] if rows is not None else []), jv, ji)
+    row_loop = None
+    if rows is not None and row_extent is None:
+        # Symbolic rows: the row tiles get a serial loop of their own inside the parallel J tiles, which
+        # tir_pipeline splits into whole tiles without a predicate and one tail kernel per remainder.
+        row_loop = head.pop(head.index(mo))
+    sch.reorder(*head, *([row_loop] if row_loop is not None else []), *reduction,
+                *([rows] if rows is not None else []), jv, ji)
     _pack_weights(sch, block, last, vectors * lanes)
     tile = sch.fuse(*head) if len(head) > 1 else head[0]
     # Annotate before decompose_reduction: the primitives need the block to still be a reduction.
     sch.parallel(tile)
     write_back = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(write_back, tile, preserve_unit_loops=True)
+    sch.reverse_compute_at(write_back, row_loop if row_loop is not None else tile, preserve_unit_loops=True)
     _inline_epilogue(sch, write_back)
-    inner = sch.get_loops(write_back)[1:]
+    inner = sch.get_loops(write_back)[1 if row_loop is None else 2:]
     if inner:
         _, vec = sch.split(sch.fuse(*inner) if len(inner) > 1 else inner[0], factors=[None, lanes])
         sch.vectorize(vec)
@@ -221,6 +232,15 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int) ->
     sch.unroll(jv)
     sch.vectorize(ji)
     sch.decompose_reduction(block, reduction[0])
+    if row_loop is not None:
+        # The accumulator indexed by row % row_tile (injective within the tile, the only rows it holds at a
+        # time): its compacted size is then row_tile rows, not min(rows, row_tile), a size known only at run
+        # time that TVM allocates on the heap and LLVM cannot keep in registers.
+        sch.transform_layout(block, ("write", 0), lambda *idx: [*idx[:-2], idx[-2] % row_tile, idx[-1]],
+                             assume_injective_transform=True)
+    if row_loop is not None and isinstance(row_count, tirx.Var):
+        sch.annotate(row_loop, ROW_TAIL, row_tile)
+        sch.annotate(row_loop, ROW_COUNT, row_count.name)  # a Var would be read as a schedule variable
 
 
 def _schedule_reduction(sch, block, n_spatial: int, lanes: int) -> None:
