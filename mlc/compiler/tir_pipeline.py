@@ -220,43 +220,46 @@ def split_row_tails():
     return tirx.transform.prim_func_pass(transform, opt_level=0, name="mlc.SplitRowTails")
 
 
-def _lower():
-    """TVM 0.27's s_tir lowering (tvm/s_tir/pipeline.py) for CPU, with split_row_tails after FlattenBuffer."""
-    import tvm
+def lowering_passes(config) -> list:
+    """TVM 0.27's s_tir lowering (tvm/s_tir/pipeline.py) with split_row_tails after FlattenBuffer."""
     from tvm import s_tir, tirx
+
+    passes = [
+        s_tir.transform.CanonicalizeLoop(), s_tir.transform.LowerCrossThreadReduction(),
+        s_tir.transform.LowerInitBlock(), s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+        s_tir.transform.ConvertBlocksToOpaque(), s_tir.transform.LiftThreadBinding(),
+        s_tir.transform.ManifestSharedMemoryLocalStage(), s_tir.transform.CompactBufferAllocation(),
+        s_tir.transform.LowerAutoCopy(), s_tir.transform.UnifyThreadBinding(), s_tir.transform.LowerMatchBuffer(),
+        s_tir.transform.StmtSimplify(), s_tir.transform.InjectPermutedLayout(),
+        s_tir.transform.AnnotateIrregularLoop(), s_tir.transform.InjectSoftwarePipeline(),
+        s_tir.transform.TransformMmaBufferLayout(), s_tir.transform.LowerOpaqueBlock(),
+        tirx.transform.FlattenBuffer(), split_row_tails(), tirx.transform.BF16ComputeLegalize(),
+        tirx.transform.NarrowDataType(32), s_tir.transform.LoopPartition(),
+        tirx.transform.VectorizeLoop(not bool(config.get("tirx.disable_vectorize", False))),
+        s_tir.transform.InjectVirtualThread(), s_tir.transform.InjectDoubleBuffer(),
+    ]
+    if not bool(config.get("tirx.disable_storage_rewrite", False)):
+        passes.append(tirx.transform.StorageRewrite())
+    passes += [s_tir.transform.HoistIfThenElse(), tirx.transform.UnrollLoop(),
+               s_tir.transform.RenormalizeSplitPattern(), tirx.transform.StmtSimplify(),
+               tirx.transform.RemoveNoOp(), s_tir.transform.RewriteUnsafeSelect()]
+    if not bool(config.get("tirx.disable_cse_tir", False)):
+        passes.append(tirx.transform.CommonSubexprElim())
+    return passes + [
+        tirx.transform.FP8ComputeLegalize(), s_tir.transform.VerifyVTCMLimit(), s_tir.transform.LowerVtcmAlloc(),
+        tirx.transform.VerifyMemory(), tirx.transform.AnnotateEntryFunc(), s_tir.transform.ThreadSync("shared"),
+        s_tir.transform.ThreadSync("shared.dyn"), s_tir.transform.ThreadSync("warp"), s_tir.transform.InferFragment(),
+        s_tir.transform.LowerThreadAllreduce(), s_tir.transform.MergeSharedMemoryAllocations(),
+        tirx.transform.SplitHostDevice(), tirx.transform.MakePackedAPI(), tirx.transform.FP8StorageLegalize(),
+        tirx.transform.BF16StorageLegalize()]
+
+
+def _lower():
+    import tvm
 
     @tvm.transform.module_pass(opt_level=0)
     def pipeline(mod, _ctx):
-        config = tvm.transform.PassContext.current().config
-        passes = [
-            s_tir.transform.CanonicalizeLoop(), s_tir.transform.LowerCrossThreadReduction(),
-            s_tir.transform.LowerInitBlock(), s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
-            s_tir.transform.ConvertBlocksToOpaque(), s_tir.transform.LiftThreadBinding(),
-            s_tir.transform.ManifestSharedMemoryLocalStage(), s_tir.transform.CompactBufferAllocation(),
-            s_tir.transform.LowerAutoCopy(), s_tir.transform.UnifyThreadBinding(), s_tir.transform.LowerMatchBuffer(),
-            s_tir.transform.StmtSimplify(), s_tir.transform.InjectPermutedLayout(),
-            s_tir.transform.AnnotateIrregularLoop(), s_tir.transform.InjectSoftwarePipeline(),
-            s_tir.transform.TransformMmaBufferLayout(), s_tir.transform.LowerOpaqueBlock(),
-            tirx.transform.FlattenBuffer(), split_row_tails(), tirx.transform.BF16ComputeLegalize(),
-            tirx.transform.NarrowDataType(32), s_tir.transform.LoopPartition(),
-            tirx.transform.VectorizeLoop(not bool(config.get("tirx.disable_vectorize", False))),
-            s_tir.transform.InjectVirtualThread(), s_tir.transform.InjectDoubleBuffer(),
-        ]
-        if not bool(config.get("tirx.disable_storage_rewrite", False)):
-            passes.append(tirx.transform.StorageRewrite())
-        passes += [s_tir.transform.HoistIfThenElse(), tirx.transform.UnrollLoop(),
-                   s_tir.transform.RenormalizeSplitPattern(), tirx.transform.StmtSimplify(),
-                   tirx.transform.RemoveNoOp(), s_tir.transform.RewriteUnsafeSelect()]
-        if not bool(config.get("tirx.disable_cse_tir", False)):
-            passes.append(tirx.transform.CommonSubexprElim())
-        passes += [tirx.transform.FP8ComputeLegalize(), s_tir.transform.VerifyVTCMLimit(),
-                   s_tir.transform.LowerVtcmAlloc(), tirx.transform.VerifyMemory(), tirx.transform.AnnotateEntryFunc(),
-                   s_tir.transform.ThreadSync("shared"), s_tir.transform.ThreadSync("shared.dyn"),
-                   s_tir.transform.ThreadSync("warp"), s_tir.transform.InferFragment(),
-                   s_tir.transform.LowerThreadAllreduce(), s_tir.transform.MergeSharedMemoryAllocations(),
-                   tirx.transform.SplitHostDevice(), tirx.transform.MakePackedAPI(),
-                   tirx.transform.FP8StorageLegalize(), tirx.transform.BF16StorageLegalize()]
-        return tvm.transform.Sequential(passes)(mod)
+        return tvm.transform.Sequential(lowering_passes(tvm.transform.PassContext.current().config))(mod)
 
     return pipeline
 
