@@ -20,24 +20,27 @@ os.environ.setdefault("TVM_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-SHAPES = {"qkv-out 768x768": (768, 768, False), "ffn-up 768x3072": (768, 3072, False),
-          "ffn-down 3072x768 +res": (3072, 768, True)}
+# name: (K, N, epilogue): bias, bias + residual, or none (the Q/K/V projections combined into one matmul)
+SHAPES = {"qkv 768x2304 no bias": (768, 2304, "none"), "attn-out 768x768": (768, 768, "bias"),
+          "ffn-up 768x3072": (768, 3072, "bias"), "ffn-down 3072x768 +res": (3072, 768, "residual")}
 LENGTHS = [5, 8, 11, 13, 16, 27, 32, 64, 100, 128]
 
 
-def module(tvm, relax, rows, k, n, residual, seed=0):
+def module(tvm, relax, rows, k, n, epilogue, seed=0):
     rng = np.random.default_rng(seed)
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, rows, k), "float32"))
     params = [x]
-    if residual:
+    if epilogue == "residual":
         params.append(relax.Var("r", relax.TensorType((1, rows, n), "float32")))
     w = relax.const((rng.standard_normal((k, n)) * 0.05).astype(np.float32))
     b = relax.const((rng.standard_normal((n,)) * 0.05).astype(np.float32))
     with bb.function("main", params):
         with bb.dataflow():
-            y = relax.op.add(relax.op.matmul(x, w), b)
-            if residual:
+            y = relax.op.matmul(x, w)
+            if epilogue != "none":
+                y = relax.op.add(y, b)
+            if epilogue == "residual":
                 y = relax.op.add(y, params[1])
             out = bb.emit_output(y)
         bb.emit_func_output(out)
@@ -76,18 +79,18 @@ def main() -> None:
     lengths = [int(v) for v in args.lengths.split(",")]
     results = []
     for name in args.shapes.split(","):
-        k, n, residual = SHAPES[name]
+        k, n, epilogue = SHAPES[name]
         seq = tvm.tirx.Var("seq", "int64")
         t0 = time.time()
-        dyn, _ = schedules.build(module(tvm, relax, seq, k, n, residual), target_json, None, True)
+        dyn, _ = schedules.build(module(tvm, relax, seq, k, n, epilogue), target_json, None, True)
         dyn_vm = relax.VirtualMachine(dyn, tvm.cpu())
         print(f"{name}: dynamic build {time.time() - t0:.1f} s", file=sys.stderr)
         for length in lengths:
-            st, _ = schedules.build(module(tvm, relax, length, k, n, residual), target_json, None, True)
+            st, _ = schedules.build(module(tvm, relax, length, k, n, epilogue), target_json, None, True)
             st_vm = relax.VirtualMachine(st, tvm.cpu())
             rng = np.random.default_rng(length)
             feeds = [tvm.runtime.tensor(rng.standard_normal((1, length, k)).astype(np.float32))]
-            if residual:
+            if epilogue == "residual":
                 feeds.append(tvm.runtime.tensor(rng.standard_normal((1, length, n)).astype(np.float32)))
             a = dyn_vm["main"](*feeds).numpy()
             b = st_vm["main"](*feeds).numpy()
