@@ -50,9 +50,37 @@ def _vars_in(expr) -> set:
     return set(undefined_vars(expr))
 
 
+def _schedule_symbolic_spatial(sch, loops, lanes: int) -> None:
+    """Loops of which some have a symbolic extent: fused, they cost a division by a run-time value per
+    element and cannot be vectorized (bert-base's transposes and layer norm over a symbolic sequence ran
+    5-25x slower than static ones). The constant leading loops are fused and run in parallel, the symbolic
+    ones stay nested, and the constant trailing loops are fused and vectorized."""
+    extents = [_extent(sch, loop) for loop in loops]
+    first = extents.index(None)
+    last = len(extents) - 1 - extents[::-1].index(None)
+    lead, middle, tail = loops[:first], loops[first:last + 1], loops[last + 1:]
+    outer = None
+    if tail:
+        width = math.prod(extents[last + 1:])
+        fused = sch.fuse(*tail) if len(tail) > 1 else tail[0]
+        if width >= lanes and width % lanes == 0:
+            outer, inner = sch.split(fused, factors=[None, lanes])
+            sch.vectorize(inner)
+            outer = outer if width >= PARALLEL_MIN else None
+    if lead and math.prod(extents[:first]) > 1:
+        sch.parallel(sch.fuse(*lead) if len(lead) > 1 else lead[0])
+    elif outer is not None:
+        sch.parallel(outer)
+    else:
+        sch.parallel(middle[0])
+
+
 def _schedule_spatial(sch, block, lanes: int) -> None:
     loops = sch.get_loops(block)
     if not loops:
+        return
+    if any(_extent(sch, loop) is None for loop in loops):
+        _schedule_symbolic_spatial(sch, loops, lanes)
         return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     extent = _extent(sch, fused)
@@ -284,6 +312,15 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int) -> None:
             sch.unroll(rows)
         sch.vectorize(ji)
         sch.decompose_reduction(block, reduction[0])
+        return
+    extents = [_extent(sch, loop) for loop in spatial]
+    if None in extents:  # fused, symbolic loops cost a division by a run-time value per output element
+        first = extents.index(None)
+        lead = spatial[:first]
+        if lead and math.prod(extents[:first]) > 1:
+            sch.parallel(sch.fuse(*lead) if len(lead) > 1 else lead[0])
+        else:
+            sch.parallel(spatial[first])
         return
     fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
     extent = _extent(sch, fused)
