@@ -1,6 +1,6 @@
-"""TVM's TIR lowering for CPU targets, with two changes: small "local" buffers live on the stack, and a
+"""TVM's TIR lowering for CPU targets, with three changes: small "local" buffers live on the stack, a
 loop over row tiles of a symbolic row count runs whole tiles without a predicate plus one tail kernel per
-remainder.
+remainder, and TVM's TIR CSE is left to LLVM (see lowering_passes).
 
 TVM 0.27's LowerTVMBuiltin turns every CPU allocation that is not a "global" buffer under 1 KB into
 a TVMBackendAllocWorkspace/FreeWorkspace pair. A register tile's accumulator (up to 12 rows x 32
@@ -11,10 +11,11 @@ registers.
 
 The default rule tiles a dense layer's rows by up to 12; with a symbolic row count (a sequence length)
 every row of the unrolled tile carried a `row < seq` branch inside the reduction loop, and the tile's
-accumulators (min(seq, 12) rows) were a heap buffer: bert-base's dense layers ran 2.3-4x slower than
-static ones. `split_row_tails` turns the loop the rule marks (schedule_rules.ROW_TAIL) into
-`for tile in range(seq // 12)` without the branches, then `if seq % 12 == c` for c = 1..11, each a copy
-whose branches fold to constants once the tile is unrolled. Imports tvm."""
+accumulators (min(seq, 12) rows) were a heap buffer (the rule now indexes it row % 12): bert-base's dense
+layers took 2.7-3.4x the static ones' time (benchmarks/dynamic-kernels). `split_row_tails` turns the loop
+the rule marks (schedule_rules.ROW_TAIL) into `for tile in range(seq // 12)` without the branches, then
+`if seq % 12 == c` for c = 1..11, each a copy whose branches fold to constants once the tile is unrolled.
+Imports tvm."""
 
 from __future__ import annotations
 
