@@ -153,6 +153,8 @@ def run(config, output: Optional[Path] = None, progress=None) -> dict:
                     row["compile_s"] = round(measured["setup_s"], 3)  # session creation: ORT's graph optimisation
                 row.update({"setup_s": round(measured["setup_s"], 3), "run_total_s": round(measured["run_total_s"], 4),
                             "run_ms": [round(t, 4) for t in measured["run_ms"]], "accuracy": measured["accuracy"],
+                            "run_cpu_total_s": round(measured["run_cpu_total_s"], 4),
+                            "run_cpu_ms": [round(t, 4) for t in measured["run_cpu_ms"]],
                             "peak_rss_mb": measured["peak_rss_mb"], "load_average": measured["load_average"]})
             except Exception as e:  # noqa: BLE001 - recorded; the other strategies go on
                 row.update({"status": "failed", "error": error_text(e)})

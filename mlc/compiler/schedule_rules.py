@@ -25,6 +25,9 @@ import math
 SCHEDULED = "tirx.is_scheduled"
 PARALLEL_MIN = 2048  # below this many output elements a thread pool launch costs more than it saves
 ROW_TILE = 4
+# A loop over the row tiles of a symbolic row count: rows per tile, and the row count (a Var's name)
+ROW_TAIL, ROW_COUNT = "mlc.row_tail", "mlc.row_count"
+L1_WAYS = 8  # set associativity of the L1 data cache (x86 and Neoverse cores: 8 or more)
 PANEL_BLOCK_BYTES = 256 * 1024  # L2 is 512 KB to 2 MB on the x86 and ARM cores we target
 
 
@@ -47,9 +50,37 @@ def _vars_in(expr) -> set:
     return set(undefined_vars(expr))
 
 
+def _schedule_symbolic_spatial(sch, loops, lanes: int) -> None:
+    """Loops of which some have a symbolic extent: fused, they cost a division by a run-time value per
+    element and cannot be vectorized (bert-base's transposes and layer norm over a symbolic sequence ran
+    5-25x slower than static ones). The constant leading loops are fused and run in parallel, the symbolic
+    ones stay nested, and the constant trailing loops are fused and vectorized."""
+    extents = [_extent(sch, loop) for loop in loops]
+    first = extents.index(None)
+    last = len(extents) - 1 - extents[::-1].index(None)
+    lead, middle, tail = loops[:first], loops[first:last + 1], loops[last + 1:]
+    outer = None
+    if tail:
+        width = math.prod(extents[last + 1:])
+        fused = sch.fuse(*tail) if len(tail) > 1 else tail[0]
+        if width >= lanes and width % lanes == 0:
+            outer, inner = sch.split(fused, factors=[None, lanes])
+            sch.vectorize(inner)
+            outer = outer if width >= PARALLEL_MIN else None
+    if lead and math.prod(extents[:first]) > 1:
+        sch.parallel(sch.fuse(*lead) if len(lead) > 1 else lead[0])
+    elif outer is not None:
+        sch.parallel(outer)
+    else:
+        sch.parallel(middle[0])
+
+
 def _schedule_spatial(sch, block, lanes: int) -> None:
     loops = sch.get_loops(block)
     if not loops:
+        return
+    if any(_extent(sch, loop) is None for loop in loops):
+        _schedule_symbolic_spatial(sch, loops, lanes)
         return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     extent = _extent(sch, fused)
@@ -264,10 +295,18 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     the reduction loops around it, blocks of J tiles outermost so their weight slices stay in
     cache while the rows stream past (each row tile visits the block's tiles in turn), epilogue
     applied on the tile."""
-    vectors, row_tile = _tile_shape(_extent(sch, spatial[-1]), _extent(sch, spatial[-2]) if len(spatial) > 1 else 1,
-                                    lanes)
-    jo, jv, ji = sch.split(spatial[-1], factors=[None, vectors, lanes])
+    from tvm import tirx
+
+    row_extent = _extent(sch, spatial[-2]) if len(spatial) > 1 else 1
+    row_count = sch.get(spatial[-2]).extent if len(spatial) > 1 else None
+    vectors, row_tile = _tile_shape(_extent(sch, spatial[-1]), row_extent, lanes)
     depths = [_extent(sch, r) for r in reduction]
+    if row_extent is None and None not in depths and math.prod(depths) * 4 % 4096 == 0:
+        # Symbolic rows read `depth` floats apart: at a multiple of 4 KB every row of the tile maps to one
+        # L1 set, and more rows than the L1's ways (8) evict each other (bert-base's 3072 -> 768 layer:
+        # 12 rows 1.14-1.2x the time of 8).
+        row_tile = min(row_tile, L1_WAYS)
+    jo, jv, ji = sch.split(spatial[-1], factors=[None, vectors, lanes])
     panels = _panels_per_block(_extent(sch, jo), None if None in depths else math.prod(depths), vectors * lanes)
     inner_panels = []
     if panels > 1:
@@ -285,33 +324,51 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
             head.append(mo)
         else:
             head.append(spatial[-2])
-    head += inner_panels
+    row_loop = None
+    if rows is not None and row_extent is None:
+        # Symbolic rows: the row tiles get a serial loop of their own between the parallel blocks of J tiles
+        # and the block's tiles, which tir_pipeline splits into whole tiles without a predicate and one tail
+        # kernel per remainder.
+        row_loop = head.pop(head.index(mo))
+        serial = [row_loop] + inner_panels
+    else:
+        head += inner_panels
+        serial = []
     pair = []
     if bf16:  # the innermost reduction in pairs, the pair innermost: vdpbf16ps's operand layout
         ko, ki = sch.split(reduction[-1], factors=[None, 2])
         reduction, pair = [*reduction[:-1], ko], [ki]
-    sch.reorder(*head, *reduction, *([rows] if rows is not None else []), jv, ji, *pair)
+    sch.reorder(*head, *serial, *reduction, *([rows] if rows is not None else []), jv, ji, *pair)
     _pack_weights(sch, block, last, vectors * lanes, pairs=bf16)
     tile = sch.fuse(*head) if len(head) > 1 else head[0]
     # Annotate before decompose_reduction: the primitives need the block to still be a reduction.
     sch.parallel(tile)
     write_back = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(write_back, tile, preserve_unit_loops=True)
+    sch.reverse_compute_at(write_back, serial[-1] if serial else tile, preserve_unit_loops=True)
     _inline_epilogue(sch, write_back)
-    inner = sch.get_loops(write_back)[1:]
+    inner = sch.get_loops(write_back)[1 + len(serial):]
     if inner:
         _, vec = sch.split(sch.fuse(*inner) if len(inner) > 1 else inner[0], factors=[None, lanes])
         sch.vectorize(vec)
     if rows is not None:
         sch.unroll(rows)
     sch.unroll(jv)
-    if bf16:
+    if bf16:  # symbolic rows keep the predicated tile here (no tail split: untried with the intrinsic)
         sch.decompose_reduction(block, reduction[0])
         sch.tensorize(ji, _bf16_intrinsic())
         sch.annotate(tile, "pragma_import_llvm", BF16_DOT_LLVM)
         return
     sch.vectorize(ji)
     sch.decompose_reduction(block, reduction[0])
+    if row_loop is not None:
+        # The accumulator indexed by row % row_tile (injective within the tile, the only rows it holds at a
+        # time): its compacted size is then row_tile rows, not min(rows, row_tile), a size known only at run
+        # time that TVM allocates on the heap and LLVM cannot keep in registers.
+        sch.transform_layout(block, ("write", 0), lambda *idx: [*idx[:-2], idx[-2] % row_tile, idx[-1]],
+                             assume_injective_transform=True)
+    if row_loop is not None and isinstance(row_count, tirx.Var):
+        sch.annotate(row_loop, ROW_TAIL, row_tile)
+        sch.annotate(row_loop, ROW_COUNT, row_count.name)  # a Var would be read as a schedule variable
 
 
 def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None) -> None:
@@ -347,6 +404,15 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None) -> 
             sch.unroll(rows)
         sch.vectorize(ji)
         sch.decompose_reduction(block, reduction[0])
+        return
+    extents = [_extent(sch, loop) for loop in spatial]
+    if None in extents:  # fused, symbolic loops cost a division by a run-time value per output element
+        first = extents.index(None)
+        lead = spatial[:first]
+        if lead and math.prod(extents[:first]) > 1:
+            sch.parallel(sch.fuse(*lead) if len(lead) > 1 else lead[0])
+        else:
+            sch.parallel(spatial[first])
         return
     fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
     extent = _extent(sch, fused)

@@ -1,11 +1,21 @@
-"""TVM's TIR lowering for CPU targets, with one change: small "local" buffers live on the stack.
+"""TVM's TIR lowering for CPU targets, with three changes: small "local" buffers live on the stack, a
+loop over row tiles of a symbolic row count runs whole tiles without a predicate plus one tail kernel per
+remainder, and TVM's TIR CSE is left to LLVM (see lowering_passes).
 
 TVM 0.27's LowerTVMBuiltin turns every CPU allocation that is not a "global" buffer under 1 KB into
 a TVMBackendAllocWorkspace/FreeWorkspace pair. A register tile's accumulator (up to 12 rows x 32
 floats, "local") was therefore allocated, zeroed with memset and freed once per output tile, and
 spilled to it at the end: resnet50's 64 -> 256 channel 1x1 conv ran at 59 GFLOP/s instead of 103. With TVM's
 own `disable_lower_builtin` annotation, such a buffer becomes an LLVM alloca, which LLVM promotes to
-registers. Imports tvm."""
+registers.
+
+The default rule tiles a dense layer's rows by up to 12; with a symbolic row count (a sequence length)
+every row of the unrolled tile carried a `row < seq` branch inside the reduction loop, and the tile's
+accumulators (min(seq, 12) rows) were a heap buffer (the rule now indexes it row % 12): bert-base's dense
+layers took 2.7-3.4x the static ones' time (benchmarks/dynamic-kernels). `split_row_tails` turns the loop
+the rule marks (schedule_rules.ROW_TAIL) into `for tile in range(seq // 12)` without the branches, then
+`if seq % 12 == c` for c = 1..11, each a copy whose branches fold to constants once the tile is unrolled.
+Imports tvm."""
 
 from __future__ import annotations
 
@@ -69,6 +79,194 @@ def small_buffers_on_stack():
     return tirx.transform.prim_func_pass(transform, opt_level=0, name="mlc.SmallBuffersOnStack")
 
 
+def _conjuncts(cond):
+    from tvm import tirx
+
+    return _conjuncts(cond.a) + _conjuncts(cond.b) if isinstance(cond, tirx.And) else [cond]
+
+
+def _substitute(node, mapping: dict):
+    """`node` (an expression or statement) with vars replaced: TVM 0.27 has no Python Substitute, but
+    PrimFunc.specialize substitutes its parameters."""
+    from tvm import tirx
+
+    stmt = node if isinstance(node, tirx.Stmt) else tirx.Evaluate(node)
+    body = tirx.PrimFunc(list(mapping), stmt).specialize(mapping).body
+    return body if isinstance(node, tirx.Stmt) else body.value
+
+
+def _rewrite_conditions(stmt, decide, analyzer):
+    """`stmt` with each IfThenElse condition's conjuncts passed through `decide(conjunct) -> expr`;
+    branches whose condition folds to a constant are resolved. Loop ranges are bound in `analyzer`."""
+    import tvm
+    from tvm import tirx
+
+    if isinstance(stmt, tirx.IfThenElse):
+        parts = [analyzer.simplify(decide(c)) for c in _conjuncts(stmt.condition)]
+        then_case = _rewrite_conditions(stmt.then_case, decide, analyzer)
+        else_case = _rewrite_conditions(stmt.else_case, decide, analyzer) if stmt.else_case is not None else None
+        if any(isinstance(p, tirx.IntImm) and not p.value for p in parts):
+            return else_case if else_case is not None else tirx.Evaluate(0)
+        parts = [p for p in parts if not (isinstance(p, tirx.IntImm) and p.value)]
+        if not parts:
+            return then_case
+        condition = parts[0]
+        for part in parts[1:]:
+            condition = tirx.And(condition, part)
+        return tirx.IfThenElse(condition, then_case, else_case, stmt.span)
+    if isinstance(stmt, tirx.SeqStmt):
+        return tirx.SeqStmt([_rewrite_conditions(s, decide, analyzer) for s in stmt.seq], stmt.span)
+    if isinstance(stmt, tirx.For):
+        analyzer.bind(stmt.loop_var, tvm.ir.Range.from_min_extent(stmt.min, stmt.extent))
+        return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind,
+                        _rewrite_conditions(stmt.body, decide, analyzer), stmt.thread_binding, stmt.annotations,
+                        stmt.step, stmt.span)
+    if isinstance(stmt, tirx.AttrStmt):
+        return tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, _rewrite_conditions(stmt.body, decide, analyzer),
+                             stmt.span)
+    if isinstance(stmt, tirx.While):
+        return tirx.While(stmt.condition, _rewrite_conditions(stmt.body, decide, analyzer), stmt.span)
+    return stmt
+
+
+def _renew(stmt):
+    """A copy of `stmt` with fresh loop vars and buffers (each tail kernel defines its own)."""
+    from tvm import s_tir, tirx
+
+    return s_tir.renew_defs(tirx.PrimFunc([], stmt)).body
+
+
+def _split_row_tail(loop):
+    """The marked loop over ceil(rows / tile) row tiles -> whole tiles, then one tail per remainder."""
+    import tvm
+    from tvm import tirx
+
+    from mlc.compiler.schedule_rules import ROW_COUNT, ROW_TAIL
+
+    tile, name = int(loop.annotations[ROW_TAIL]), str(loop.annotations[ROW_COUNT])
+    rows = next((v for v in _undefined_vars(loop.extent) if v.name == name), None)
+    if rows is None:
+        return loop
+    dtype = str(rows.ty.dtype)
+    tile_ = tirx.IntImm(dtype, tile)
+    if not tvm.sym.Analyzer().can_prove_equal(loop.extent, tirx.FloorDiv(rows + tirx.IntImm(dtype, tile - 1), tile_)):
+        return loop
+    whole = tirx.FloorDiv(rows, tile_)
+    slack = tirx.Var("slack", dtype)
+    analyzer = tvm.sym.Analyzer()
+    analyzer.bind(slack, tvm.ir.Range.from_min_extent(tirx.IntImm(dtype, 0), tirx.IntImm(dtype, 1 << 40)))
+    bound = {rows: loop.loop_var * tile_ + tile_ + slack}  # a whole tile ends at or before `rows`
+
+    def in_whole_tile(cond):
+        if rows not in _undefined_vars(cond):
+            return cond
+        return tirx.IntImm("bool", 1) if analyzer.can_prove(_substitute(cond, bound)) else cond
+
+    annotations = {k: v for k, v in loop.annotations.items() if k not in (ROW_TAIL, ROW_COUNT)}
+    main = tirx.For(loop.loop_var, tirx.IntImm(dtype, 0), whole, tirx.ForKind.SERIAL,
+                    _rewrite_conditions(loop.body, in_whole_tile, analyzer), None, annotations)
+    tails = [main]
+    last = _substitute(loop.body, {loop.loop_var: whole})
+    for remainder in range(1, tile):
+        exact = {rows: whole * tile_ + tirx.IntImm(dtype, remainder)}
+        tail_analyzer = tvm.sym.Analyzer()
+        body = _rewrite_conditions(last, lambda c, exact=exact: _substitute(c, exact) if rows in _undefined_vars(c)
+                                   else c, tail_analyzer)
+        tails.append(tirx.IfThenElse(tirx.FloorMod(rows, tile_) == remainder, _renew(body), None))
+    return tirx.SeqStmt(tails)
+
+
+def _undefined_vars(expr) -> list:
+    from tvm.tirx.analysis import undefined_vars
+
+    return list(undefined_vars(expr))
+
+
+def _row_tails(stmt):
+    from tvm import tirx
+
+    from mlc.compiler.schedule_rules import ROW_COUNT, ROW_TAIL
+
+    if isinstance(stmt, tirx.For):
+        if stmt.annotations and ROW_TAIL in stmt.annotations and ROW_COUNT in stmt.annotations:
+            return _split_row_tail(stmt)
+        body = _row_tails(stmt.body)
+        return stmt if body.same_as(stmt.body) else tirx.For(
+            stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, stmt.annotations,
+            stmt.step, stmt.span)
+    if isinstance(stmt, tirx.SeqStmt):
+        seq = [_row_tails(s) for s in stmt.seq]
+        return stmt if all(a.same_as(b) for a, b in zip(seq, stmt.seq)) else tirx.SeqStmt(seq, stmt.span)
+    if isinstance(stmt, tirx.AttrStmt):
+        body = _row_tails(stmt.body)
+        return stmt if body.same_as(stmt.body) else tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, body,
+                                                                  stmt.span)
+    if isinstance(stmt, tirx.IfThenElse):
+        then_case = _row_tails(stmt.then_case)
+        else_case = _row_tails(stmt.else_case) if stmt.else_case is not None else None
+        if then_case.same_as(stmt.then_case) and (else_case is None or else_case.same_as(stmt.else_case)):
+            return stmt
+        return tirx.IfThenElse(stmt.condition, then_case, else_case, stmt.span)
+    return stmt
+
+
+def split_row_tails():
+    """A PrimFunc pass (on flattened TIR, before vectorizing and unrolling): see the module docstring."""
+    from tvm import tirx
+
+    def transform(func, _mod, _ctx):
+        body = _row_tails(func.body)
+        return func if body.same_as(func.body) else func.with_body(body)
+
+    return tirx.transform.prim_func_pass(transform, opt_level=0, name="mlc.SplitRowTails")
+
+
+def lowering_passes(config) -> list:
+    """TVM 0.27's s_tir lowering (tvm/s_tir/pipeline.py) with split_row_tails after FlattenBuffer, without CSE."""
+    from tvm import s_tir, tirx
+
+    passes = [
+        s_tir.transform.CanonicalizeLoop(), s_tir.transform.LowerCrossThreadReduction(),
+        s_tir.transform.LowerInitBlock(), s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+        s_tir.transform.ConvertBlocksToOpaque(), s_tir.transform.LiftThreadBinding(),
+        s_tir.transform.ManifestSharedMemoryLocalStage(), s_tir.transform.CompactBufferAllocation(),
+        s_tir.transform.LowerAutoCopy(), s_tir.transform.UnifyThreadBinding(), s_tir.transform.LowerMatchBuffer(),
+        s_tir.transform.StmtSimplify(), s_tir.transform.InjectPermutedLayout(),
+        s_tir.transform.AnnotateIrregularLoop(), s_tir.transform.InjectSoftwarePipeline(),
+        s_tir.transform.TransformMmaBufferLayout(), s_tir.transform.LowerOpaqueBlock(),
+        tirx.transform.FlattenBuffer(), split_row_tails(), tirx.transform.BF16ComputeLegalize(),
+        tirx.transform.NarrowDataType(32), s_tir.transform.LoopPartition(),
+        tirx.transform.VectorizeLoop(not bool(config.get("tirx.disable_vectorize", False))),
+        s_tir.transform.InjectVirtualThread(), s_tir.transform.InjectDoubleBuffer(),
+    ]
+    if not bool(config.get("tirx.disable_storage_rewrite", False)):
+        passes.append(tirx.transform.StorageRewrite())
+    passes += [s_tir.transform.HoistIfThenElse(), tirx.transform.UnrollLoop(),
+               s_tir.transform.RenormalizeSplitPattern(), tirx.transform.StmtSimplify(),
+               tirx.transform.RemoveNoOp(), s_tir.transform.RewriteUnsafeSelect()]
+    # No CommonSubexprElim (TVM's runs here): its lets of loop-invariant addresses sit at the top of the
+    # kernel, live across every tail kernel, and LLVM spilled the reduction loop's own induction variable
+    # (combined Q/K/V matmul, 5 to 27 rows: 1.16-1.22x the time without it; resnet50 unchanged, 1.004x).
+    # LLVM's own GVN and LICM find the same subexpressions, inside each loop nest.
+    return passes + [
+        tirx.transform.FP8ComputeLegalize(), s_tir.transform.VerifyVTCMLimit(), s_tir.transform.LowerVtcmAlloc(),
+        tirx.transform.VerifyMemory(), tirx.transform.AnnotateEntryFunc(), s_tir.transform.ThreadSync("shared"),
+        s_tir.transform.ThreadSync("shared.dyn"), s_tir.transform.ThreadSync("warp"), s_tir.transform.InferFragment(),
+        s_tir.transform.LowerThreadAllreduce(), s_tir.transform.MergeSharedMemoryAllocations(),
+        tirx.transform.SplitHostDevice(), tirx.transform.MakePackedAPI(), tirx.transform.FP8StorageLegalize(),
+        tirx.transform.BF16StorageLegalize()]
+
+
+def _lower():
+    import tvm
+
+    @tvm.transform.module_pass(opt_level=0)
+    def pipeline(mod, _ctx):
+        return tvm.transform.Sequential(lowering_passes(tvm.transform.PassContext.current().config))(mod)
+
+    return pipeline
+
+
 def register() -> str:
     """Register the pipeline with TVM (idempotent); returns its name for tvm.compile(tir_pipeline=)."""
     import tvm
@@ -76,8 +274,8 @@ def register() -> str:
 
     if NAME not in compilation_pipeline.PIPELINE_MAP:
         def factory():
-            lower, finalize_host, finalize_device = compilation_pipeline.get_tir_pipeline("s_tir")
-            return (lower, lambda: tvm.transform.Sequential([small_buffers_on_stack(), finalize_host()]),
+            _, finalize_host, finalize_device = compilation_pipeline.get_tir_pipeline("s_tir")
+            return (_lower(), lambda: tvm.transform.Sequential([small_buffers_on_stack(), finalize_host()]),
                     finalize_device)
 
         compilation_pipeline.register_tir_pipeline(NAME, factory)
