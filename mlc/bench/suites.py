@@ -176,8 +176,8 @@ def require(suite: str) -> None:
     """MissingDependencyError (exit 4) when the suite's framework cannot be imported, before anything runs."""
     package = {"huggingface": "transformers", "timm": "timm"}[suite]
     if importlib.util.find_spec(package) is None:
-        hint = f"pip install {TIMM_PIN} (it needs a torchvision that loads beside mlc's torch)" if suite == "timm" \
-            else "pip install 'mlc[torch]'"
+        hint = f"`make suite-env` (a venv with {TIMM_PIN} and a torchvision that loads beside its torch)" \
+            if suite == "timm" else "pip install 'mlc[torch]'"
         raise MissingDependencyError(f"the {suite} suite needs {package}, which is not installed; {hint}")
     if suite == "timm":  # timm imports torchvision, which may be installed yet fail to load beside this torch
         probe = subprocess.run([sys.executable, "-c", "import timm"], capture_output=True, text=True, timeout=300)
@@ -186,7 +186,7 @@ def require(suite: str) -> None:
             raise MissingDependencyError(
                 "timm unavailable: needs torchvision, and `import timm` fails here "
                 f"({lines[-1] if lines else 'no output'})"
-                "; install a torchvision built for this torch (PyPI's CPU wheels of torch 2.13 have none that loads)")
+                "; run it from `make suite-env`'s venv: torch 2.14.1 with its own torchvision 0.29.1 (README)")
 
 
 # Building (inside the bench worker process) ---------------------------------------------------------------------
