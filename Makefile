@@ -9,7 +9,7 @@ DEMO := artifacts/demo-bert-tiny-x86
 APT_PACKAGES := g++-aarch64-linux-gnu qemu-user
 SYSTEM_TOOLS := aarch64-linux-gnu-g++ qemu-aarch64
 
-.PHONY: setup system-deps demo lint test test-all clean
+.PHONY: setup system-deps suite-env demo lint test test-all clean
 
 setup: $(STAMP) system-deps
 
@@ -30,6 +30,22 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# A bench-only venv for `mlc bench --suite timm` (never CI): timm imports torchvision, and PyPI's torchvision fails
+# beside the pinned torch==2.13.0+cpu, so this venv takes torch 2.14.1 + torchvision 0.29.1 (a CUDA build, ~5.5 GB,
+# runs on CPU; pip takes both from this machine's disk) first, then mlc with the `suites` extra, which leaves torch be.
+SUITE_VENV ?= .venv-suites
+SUITE_STAMP := $(SUITE_VENV)/.installed
+
+suite-env: $(SUITE_STAMP)
+
+$(SUITE_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(SUITE_VENV)
+	$(SUITE_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(SUITE_VENV)/bin/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1 timm==1.0.31
+	$(SUITE_VENV)/bin/python -m pip install --quiet -e '.[suites]' torch==2.14.1 torchvision==0.29.1
+	$(SUITE_VENV)/bin/python -c "import timm; timm.create_model('resnet18', pretrained=False)"
+	touch $(SUITE_STAMP)
 
 # A BERT encoder built in PyTorch (seeded, from the zoo): export, compile for this CPU, check against
 # torch's eager outputs, time it.

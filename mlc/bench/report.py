@@ -532,7 +532,7 @@ def suite_sections(docs: list[dict]) -> list[Section]:
             table = Table(header, [])
             for name, info in suite["models"].items():
                 by = {backend_label(c): c for c in cells if c["model"] == name and c["threads"] == threads}
-                notes = "; ".join(n for n in info.get("notes", []) if "cut to" in n)
+                notes = "; ".join(n for n in info.get("notes", []) if "cut to" in n or "passed by" in n)
                 row = [name + (f" ({notes})" if notes else ""), _suite_params(info.get("params")), _suite_status(info),
                        f"{info['compile_s']:.0f}" if info.get("compile_s") is not None else "–"]
                 row += [_ms(latency(by[b])) if b in by else "–" for b in baselines + mlcs]

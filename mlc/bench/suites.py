@@ -176,8 +176,8 @@ def require(suite: str) -> None:
     """MissingDependencyError (exit 4) when the suite's framework cannot be imported, before anything runs."""
     package = {"huggingface": "transformers", "timm": "timm"}[suite]
     if importlib.util.find_spec(package) is None:
-        hint = f"pip install {TIMM_PIN} (it needs a torchvision that loads beside mlc's torch)" if suite == "timm" \
-            else "pip install 'mlc[torch]'"
+        hint = f"`make suite-env` (a venv with {TIMM_PIN} and a torchvision that loads beside its torch)" \
+            if suite == "timm" else "pip install 'mlc[torch]'"
         raise MissingDependencyError(f"the {suite} suite needs {package}, which is not installed; {hint}")
     if suite == "timm":  # timm imports torchvision, which may be installed yet fail to load beside this torch
         probe = subprocess.run([sys.executable, "-c", "import timm"], capture_output=True, text=True, timeout=300)
@@ -186,7 +186,7 @@ def require(suite: str) -> None:
             raise MissingDependencyError(
                 "timm unavailable: needs torchvision, and `import timm` fails here "
                 f"({lines[-1] if lines else 'no output'})"
-                "; install a torchvision built for this torch (PyPI's CPU wheels of torch 2.13 have none that loads)")
+                "; run it from `make suite-env`'s venv: torch 2.14.1 with its own torchvision 0.29.1 (README)")
 
 
 # Building (inside the bench worker process) ---------------------------------------------------------------------
@@ -294,3 +294,52 @@ def _timm(name: str):
     if tiny():
         fm.notes.insert(0, "tiny config (MLC_SUITE_TINY)")
     return fm
+
+
+# Accuracy (torch's benchmark suites' rule) ------------------------------------------------------------------------
+
+REFERENCE64 = "reference64-{key}.npz"
+FP64_MAX_PARAMS = 4e8  # an fp64 copy beside the fp32 model: 3.2 GB at most
+FP64_MULTIPLIER = 2.0  # torch._dynamo.utils.same: res_error <= 2 x ref_error + tol / 10
+FP64_SLACK = 1e-5  # tol / 10 with mlc's fp32 atol (1e-4)
+
+
+def eager_fp64(fm, inputs: list) -> Optional[list]:
+    """Eager outputs of a suite model run in float64 (a copy), or None when the model is too large for a copy.
+    With random weights some models' activations grow to hundreds (visformer_small's logits reach ~300), where
+    fp32 itself is off by 1e-3 and an element-wise tolerance would fail any reordering of the sums."""
+    import copy
+
+    import numpy as np
+    import torch
+
+    from mlc.frontends.torch import flatten_outputs
+
+    module = fm.native
+    if module is None or sum(p.numel() for p in module.parameters()) > FP64_MAX_PARAMS:
+        return None
+    double = copy.deepcopy(module).double().eval()
+    args = [torch.from_numpy(np.asarray(a, np.float64) if np.issubdtype(np.asarray(a).dtype, np.floating)
+                             else np.asarray(a)) for a in inputs]
+    with torch.no_grad():
+        return flatten_outputs(double(*args))
+
+
+def rmse(a, b) -> float:
+    import numpy as np
+
+    return float(np.sqrt(np.mean((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2)))
+
+
+def fp64_check(reference: dict, reference64: dict, actual: dict) -> dict:
+    """torch's benchmark suites' fallback rule (torch._dynamo.utils.same with an fp64 reference): each output's RMSE
+    against the fp64 eager run is at most FP64_MULTIPLIER x the fp32 eager run's own RMSE against it (+ slack)."""
+    worst_ratio, passed, mine, eager = 0.0, True, 0.0, 0.0
+    for name, ref64 in reference64.items():
+        own, res = rmse(reference[name], ref64), rmse(actual[name], ref64)
+        bound = FP64_MULTIPLIER * own + FP64_SLACK
+        passed = passed and res <= bound
+        if res / bound >= worst_ratio:
+            worst_ratio, mine, eager = res / bound, res, own
+    return {"rule": f"fp64 RMSE <= {FP64_MULTIPLIER:g} x eager fp32's (torch benchmarks' same())",
+            "rmse_vs_fp64": mine, "eager_rmse_vs_fp64": eager, "passed": passed}
