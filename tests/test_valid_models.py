@@ -4,6 +4,8 @@ real CLI and passes its check."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -204,6 +206,13 @@ def test_value_dependent_ops_run_in_the_artifacts_runtime(tmp_path: Path) -> Non
     np.testing.assert_array_equal(counts, [int((x == v).sum()) for v in expected_values])
     with pytest.raises(ArtifactError, match="relax.run.nonzero, relax.run.unique, which the Python runtime provides"):
         NativeRunner(out)
+    # The thin runtime in a process that imports tvm afterwards (pytest's did): TVM registers the same names at
+    # import and failed when they were taken; the inverse indices stay ONNX's flat ones, not TVM's N-D.
+    script = ("import sys, numpy as np; from mlc.runtime.runner import Runner; "
+              "y = Runner(sys.argv[1]).run({'x': np.ones((3, 4), np.float32)}); import tvm.relax; "
+              "print(y['inverse'].shape)")
+    proc = subprocess.run([sys.executable, "-c", script, str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "(12,)", proc.stderr[-1500:]
 
 
 def test_packed_function_no_runtime_has_is_a_user_error(monkeypatch, tmp_path: Path) -> None:

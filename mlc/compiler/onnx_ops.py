@@ -62,7 +62,7 @@ def register() -> None:
 
     from mlc.runtime import runner
 
-    runner.register_host_functions(tvm_ffi, override=True)
+    runner.register_host_functions(tvm_ffi)
 
     table = _converters()
     assert ADDED | ML_ADDED <= set(table)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -208,9 +209,10 @@ def _unique(x, is_sorted, return_index, return_inverse, return_counts, axis=None
 HOST_FUNCTIONS = {"relax.run.nonzero": _nonzero, "relax.run.unique": _unique}
 
 
-def register_host_functions(tvm_ffi, override: bool = False) -> None:
-    """Register HOST_FUNCTIONS where missing; `override`: also where TVM's own are (mlc's compiler does, after
-    importing tvm: TVM's unique returns numpy 2's N-D inverse indices where ONNX wants them flat)."""
+def register_host_functions(tvm_ffi, names=tuple(HOST_FUNCTIONS)) -> None:
+    """Register HOST_FUNCTIONS[name] for `names`, over TVM's own where it registered them (TVM's unique returns
+    numpy 2's N-D inverse indices where ONNX wants them flat). TVM registers its own when the `tvm` package is
+    imported and fails if the name is taken, so a process that has tvm installed imports it first."""
     def wrap(function):
         def call(*args):
             result = function(*args)
@@ -219,14 +221,11 @@ def register_host_functions(tvm_ffi, override: bool = False) -> None:
             return tensors if isinstance(result, tuple) else tensors[0]
         return call
 
-    for name, function in HOST_FUNCTIONS.items():
-        if override or tvm_ffi.get_global_func(name, allow_missing=True) is None:
-            tvm_ffi.register_global_func(name, wrap(function), override=True)
+    for name in names:
+        tvm_ffi.register_global_func(name, wrap(HOST_FUNCTIONS[name]), override=True)
 
 
 def _installed_tvm_runtime() -> Path | None:
-    import importlib.util
-
     spec = importlib.util.find_spec("tvm")
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -434,9 +433,12 @@ class Runner(_ArtifactRunner):
 
         self._tvm_ffi = tvm_ffi
         runtime = self.manifest["runtime"]
+        host_functions = runtime.get("host_functions") or []
+        if host_functions and importlib.util.find_spec("tvm") is not None:
+            import tvm  # noqa: F401 - registers TVM's relax.run.* now, not later over ours (which would fail)
         _load_tvm_runtime(safe_member(self.root, runtime["library"]),
                           [safe_member(self.root, rel) for rel in runtime.get("device_libraries", [])], device)
-        register_host_functions(tvm_ffi)
+        register_host_functions(tvm_ffi, host_functions)
         libraries = {None: self.manifest["library"]}
         if self.buckets:  # one static library per bucket
             libraries = {int(size): rel for size, rel in self.buckets["libraries"].items()}
