@@ -21,7 +21,9 @@ PACKAGES = ("mlc.api", "mlc.cli", "mlc.pipeline", "mlc.frontends", "mlc.passes",
 # the file and the thing (no line numbers), so a new violation is never hidden behind an old one.
 ALLOWED_CYCLES: set[frozenset[str]] = set()
 ALLOWED_PRIVATE: set[str] = set()
-ALLOWED_TVM: set[str] = set()
+# The thin runtime imports tvm only where it is installed and the artifact calls relax.run.* (TVM registers those
+# names when imported and fails if they are taken); artifacts still run with tvm_ffi alone.
+ALLOWED_TVM: set[str] = {"mlc/runtime/runner.py"}
 
 
 def _unit(module: str) -> str:
@@ -205,7 +207,8 @@ def test_only_the_compiler_imports_tvm():
             if (target == "tvm" or target.startswith("tvm.")) and _unit(module) != "mlc.compiler" \
                     and where not in ALLOWED_TVM:
                 found.append(f"{where}:{line} imports {target}")
-            if _unit(module) == "mlc.runtime" and target.split(".")[0] not in _RUNTIME_IMPORTS:
+            if _unit(module) == "mlc.runtime" and target.split(".")[0] not in _RUNTIME_IMPORTS \
+                    and not (where in ALLOWED_TVM and target.split(".")[0] == "tvm"):
                 found.append(f"{path.relative_to(MLC.parent)}:{line} (thin runtime) imports {target}")
     assert not found, "\n".join(sorted(set(found)))
     stale = {f for f in ALLOWED_TVM if not re.search(r"^\s*(import|from) tvm\b", (MLC.parent / f).read_text(), re.M)}
