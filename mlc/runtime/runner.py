@@ -187,7 +187,7 @@ def _nonzero(x):
 
 def _unique(x, is_sorted, return_index, return_inverse, return_counts, axis=None):
     """ONNX Unique's outputs (values, then the requested indices, inverse indices and counts), in first-occurrence
-    order unless sorted, as TVM's own relax.run.unique computes them."""
+    order unless sorted, as ONNX defines them (inverse indices flat, whatever the input's rank)."""
     data = np.from_dlpack(x)
     values, first, inverse, counts = np.unique(data, return_index=True, return_inverse=True, return_counts=True,
                                                axis=axis)
