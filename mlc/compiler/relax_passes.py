@@ -177,51 +177,34 @@ def _fast_sigmoid(x):
     return topi.divide(1.0, topi.add(1.0, topi.fast_exp(topi.negative(x))))
 
 
-def _softmax_exp(x, axis):
-    """exp(x - max(x)) along `axis` (NaN-preserving), the first half of _fast_softmax as a kernel of its own."""
-    from tvm import te, topi
+def _along(x, axis, reduce, name):
+    """`reduce` (te.max, te.sum) of `x` along `axis`, and a function giving, for an index of `x`, that index's
+    entry of the result."""
+    from tvm import te
 
     axis = axis + len(x.shape) if axis < 0 else axis
     k = te.reduce_axis((0, x.shape[axis]), name="k")
     rest = [d for i, d in enumerate(x.shape) if i != axis]
-    max_elem = te.compute(rest, lambda *i: te.max(x[tuple(i[:axis]) + (k,) + tuple(i[axis:])], axis=k),
-                          name="T_softmax_maxelem")
-    delta = te.compute(x.shape, lambda *i: x[i] - max_elem[tuple(v for j, v in enumerate(i) if j != axis)],
-                       name="T_softmax_delta")
+    result = te.compute(rest, lambda *i: reduce(x[tuple(i[:axis]) + (k,) + tuple(i[axis:])], axis=k), name=name)
+    return lambda i: result[tuple(v for j, v in enumerate(i) if j != axis)]
+
+
+def _softmax_exp(x, axis):
+    """exp(x - max(x)) along `axis`, NaN-preserving (a row holding a NaN is NaN, as in ONNX Runtime): softmax's
+    first kernel."""
+    from tvm import te, topi
+
+    max_elem = _along(x, axis, te.max, "T_softmax_maxelem")
+    delta = te.compute(x.shape, lambda *i: x[i] - max_elem(i), name="T_softmax_delta")
     return _keep_nan(topi.fast_exp)(delta)
 
 
 def _softmax_normalize(e, axis):
+    """e / sum(e) along `axis`: softmax's second kernel."""
     from tvm import te
 
-    axis = axis + len(e.shape) if axis < 0 else axis
-    k = te.reduce_axis((0, e.shape[axis]), name="k")
-    rest = [d for i, d in enumerate(e.shape) if i != axis]
-    total = te.compute(rest, lambda *i: te.sum(e[tuple(i[:axis]) + (k,) + tuple(i[axis:])], axis=k),
-                       name="T_softmax_expsum")
-    return te.compute(e.shape, lambda *i: e[i] / total[tuple(v for j, v in enumerate(i) if j != axis)],
-                      name="T_softmax_norm")
-
-
-def _fast_softmax(x, axis):
-    """topi.nn.fast_softmax with a NaN-preserving exp: a row holding a NaN is NaN, as in ONNX Runtime."""
-    from tvm import te, topi
-
-    axis = axis + len(x.shape) if axis < 0 else axis
-    k1, k2 = te.reduce_axis((0, x.shape[axis]), name="k"), te.reduce_axis((0, x.shape[axis]), name="k")
-    rest = [d for i, d in enumerate(x.shape) if i != axis]
-
-    def outer(idx):
-        return tuple(v for i, v in enumerate(idx) if i != axis)
-
-    def at(idx, k):
-        return tuple(idx[:axis]) + (k,) + tuple(idx[axis:])
-
-    max_elem = te.compute(rest, lambda *i: te.max(x[at(i, k1)], axis=k1), name="T_softmax_maxelem")
-    delta = te.compute(x.shape, lambda *i: x[i] - max_elem[outer(i)], name="T_softmax_delta")
-    exp = _keep_nan(topi.fast_exp)(delta)
-    expsum = te.compute(rest, lambda *i: te.sum(exp[at(i, k2)], axis=k2), name="T_softmax_expsum")
-    return te.compute(x.shape, lambda *i: exp[i] / expsum[outer(i)], name="T_softmax_norm")
+    total = _along(e, axis, te.sum, "T_softmax_expsum")
+    return te.compute(e.shape, lambda *i: e[i] / total(i), name="T_softmax_norm")
 
 
 def _relu(x):

@@ -23,9 +23,47 @@ NAME = "mlc_cpu"
 STACK_BYTES = 4096  # a tile's accumulators; far below a worker thread's stack
 
 
+def _map_bodies(stmt, visit):
+    """`stmt` with `visit` applied to the statements it holds (loops, sequences, attributes, branches); unchanged
+    nodes are returned as they are, so callers can tell by identity whether anything changed."""
+    from tvm import tirx
+
+    if isinstance(stmt, tirx.SeqStmt):
+        seq = [visit(s) for s in stmt.seq]
+        return stmt if all(a.same_as(b) for a, b in zip(seq, stmt.seq)) else tirx.SeqStmt(seq, stmt.span)
+    if isinstance(stmt, tirx.For):
+        body = visit(stmt.body)
+        return stmt if body.same_as(stmt.body) else tirx.For(
+            stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, stmt.annotations,
+            stmt.step, stmt.span)
+    if isinstance(stmt, tirx.AttrStmt):
+        body = visit(stmt.body)
+        return stmt if body.same_as(stmt.body) else tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, body, stmt.span)
+    if isinstance(stmt, tirx.IfThenElse):
+        then_case = visit(stmt.then_case)
+        else_case = visit(stmt.else_case) if stmt.else_case is not None else None
+        if then_case.same_as(stmt.then_case) and (else_case is None or else_case.same_as(stmt.else_case)):
+            return stmt
+        return tirx.IfThenElse(stmt.condition, then_case, else_case, stmt.span)
+    if isinstance(stmt, tirx.While):
+        body = visit(stmt.body)
+        return stmt if body.same_as(stmt.body) else tirx.While(stmt.condition, body, stmt.span)
+    return stmt  # leaves, and nodes without a statement body
+
+
+def _body_pass(rewrite, name: str):
+    """A PrimFunc pass applying the statement rewrite `rewrite` to each function's body."""
+    from tvm import tirx
+
+    def transform(func, _mod, _ctx):
+        body = rewrite(func.body)
+        return func if body.same_as(func.body) else func.with_body(body)
+
+    return tirx.transform.prim_func_pass(transform, opt_level=0, name=name)
+
+
 def _on_stack(stmt):
-    """`stmt` with its small constant-size "local" AllocBuffers annotated; unchanged nodes are
-    returned as they are (so callers can tell, by identity, whether anything changed)."""
+    """`stmt` with its small constant-size "local" AllocBuffers annotated."""
     from tvm import tirx
 
     if isinstance(stmt, tirx.AllocBuffer):
@@ -36,27 +74,7 @@ def _on_stack(stmt):
                 or _bytes(shape, buffer.dtype) > STACK_BYTES):
             return stmt
         return tirx.AllocBuffer(buffer, {**annotations, "disable_lower_builtin": tirx.IntImm("int32", 1)}, stmt.span)
-    if isinstance(stmt, tirx.SeqStmt):
-        seq = [_on_stack(s) for s in stmt.seq]
-        return stmt if all(a.same_as(b) for a, b in zip(seq, stmt.seq)) else tirx.SeqStmt(seq, stmt.span)
-    if isinstance(stmt, tirx.For):
-        body = _on_stack(stmt.body)
-        return stmt if body.same_as(stmt.body) else tirx.For(
-            stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, stmt.annotations,
-            stmt.step, stmt.span)
-    if isinstance(stmt, tirx.AttrStmt):
-        body = _on_stack(stmt.body)
-        return stmt if body.same_as(stmt.body) else tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, body, stmt.span)
-    if isinstance(stmt, tirx.IfThenElse):
-        then_case = _on_stack(stmt.then_case)
-        else_case = _on_stack(stmt.else_case) if stmt.else_case is not None else None
-        if then_case.same_as(stmt.then_case) and (else_case is None or else_case.same_as(stmt.else_case)):
-            return stmt
-        return tirx.IfThenElse(stmt.condition, then_case, else_case, stmt.span)
-    if isinstance(stmt, tirx.While):
-        body = _on_stack(stmt.body)
-        return stmt if body.same_as(stmt.body) else tirx.While(stmt.condition, body, stmt.span)
-    return stmt  # leaves, and nodes without a statement body
+    return _map_bodies(stmt, _on_stack)
 
 
 def _bytes(shape, dtype) -> int:
@@ -70,13 +88,7 @@ def _bytes(shape, dtype) -> int:
 
 def small_buffers_on_stack():
     """A PrimFunc pass: annotate small "local" buffers so LowerTVMBuiltin leaves them on the stack."""
-    from tvm import tirx
-
-    def transform(func, _mod, _ctx):
-        body = _on_stack(func.body)
-        return func if body.same_as(func.body) else func.with_body(body)
-
-    return tirx.transform.prim_func_pass(transform, opt_level=0, name="mlc.SmallBuffersOnStack")
+    return _body_pass(_on_stack, "mlc.SmallBuffersOnStack")
 
 
 def _conjuncts(cond):
@@ -187,38 +199,15 @@ def _row_tails(stmt):
 
     from mlc.compiler.schedule_rules import ROW_COUNT, ROW_TAIL
 
-    if isinstance(stmt, tirx.For):
-        if stmt.annotations and ROW_TAIL in stmt.annotations and ROW_COUNT in stmt.annotations:
-            return _split_row_tail(stmt)
-        body = _row_tails(stmt.body)
-        return stmt if body.same_as(stmt.body) else tirx.For(
-            stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, stmt.annotations,
-            stmt.step, stmt.span)
-    if isinstance(stmt, tirx.SeqStmt):
-        seq = [_row_tails(s) for s in stmt.seq]
-        return stmt if all(a.same_as(b) for a, b in zip(seq, stmt.seq)) else tirx.SeqStmt(seq, stmt.span)
-    if isinstance(stmt, tirx.AttrStmt):
-        body = _row_tails(stmt.body)
-        return stmt if body.same_as(stmt.body) else tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, body,
-                                                                  stmt.span)
-    if isinstance(stmt, tirx.IfThenElse):
-        then_case = _row_tails(stmt.then_case)
-        else_case = _row_tails(stmt.else_case) if stmt.else_case is not None else None
-        if then_case.same_as(stmt.then_case) and (else_case is None or else_case.same_as(stmt.else_case)):
-            return stmt
-        return tirx.IfThenElse(stmt.condition, then_case, else_case, stmt.span)
-    return stmt
+    if isinstance(stmt, tirx.For) and stmt.annotations and ROW_TAIL in stmt.annotations \
+            and ROW_COUNT in stmt.annotations:
+        return _split_row_tail(stmt)
+    return _map_bodies(stmt, _row_tails)
 
 
 def split_row_tails():
     """A PrimFunc pass (on flattened TIR, before vectorizing and unrolling): see the module docstring."""
-    from tvm import tirx
-
-    def transform(func, _mod, _ctx):
-        body = _row_tails(func.body)
-        return func if body.same_as(func.body) else func.with_body(body)
-
-    return tirx.transform.prim_func_pass(transform, opt_level=0, name="mlc.SplitRowTails")
+    return _body_pass(_row_tails, "mlc.SplitRowTails")
 
 
 def lowering_passes(config) -> list:
