@@ -203,6 +203,9 @@ def _count(module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
+EXPORTABLE_EXPERTS = "batched_mm"
+
+
 def _hf_config(entry: HFModel, transformers, extra: dict):
     cls = getattr(transformers, entry.config)
     kwargs = {k: v for k, v in entry.overrides.items() if k != "use_mems_eval"}
@@ -240,6 +243,11 @@ def _huggingface(entry: HFModel):
         config.use_mems_eval = False
     torch.manual_seed(SEED)
     model = model_cls(config).eval()
+    if getattr(config, "_experts_implementation", None) not in (None, "eager", EXPORTABLE_EXPERTS):
+        # MoE experts: transformers' default grouped_mm calls a custom op no ONNX exporter converts (and its
+        # offsets use histc); batched_mm computes the same with gathers and a bmm.
+        model.set_experts_implementation(EXPORTABLE_EXPERTS)
+        notes.append(f"MoE experts as {EXPORTABLE_EXPERTS} (the default grouped_mm does not export)")
     vocab = getattr(config, "vocab_size", 1000)
     ids = torch.randint(0, vocab, (1, SEQ))
     if entry.kind == "speech":

@@ -10,7 +10,8 @@ from typing import Optional
 
 import numpy as np
 
-ADDED = frozenset({"ReverseSequence", "Det", "ConvInteger", "QLinearConv", "Col2Im", "DeformConv", "TfIdfVectorizer"})
+ADDED = frozenset({"ReverseSequence", "Det", "DFT", "ConvInteger", "QLinearConv", "Col2Im", "DeformConv",
+                   "TfIdfVectorizer"})
 ML_DOMAIN = "ai.onnx.ml"
 ML_ADDED = frozenset({"ArrayFeatureExtractor", "Binarizer", "TreeEnsemble"})  # ops of the ai.onnx.ml domain
 ML_OPS = frozenset((ML_DOMAIN, op) for op in ML_ADDED)
@@ -110,6 +111,7 @@ def _converters() -> dict:
     return {
         "OneHot": converter("OneHot", _one_hot, onnx_frontend.OneHot),
         "EyeLike": converter("EyeLike", _eye_like, onnx_frontend.EyeLike),
+        "Expand": converter("Expand", _expand, onnx_frontend.Expand),
         "MaxPool": converter("MaxPool", _max_pool, onnx_frontend.MaxPool),
         "OptionalHasElement": converter("OptionalHasElement", _optional_has_element,
                                         onnx_frontend.OptionalHasElement),
@@ -117,6 +119,7 @@ def _converters() -> dict:
         "Squeeze": converter("Squeeze", _scalar_axes, onnx_frontend.Squeeze),
         "ReverseSequence": converter("ReverseSequence", _reverse_sequence),
         "Det": converter("Det", _det),
+        "DFT": converter("DFT", _dft),
         "ConvInteger": converter("ConvInteger", _conv_integer),
         "QLinearConv": converter("QLinearConv", _qlinear_conv),
         "Col2Im": converter("Col2Im", _col2im),
@@ -180,6 +183,43 @@ def _optional_has_element(bb, inputs, attr, params, tvm_impl):
     if len(inputs) == 0 or inputs[0] is None:
         return relax.const(False, "bool")
     return tvm_impl(bb, inputs, attr, params)
+
+
+def _expand(bb, inputs, attr, params, tvm_impl):
+    """Expand of an input with symbolic dims to a shape known at import: TVM 0.27 compares its shape lists with
+    `==` ("Cannot use and / or / not operator to Expr"; AllenaiLongformerBase's window padding) or reads `.value`
+    of each input dim. ONNX's bidirectional broadcast, right-aligned: a target 1 keeps the input's dim, an input 1
+    takes the target's."""
+    import tvm
+    from tvm import relax
+
+    data, shape = inputs[0], inputs[1]
+    known = _constant(shape, params)
+    if isinstance(shape, relax.ShapeExpr):
+        target = list(shape.values)
+    elif known is not None:
+        target = [tvm.tirx.IntImm("int64", int(v)) for v in known.reshape(-1)]
+    else:
+        return tvm_impl(bb, inputs, attr, params)
+    data_shape = list(data.ty.shape)
+    rank = max(len(data_shape), len(target))
+    data_shape = [tvm.tirx.IntImm("int64", 1)] * (rank - len(data_shape)) + data_shape
+    target = [tvm.tirx.IntImm("int64", 1)] * (rank - len(target)) + target
+
+    def one(dim) -> bool:
+        return isinstance(dim, tvm.tirx.IntImm) and dim.value == 1
+
+    out = [d if one(t) or (isinstance(t, tvm.tirx.IntImm) and t.value == -1) else t
+           for d, t in zip(data_shape, target)]
+    if len(out) == len(inputs[0].ty.shape) and all(a.same_as(b) for a, b in zip(out, data_shape)):
+        return data
+    pinned = [t if isinstance(t, tvm.tirx.IntImm) and not isinstance(d, tvm.tirx.IntImm) else d
+              for d, t in zip(data_shape, out)][rank - len(inputs[0].ty.shape):]
+    if any(not a.same_as(b) for a, b in zip(pinned, data.ty.shape)):
+        # A symbolic input dim meeting a constant target: TVM's broadcast reads it as that constant (a 1 there at
+        # run time would read past the input), so the run checks that it is: a clear error, not wrong values.
+        data = bb.match_cast(data, relax.TensorType(pinned, _dtype(data)))
+    return relax.op.broadcast_to(data, relax.ShapeExpr(out))
 
 
 def _max_pool(bb, inputs, attr, params, tvm_impl):
@@ -306,6 +346,55 @@ def _det(bb, inputs, attr, params, tvm_impl):
             a = bb.normalize(relax.op.concat([upper, lower], axis=-2))
         det = bb.normalize(det)
     return relax.op.squeeze(det, [-1])
+
+
+def _dft(bb, inputs, attr, params, tvm_impl):
+    """DFT along one axis of a known length, as two matmuls with cosine and sine matrices (exact to fp32
+    rounding, and fast at the lengths models use: FNet's hidden size and sequence). Real input [..., 1] or
+    complex [..., 2]; onesided keeps the first L // 2 + 1 frequencies; dft_length L zero-pads or truncates."""
+    from tvm import relax
+
+    x = inputs[0]
+    shape = _static_shape(x)
+    axis_input = _constant(_optional_input(inputs, 2), params)  # opset 20; opset 17 has the attribute
+    axis = int(axis_input) if axis_input is not None else int(attr.get("axis", 1))
+    if shape is None or shape[-1] not in (1, 2):
+        raise NotImplementedError("DFT needs a static [..., 1 or 2] input")
+    rank = len(shape)
+    axis = axis + rank if axis < 0 else axis
+    n = shape[axis]
+    given = _constant(_optional_input(inputs, 1), params)
+    if _optional_input(inputs, 1) is not None and given is None:
+        raise NotImplementedError("DFT needs dft_length known at import")
+    length = int(given) if given is not None else n
+    inverse, onesided = int(attr.get("inverse", 0)), int(attr.get("onesided", 0))
+    if onesided and shape[-1] == 2:
+        raise NotImplementedError("DFT onesided needs a real input")
+    k = length // 2 + 1 if onesided else length
+    dtype = _dtype(x)
+    rows, columns = np.arange(n)[:, None], np.arange(k)[None, :]
+    theta = 2 * np.pi * (rows * columns % length) / length  # the remainder keeps large products exact
+    scale, sign = (1.0 / length, 1.0) if inverse else (1.0, -1.0)
+    kept = (rows < length).astype(np.float64)  # input rows past dft_length are cut off
+    cos = _array((np.cos(theta) * kept * scale).astype(dtype))
+    sin = _array((np.sin(theta) * kept * scale * sign).astype(dtype))  # e^{sign i theta} = cos + i sign sin
+
+    # signal axis last, channels (re, im) dropped: [..., n]
+    order = [d for d in range(rank - 1) if d != axis] + [axis]
+    back = list(np.argsort(order)) + [rank - 1]
+
+    def part(i):
+        taken = relax.op.squeeze(relax.op.strided_slice(x, [rank - 1], [i], [i + 1]), [rank - 1])
+        return relax.op.permute_dims(taken, order)
+
+    re = part(0)
+    out_re, out_im = relax.op.matmul(re, cos), relax.op.matmul(re, sin)
+    if shape[-1] == 2:  # (re + i im)(cos + i sign sin)
+        im = part(1)
+        out_re = relax.op.subtract(out_re, relax.op.matmul(im, sin))
+        out_im = relax.op.add(out_im, relax.op.matmul(im, cos))
+    stacked = relax.op.stack([out_re, out_im], axis=rank - 1)  # [..., k, 2] with the signal axis at rank - 2
+    return relax.op.permute_dims(stacked, [int(d) for d in back])
 
 
 def _integer_conv(bb, x, x_zero, w, w_zero, attr):
