@@ -584,12 +584,16 @@ def bench_cmd(
     output: Path = typer.Option(..., "--output", "-o", help="The results JSON to write (rewritten after every cell)."),
     targets: str = typer.Option("x86", "--targets", "-t",
                                 help="mlc targets, comma-separated; 'none' for baselines only."),
+    precision: str = typer.Option("fp32", "--precision",
+                                  help="mlc builds per target, comma-separated: fp32, bf16 (CPUs with AVX512-BF16), "
+                                       "fp16 (CUDA); reduced precisions are judged by the accuracy gate."),
     batch: str = typer.Option("1", "--batch", help="Batch sizes, comma-separated."),
     seq: str = typer.Option("128", "--seq", help="Sequence lengths, comma-separated (models without one ignore it)."),
     threads: str = typer.Option("1", "--threads", help="CPU thread counts, comma-separated; all: every usable core."),
     baselines: str = typer.Option("torch,ort", "--baselines", "-b",
-                                  help="Baselines, comma-separated: torch, torch-compile, torchscript, ort, tf, "
-                                       "tf-graph, paddle, paddle-static; 'none' for mlc only."),
+                                  help="Baselines, comma-separated: torch, torch-compile, torchscript, ort, "
+                                       "openvino, openvino-default, tf, tf-graph, paddle, paddle-static; 'none' for "
+                                       "mlc only."),
     warmup: int = typer.Option(3, help="Untimed runs per cell."),
     repeat: int = typer.Option(20, help="Timed runs per cell."),
     framework: Optional[str] = typer.Option(None, "--framework", "-f",
@@ -620,6 +624,7 @@ def bench_cmd(
 
     config = bench.BenchConfig(
         models=bench.pick_models(models, suite, suite_models), suite=suite, targets=listed("--targets", targets),
+        precisions=bench.parse_list("--precision", precision),
         batch=bench.parse_ints("--batch", batch), seq=bench.parse_ints("--seq", seq),
         threads=bench.parse_ints("--threads", threads), baselines=listed("--baselines", baselines),
         warmup=warmup, repeat=repeat, framework=framework, db=db, cell_timeout=cell_timeout,

@@ -190,7 +190,7 @@ def test_matrix_records_failures_and_goes_on(monkeypatch, tmp_path):
             raise bench.CellError("torch crashed")
         return {"ok": True, "latency_ms": {"p50": 1.0}, "accuracy": {"passed": True}, "peak_rss_mb": 1.0}
 
-    def fake_compile(source, framework, target, shapes, dest, db):
+    def fake_compile(source, framework, target, precision, shapes, dest, db):
         if source == "zoo:bert-tiny":
             raise RuntimeError("TVM exploded")
         return {"artifact": str(dest), "compile_s": 1.0, "compile_breakdown_s": {}, "tuning_s": None,
@@ -219,6 +219,7 @@ def test_matrix_records_failures_and_goes_on(monkeypatch, tmp_path):
     (["--models", "mlp", "--threads", "0"], "--threads '0': '0' is not a whole number >= 1"),
     (["--models", "mlp", "--targets", "z80"], "z80"),
     (["--models", "mlp", "--repeat", "0"], "--repeat >= 1"),
+    (["--models", "mlp", "--precision", "fp32,int4"], "--precision int4: choose one of fp32, bf16"),
     (["--models", "mlp", "--cell-timeout", "0"], "--cell-timeout must be a number of seconds > 0"),
     (["--models", "mlp", "--db", "no-such-tuning-db/"], "does not exist; run `mlc tune"),
 ])
@@ -350,3 +351,24 @@ def test_worker_timeout_stops_the_worker_and_its_children(tmp_path, monkeypatch)
         time.sleep(0.1)
     else:
         raise AssertionError(f"grandchild {pid} survived the timeout")
+
+
+@pytest.mark.skipif(not targets.has_bf16_dot(targets.resolve("x86")), reason="the host has no bf16 dot instructions")
+def test_bench_precision_builds_are_judged_by_the_gate(tmp_path):
+    """`--precision fp32,bf16`: one mlc build per precision, the bf16 cell judged by the accuracy gate, and the report
+    labels its backend and precision."""
+    path = tmp_path / "r.json"
+    proc = run_mlc("bench", "--models", "mlp", "--batch", "1", "--threads", "1", "--baselines", "none",
+                   "--precision", "fp32,bf16", "--warmup", "1", "--repeat", "3", "-o", path)
+    assert proc.returncode == 0, proc.stderr
+    cells = {c["precision"]: c for c in json.loads(path.read_text())["cells"]}
+    assert set(cells) == {"fp32", "bf16"} and all(c["status"] == "ok" for c in cells.values())
+    assert "gate" not in cells["fp32"]["accuracy"] and cells["fp32"]["accuracy"]["max_abs_error"] < 1e-4
+    gate = cells["bf16"]["accuracy"]["gate"]
+    assert cells["bf16"]["accuracy"]["passed"] and gate["precision"] == "bf16"
+    assert 0 < gate["outputs"][0]["max_abs_error"]  # bf16 moved the outputs, within the gate
+    out = tmp_path / "report.html"
+    assert run_mlc("report", path, "-o", out).returncode == 0
+    rows = {r["backend"]: r for r in _table(_parse(out), "machine", "max abs err")}
+    assert rows["mlc@x86 bf16"]["precision"] == "bf16" and rows["mlc@x86 bf16"]["result"] == "pass (gate)"
+    assert rows["mlc@x86"]["result"] == "pass"

@@ -26,10 +26,10 @@ def suite_run(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("suite") / "hf.json"
     real = matrix._compile_mlc
 
-    def compile_or_fail(source, framework, target, shapes, dest, db):
+    def compile_or_fail(source, framework, target, precision, shapes, dest, db):
         if FAILING in str(dest):
             raise CompilerError("TVM's ONNX importer cannot convert a Frobnicate node", stage="import")
-        return real(source, framework, target, shapes, dest, db)
+        return real(source, framework, target, precision, shapes, dest, db)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(suites.TINY_ENV, "1")  # the cells' child processes inherit it

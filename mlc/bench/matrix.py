@@ -36,6 +36,7 @@ Progress = Callable[[int, int, str], None]
 class BenchConfig:
     models: list[str]
     targets: list[str] = field(default_factory=lambda: ["x86"])
+    precisions: list[str] = field(default_factory=lambda: ["fp32"])  # mlc builds per target (--precision)
     batch: list[int] = field(default_factory=lambda: [1])
     seq: list[int] = field(default_factory=lambda: [128])
     threads: list[int] = field(default_factory=lambda: [1])
@@ -106,6 +107,12 @@ def validate(config: BenchConfig) -> None:
         baselines.get(name)
     for name in config.targets:
         targets.resolve(name)
+    from mlc.pipeline.compile import check_precision, precision_supported
+
+    for precision in config.precisions:
+        check_precision(precision)
+        for name in config.targets:
+            precision_supported(targets.resolve(name), precision, emulated=False)
     if config.warmup < 0 or config.repeat < 1:
         raise InputError("--warmup must be >= 0 and --repeat >= 1")
     if config.cell_timeout is not None and not config.cell_timeout > 0:
@@ -118,12 +125,24 @@ def validate(config: BenchConfig) -> None:
         check_db_dir(Path(config.db), create=False)
 
 
-def _compile_mlc(source: str, framework: str, target: str, shapes: dict[str, list[int]], dest: Path,
+def mlc_builds(config: BenchConfig) -> list[str]:
+    """mlc's builds per shape: TARGET at fp32, TARGET/PRECISION otherwise (the part after `mlc@` in a backend)."""
+    return [t if p == "fp32" else f"{t}/{p}" for t in config.targets for p in config.precisions]
+
+
+def split_build(build: str) -> tuple[str, str]:
+    target, _, precision = build.partition("/")
+    return target, precision or "fp32"
+
+
+def _compile_mlc(source: str, framework: str, target: str, precision: str, shapes: dict[str, list[int]], dest: Path,
                  db: Optional[str]) -> dict:
-    """Compile once for a (model, target, shape): the artifact and what the cells report of it."""
+    """Compile once for a (model, target, precision, shape): the artifact and what the cells report of it."""
     from mlc import api
 
     options = {"db": db} if db is not None else {}
+    if precision != "fp32":
+        options["precision"] = precision
     start = time.perf_counter()
     result = api.compile(source, target=target, output=dest, framework=framework,
                          input_shapes=[f"{n}:{'x'.join(map(str, s))}" for n, s in shapes.items()], **options)
@@ -148,7 +167,7 @@ def run(config: BenchConfig, output: Optional[Path] = None, progress: Optional[P
         doc["suite"] = {"name": config.suite, "tiny": suites.tiny(), "models": {}}
     cells: list[dict] = doc["cells"]
     tell = progress or (lambda done, total, what: None)
-    backends = config.baselines + [f"{MLC}@{t}" for t in config.targets]
+    backends = config.baselines + [f"{MLC}@{b}" for b in mlc_builds(config)]
     per_model = len(config.batch) * len(config.seq) * len(config.threads) * len(backends)
     total = per_model * len(config.models)
 
@@ -199,21 +218,22 @@ def run(config: BenchConfig, output: Optional[Path] = None, progress: Optional[P
             for shape in shapes:
                 base = {"model": name, "batch": shape["batch"], "seq": shape["seq"]}
                 artifacts: dict[str, dict] = {}
-                for target in config.targets:
-                    tell(len(cells), total, f"{where} {_label(shape)}: mlc compiling for {target}")
+                for build in mlc_builds(config):
+                    target, precision = split_build(build)
+                    tell(len(cells), total, f"{where} {_label(shape)}: mlc compiling for {target} at {precision}")
                     failure = main.get("skip") or main.get("error") or shape.get("error")
                     if failure:
-                        artifacts[target] = {"error": failure}
+                        artifacts[build] = {"error": failure}
                         continue
                     # Suite models compile from the ONNX graph prepare exported (one export per model, and the
                     # cells check it against the eager outputs); zoo models from their framework, as users do.
                     model_source, model_fw = ((str(main["dir"] / "model.onnx"), "onnx") if config.suite
                                               else (source, source_fw))
                     try:
-                        artifacts[target] = _compile_mlc(model_source, model_fw, target, shape["shapes"],
-                                                         workdir / f"{_safe(name)}-{shape['key']}-{target}", config.db)
+                        artifacts[build] = _compile_mlc(model_source, model_fw, target, precision, shape["shapes"],
+                                                        workdir / _safe(f"{name}-{shape['key']}-{build}"), config.db)
                     except Exception as e:  # noqa: BLE001 - recorded in the cells; the matrix goes on
-                        artifacts[target] = {"error": f"mlc compile failed: {error_text(e)}",
+                        artifacts[build] = {"error": f"mlc compile failed: {error_text(e)}",
                                              "stage": _compile_stage(e)}
                 model_cells = []
                 for threads in config.threads:
@@ -296,14 +316,15 @@ def _label(shape: dict) -> str:
 def _cell(config: BenchConfig, model: str, source: str, source_fw: str, backend: str, shape: dict, threads: int,
           prepared: dict, artifacts: dict, workdir: Path, base: dict) -> dict:
     is_mlc = backend.startswith(f"{MLC}@")
-    target = backend.partition("@")[2] if is_mlc else None
+    build = backend.partition("@")[2] if is_mlc else None
+    target, precision = split_build(build) if is_mlc else (None, None)
     if is_mlc:
         framework = source_fw
     else:
         fw = baselines.get(backend).framework
         framework = source_fw if fw == baselines.ONNX_EXPORT else fw
     cell = {**base, "threads": threads, "backend": MLC if is_mlc else backend, "target": target,
-            "framework": framework, "status": "ok"}
+            "framework": framework, "status": "ok", **({"precision": precision} if is_mlc else {})}
     info = prepared.get(framework, {})
     entry = next((s for s in info.get("shapes", []) if s["key"] == shape["key"]), None)
     reason = info.get("skip")
@@ -313,7 +334,7 @@ def _cell(config: BenchConfig, model: str, source: str, source_fw: str, backend:
     if entry is None and not failure:
         failure = f"{framework} has no input of this shape (its symbolic dims: {', '.join(info.get('symbolic', []))})"
     if is_mlc and not failure:
-        compiled = artifacts[target]
+        compiled = artifacts[build]
         failure = compiled.get("error")
         if not failure:
             cell.update({k: compiled[k] for k in ("compile_s", "compile_breakdown_s", "tuning_s", "artifact_bytes",
@@ -328,7 +349,7 @@ def _cell(config: BenchConfig, model: str, source: str, source_fw: str, backend:
            "feeds": str(info["dir"] / f"feeds-{shape['key']}.npz"),
            "reference": str(info["dir"] / f"reference-{shape['key']}.npz"),
            "onnx": str(info["dir"] / "model.onnx"), "inputs": info["inputs"],
-           "artifact": artifacts[target]["artifact"] if is_mlc else None,
+           "artifact": artifacts[build]["artifact"] if is_mlc else None,
            "scratch": str(workdir / f"scratch-{model}-{shape['key']}-{threads}-{backend}")}
     tag = re.sub(r"[^\w.-]", "_", f"{model}-{shape['key']}-t{threads}-{backend}")
     try:

@@ -68,7 +68,11 @@ def machine_label(machine: dict) -> str:
 
 
 def backend_label(cell: dict) -> str:
-    return f"mlc@{cell['target']}" if cell["backend"] == "mlc" else cell["backend"]
+    """mlc@TARGET, with its precision where it is not fp32 (`mlc bench --precision`); a baseline's name."""
+    if cell["backend"] != "mlc":
+        return cell["backend"]
+    precision = cell.get("precision", "fp32")
+    return f"mlc@{cell['target']}" + ("" if precision == "fp32" else f" {precision}")
 
 
 def shape_label(cell: dict) -> str:
@@ -205,8 +209,8 @@ def _speedup_section(cells: list[dict]) -> Optional[Section]:
 
 
 def _accuracy_section(cells: list[dict]) -> Section:
-    table = Table(["machine", "model", "shape", "threads", "backend", "reference", "max abs err", "result",
-                   "p90 ms", "p99 ms", "mean ms", "load"], [])
+    table = Table(["machine", "model", "shape", "threads", "backend", "precision", "reference", "max abs err",
+                   "result", "p90 ms", "p99 ms", "mean ms", "load"], [])
     for c in cells:
         if c["status"] != "ok":
             continue
@@ -214,18 +218,20 @@ def _accuracy_section(cells: list[dict]) -> Section:
         lat = c.get("latency_ms") or {}
         emulated = bool(c.get("emulated"))
         err = acc.get("max_abs_error")
+        gated = "gate" in acc
         table.rows.append([c["machine"], c["model"], shape_label(c), str(c["threads"]), backend_label(c),
-                           c.get("reference", ""), "–" if err is None else f"{err:.2e}",
-                           "pass" if acc.get("passed") else "FAIL",
+                           c.get("precision", "fp32"), c.get("reference", ""), "–" if err is None else f"{err:.2e}",
+                           ("pass" if acc.get("passed") else "FAIL") + (" (gate)" if gated else ""),
                            *([EMULATED] * 3 if emulated
                              else [_ms(lat.get("p90")), _ms(lat.get("p99")), _ms(lat.get("mean"))]),
                            f"{c['load_average']:.1f}" if c.get("load_average") is not None else "–"])
         if not acc.get("passed"):
-            table.bold.add((len(table.rows) - 1, 7))
+            table.bold.add((len(table.rows) - 1, 8))
     return Section("Accuracy against the framework's eager outputs", [
         "Each backend's outputs on the same seeded inputs, against the eager outputs of the framework the model "
-        "was built in (fp32 tolerance atol 1e-4, rtol 1e-3). 'load': the machine's 1-minute load average when the "
-        "cell finished."], [table])
+        "was built in (fp32 tolerance atol 1e-4, rtol 1e-3). A cell that ran at a reduced precision (bf16, fp16: "
+        "mlc's `--precision` builds, OpenVINO's default on CPUs with bf16) is judged by mlc's accuracy gate instead: "
+        "'(gate)'. 'load': the machine's 1-minute load average when the cell finished."], [table])
 
 
 def _compile_section(cells: list[dict]) -> Optional[Section]:
