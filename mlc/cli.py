@@ -605,11 +605,11 @@ def bench_cmd(
                                                       "as failed."),
     lengths: Optional[str] = typer.Option(None, "--lengths", help="Instead of the matrix: run one model over a "
                                           "sentence-length distribution (cola-like), batch 1, comparing dynamic, "
-                                          "buckets, static, ort and torch (seed 002)."),
+                                          "buckets, static, ort, openvino and torch (seed 002)."),
     sentences: int = typer.Option(200, "--sentences", help="With --lengths: how many sentences."),
     buckets: str = typer.Option("8,16,32,64", "--buckets", help="With --lengths: the buckets strategy's sizes."),
     strategies: Optional[str] = typer.Option(None, "--strategies", help="With --lengths: which of dynamic, buckets, "
-                                             "static, ort, torch (default: all)."),
+                                             "static, ort, openvino, torch (default: all)."),
 ) -> None:
     """Benchmark zoo models: mlc per target side by side with framework baselines, per shape and thread count.
 

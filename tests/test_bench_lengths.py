@@ -23,13 +23,13 @@ def test_cola_like_distribution():
 def test_tiny_lengths_run(tmp_path):
     out = tmp_path / "lengths.json"
     proc = run_mlc("bench", "--models", "bert-tiny", "--lengths", "cola-like", "--sentences", "3", "--buckets", "16",
-                   "--strategies", "dynamic,buckets,static,ort,torch", "-o", out)
+                   "--strategies", "dynamic,buckets,static,ort,openvino,torch", "-o", out)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(out.read_text())
     run = doc["lengths"]
     assert doc["machine"]["cpu"] and run["lengths"] == lengths.cola_like(3)
     rows = {r["strategy"]: r for r in run["strategies"]}
-    assert list(rows) == ["dynamic", "buckets", "static", "ort", "torch"]
+    assert list(rows) == ["dynamic", "buckets", "static", "ort", "openvino", "torch"]
     for row in rows.values():
         assert row["status"] == "ok", row
         assert row["accuracy"]["passed"] and len(row["run_ms"]) == 3 and row["run_total_s"] > 0

@@ -395,9 +395,9 @@ def _lengths_sections(docs: list[dict]) -> list[Section]:
                 f"p90 {st['p90']:g}, {st['distinct']} distinct. Batch 1, one sentence at a time, {run['threads']} "
                 f"thread(s), target {run['target']}; each distinct length runs once untimed first (checked against "
                 f"eager), then every sentence once, timed. Buckets: {', '.join(map(str, run['buckets']))}. Compile "
-                f"times exclude the one ONNX export all strategies share ({_s(run.get('export_s'))} s); ORT's is its "
-                "session creation. Padding waste: padded tokens / tokens run. Artifact MiB: the artifact directories, "
-                "each with its own copy of the TVM runtime."]
+                f"times exclude the one ONNX export all strategies share ({_s(run.get('export_s'))} s); ORT's and "
+                "OpenVINO's are their session creation and model compile. Padding waste: padded tokens / tokens run. "
+                "Artifact MiB: the artifact directories, each with its own copy of the TVM runtime."]
         table = Table(_LENGTHS_HEADER, _lengths_rows(run))
         parts: list = [table]
         ok = [r for r in run["strategies"] if r["status"] == "ok"]

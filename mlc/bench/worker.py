@@ -217,6 +217,16 @@ def sequence(request: dict) -> dict:
 
         session = ort_session(folder / MODEL, request["threads"])
         call = lambda n: dict(zip(request["outputs"], session.run(None, feeds[n])))  # noqa: E731
+    elif backend == "openvino":  # fp32 (INFERENCE_PRECISION_HINT f32), the dynamic export as it is
+        from mlc.bench.baselines import openvino_model
+
+        compiled, _ = openvino_model(folder / MODEL, request["threads"], "f32")
+        infer = compiled.create_infer_request()
+        wanted = {name for port in compiled.inputs for name in port.get_names()}
+
+        def call(n: int) -> dict:
+            results = infer.infer({k: v for k, v in feeds[n].items() if k in wanted})
+            return {name: np.asarray(results[port]) for name, port in zip(request["outputs"], compiled.outputs)}
     elif backend == "torch":
         import torch
 
