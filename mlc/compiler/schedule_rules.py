@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import math
 
+from mlc.compiler import int8_dot
+
 SCHEDULED = "tirx.is_scheduled"
 PARALLEL_MIN = 2048  # below this many output elements a thread pool launch costs more than it saves
 ROW_TILE = 4
@@ -134,7 +136,7 @@ def _inline_epilogue(sch, block) -> None:
             return
 
 
-def _pack_weights(sch, block, last, width: int, pairs: bool = False) -> None:
+def _pack_weights(sch, block, last, width: int, pairs: int = 0) -> None:
     """Constant inputs indexed by J last (a conv's HWIO or a dense layer's weight) are repacked
     so each tile's J slice is contiguous: [.., J] -> [J/width, .., width]. Rows of a power-of-two
     stride otherwise land in a few cache sets and a 512-channel conv's slice misses L2 (3x
@@ -163,10 +165,11 @@ def _pack_weights(sch, block, last, width: int, pairs: bool = False) -> None:
             if packer is None:
                 continue
         sch.annotate(packer, "meta_schedule.layout_rewrite_preproc", True)
-        if pairs:  # [.., K, J] -> [J/width, .., K/2, width, 2]: a lane's two K values side by side (vdpbf16ps)
+        if pairs:  # [.., K, J] -> [J/width, .., K/p, width, p]: a lane's p K values side by side (vdpbf16ps: 2,
+            # vpdpbusd: 4)
             sch.transform_layout(block, ("read", index),
-                                 lambda *idx: [idx[-1] // width, *idx[:-2], idx[-2] // 2, idx[-1] % width,
-                                               idx[-2] % 2])
+                                 lambda *idx: [idx[-1] // width, *idx[:-2], idx[-2] // pairs, idx[-1] % width,
+                                               idx[-2] % pairs])
         else:
             sch.transform_layout(block, ("read", index),
                                  lambda *idx: [idx[-1] // width, *idx[:-1], idx[-1] % width])
@@ -178,17 +181,20 @@ def _tile_shape(j_extent: int, row_extent, lanes: int) -> tuple[int, int]:
     return vectors, _divisor_at_most(row_extent, _registers(lanes) // vectors)
 
 
-def _pad_width(sch, block, spatial, n_reduction: int, lanes: int) -> bool:
+def _pad_width(sch, block, spatial, n_reduction: int, lanes: int, depth: int = 1) -> bool:
     """Zero-pad J (and the weight) to a multiple of the vector tile, so a 10001-wide vocabulary
     head runs the register tile with no tail (a predicated tail makes LLVM emit scalar code:
     80x slower). The padded columns are computed and dropped in the write-back. Rows are padded
     to the row tile too where it would leave a tail: TVM 0.27's reverse_compute_inline replaces
     the write-back's row bound with the unpadding block's column bound, so the last row tile
     would write past the output (heap corruption, seen as crashes far from here). Needs an
-    einsum (plain-index) block: a conv, whose input index is h*stride+r, keeps the tail rule."""
+    einsum (plain-index) block: a conv, whose input index is h*stride+r, keeps the tail rule. `depth`: the
+    innermost reduction's multiple (vpdpbusd's quads); J is then padded only if it needs it."""
     j_extent = _extent(sch, spatial[-1])
     multiple = 2 * lanes if j_extent >= 8 * lanes else lanes
-    factors = [1] * (len(spatial) - 1) + [multiple] + [1] * n_reduction
+    if depth > 1 and j_extent % lanes == 0:
+        multiple = 1
+    factors = [1] * (len(spatial) - 1) + [multiple] + [1] * (n_reduction - 1) + [depth]
     if len(spatial) > 1:
         row_extent = _extent(sch, spatial[-2])
         _, row_tile = _tile_shape(-(-j_extent // multiple) * multiple, row_extent, lanes)
@@ -290,7 +296,8 @@ def _bf16_dot_block(sch, block, reduction, lanes: int, target) -> bool:
         return False
 
 
-def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf16: bool = False) -> None:
+def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf16: bool = False,
+                            int8: bool = False) -> None:
     """out[M, J] += ... with J contiguous: a (rows x vectors) accumulator tile in registers,
     the reduction loops around it, blocks of J tiles outermost so their weight slices stay in
     cache while the rows stream past (each row tile visits the block's tiles in turn), epilogue
@@ -335,11 +342,12 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
         head += inner_panels
         serial = []
     pair = []
-    if bf16:  # the innermost reduction in pairs, the pair innermost: vdpbf16ps's operand layout
-        ko, ki = sch.split(reduction[-1], factors=[None, 2])
+    group = 2 if bf16 else int8_dot.QUAD if int8 else 0
+    if group:  # the innermost reduction in pairs (quads), innermost: vdpbf16ps's (vpdpbusd's) operand layout
+        ko, ki = sch.split(reduction[-1], factors=[None, group])
         reduction, pair = [*reduction[:-1], ko], [ki]
     sch.reorder(*head, *serial, *reduction, *([rows] if rows is not None else []), jv, ji, *pair)
-    _pack_weights(sch, block, last, vectors * lanes, pairs=bf16)
+    _pack_weights(sch, block, last, vectors * lanes, pairs=group)
     tile = sch.fuse(*head) if len(head) > 1 else head[0]
     # Annotate before decompose_reduction: the primitives need the block to still be a reduction.
     sch.parallel(tile)
@@ -358,7 +366,8 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
         sch.tensorize(ji, _bf16_intrinsic())
         sch.annotate(tile, "pragma_import_llvm", BF16_DOT_LLVM)
         return
-    sch.vectorize(ji)
+    if not int8:
+        sch.vectorize(ji)
     sch.decompose_reduction(block, reduction[0])
     if row_loop is not None:
         # The accumulator indexed by row % row_tile (injective within the tile, the only rows it holds at a
@@ -369,6 +378,8 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     if row_loop is not None and isinstance(row_count, tirx.Var):
         sch.annotate(row_loop, ROW_TAIL, row_tile)
         sch.annotate(row_loop, ROW_COUNT, row_count.name)  # a Var would be read as a schedule variable
+    if int8:
+        sch.tensorize(ji, int8_dot.vnni_intrinsic())
 
 
 def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None) -> None:
@@ -378,15 +389,19 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None) -> 
     last = stmt.iter_vars[n_spatial - 1].var
     j_extent = _extent(sch, spatial[-1])
     contiguous = _contiguous_last_axis(stmt, last)
-    if (contiguous and j_extent is not None and j_extent % lanes and j_extent >= 2 * lanes
-            and _pad_width(sch, block, spatial, len(reduction), lanes)):
+    int8 = target is not None and contiguous and int8_dot.vnni_dot_block(sch, block, target, lanes)
+    depth = int8_dot.depth_padding(sch, reduction) if int8 else 1
+    int8 = int8 and depth > 0
+    if (contiguous and j_extent is not None and (j_extent % lanes and j_extent >= 2 * lanes or depth > 1)
+            and _pad_width(sch, block, spatial, len(reduction), lanes, depth)):
         loops = sch.get_loops(block)
         spatial, reduction = loops[:n_spatial], loops[n_spatial:]
         last = sch.get(block).iter_vars[n_spatial - 1].var
         j_extent = _extent(sch, spatial[-1])
     if j_extent is not None and j_extent % lanes == 0 and contiguous:
         bf16 = target is not None and _bf16_dot_block(sch, block, reduction, lanes, target)
-        _schedule_register_tile(sch, block, spatial, reduction, last, lanes, bf16)
+        int8 = int8 and int8_dot.depth_padding(sch, reduction) == 1
+        _schedule_register_tile(sch, block, spatial, reduction, last, lanes, bf16, int8)
         return
     if j_extent is not None and j_extent >= lanes and contiguous:
         jo, ji = sch.split(spatial[-1], factors=[None, lanes])
