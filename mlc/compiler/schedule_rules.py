@@ -181,25 +181,40 @@ def _tile_shape(j_extent: int, row_extent, lanes: int) -> tuple[int, int]:
     return vectors, _divisor_at_most(row_extent, _registers(lanes) // vectors)
 
 
-def _pad_width(sch, block, spatial, n_reduction: int, lanes: int, depth: int = 1) -> bool:
+def _row_tile(j_extent: int, row_extent, lanes: int, depths) -> int:
+    """The register tile's rows (`_tile_shape`), fewer where symbolic rows would alias in L1 (below)."""
+    _, row_tile = _tile_shape(j_extent, row_extent, lanes)
+    if row_extent is None and None not in depths and math.prod(depths) * 4 % 4096 == 0:
+        # Symbolic rows read `depth` floats apart: at a multiple of 4 KB every row of the tile maps to one
+        # L1 set, and more rows than the L1's ways (8) evict each other (bert-base's 3072 -> 768 layer:
+        # 12 rows 1.14-1.2x the time of 8).
+        row_tile = min(row_tile, L1_WAYS)
+    return row_tile
+
+
+def _pad_width(sch, block, spatial, n_reduction: int, lanes: int, depth: int = 0) -> bool:
     """Zero-pad J (and the weight) to a multiple of the vector tile, so a 10001-wide vocabulary
     head runs the register tile with no tail (a predicated tail makes LLVM emit scalar code:
     80x slower). The padded columns are computed and dropped in the write-back. Rows are padded
     to the row tile too where it would leave a tail: TVM 0.27's reverse_compute_inline replaces
     the write-back's row bound with the unpadding block's column bound, so the last row tile
     would write past the output (heap corruption, seen as crashes far from here). Needs an
-    einsum (plain-index) block: a conv, whose input index is h*stride+r, keeps the tail rule. `depth`: the
-    innermost reduction's multiple (vpdpbusd's quads); J is then padded only if it needs it."""
+    einsum (plain-index) block: a conv, whose input index is h*stride+r, keeps the tail rule. `depth` (vpdpbusd
+    tiles, which must have no tail): the innermost reduction's multiple; J is then padded only if it needs it."""
     j_extent = _extent(sch, spatial[-1])
     multiple = 2 * lanes if j_extent >= 8 * lanes else lanes
-    if depth > 1 and j_extent % lanes == 0:
+    if depth and j_extent % lanes == 0:
         multiple = 1
-    factors = [1] * (len(spatial) - 1) + [multiple] + [1] * (n_reduction - 1) + [depth]
+    factors = [1] * (len(spatial) - 1) + [multiple] + [1] * (n_reduction - 1) + [max(depth, 1)]
     if len(spatial) > 1:
         row_extent = _extent(sch, spatial[-2])
-        _, row_tile = _tile_shape(-(-j_extent // multiple) * multiple, row_extent, lanes)
+        depths = [_extent(sch, r) for r in sch.get_loops(block)[len(spatial):]]
+        depths[-1] = depths[-1] and -(-depths[-1] // factors[-1]) * factors[-1]
+        row_tile = _row_tile(-(-j_extent // multiple) * multiple, row_extent, lanes, depths)
         if row_extent is None or row_extent % row_tile:
             factors[len(spatial) - 2] = row_tile
+    if all(f == 1 for f in factors):
+        return True
     try:
         sch.pad_einsum(block, factors)
         return True
@@ -306,13 +321,9 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
 
     row_extent = _extent(sch, spatial[-2]) if len(spatial) > 1 else 1
     row_count = sch.get(spatial[-2]).extent if len(spatial) > 1 else None
-    vectors, row_tile = _tile_shape(_extent(sch, spatial[-1]), row_extent, lanes)
+    vectors, _ = _tile_shape(_extent(sch, spatial[-1]), row_extent, lanes)
     depths = [_extent(sch, r) for r in reduction]
-    if row_extent is None and None not in depths and math.prod(depths) * 4 % 4096 == 0:
-        # Symbolic rows read `depth` floats apart: at a multiple of 4 KB every row of the tile maps to one
-        # L1 set, and more rows than the L1's ways (8) evict each other (bert-base's 3072 -> 768 layer:
-        # 12 rows 1.14-1.2x the time of 8).
-        row_tile = min(row_tile, L1_WAYS)
+    row_tile = _row_tile(_extent(sch, spatial[-1]), row_extent, lanes, depths)
     jo, jv, ji = sch.split(spatial[-1], factors=[None, vectors, lanes])
     panels = _panels_per_block(_extent(sch, jo), None if None in depths else math.prod(depths), vectors * lanes)
     inner_panels = []
@@ -378,7 +389,7 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     if row_loop is not None and isinstance(row_count, tirx.Var):
         sch.annotate(row_loop, ROW_TAIL, row_tile)
         sch.annotate(row_loop, ROW_COUNT, row_count.name)  # a Var would be read as a schedule variable
-    if int8:
+    if int8:  # the tile must have no predicate (TVM 0.27's tensorize rejects one): rows padded, `_pad_width`
         sch.tensorize(ji, int8_dot.vnni_intrinsic())
 
 
@@ -390,9 +401,9 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None) -> 
     j_extent = _extent(sch, spatial[-1])
     contiguous = _contiguous_last_axis(stmt, last)
     int8 = target is not None and contiguous and int8_dot.vnni_dot_block(sch, block, target, lanes)
-    depth = int8_dot.depth_padding(sch, reduction) if int8 else 1
+    depth = int8_dot.depth_padding(sch, reduction) if int8 else 0
     int8 = int8 and depth > 0
-    if (contiguous and j_extent is not None and (j_extent % lanes and j_extent >= 2 * lanes or depth > 1)
+    if (contiguous and j_extent is not None and (j_extent % lanes and j_extent >= 2 * lanes or int8)
             and _pad_width(sch, block, spatial, len(reduction), lanes, depth)):
         loops = sch.get_loops(block)
         spatial, reduction = loops[:n_spatial], loops[n_spatial:]
