@@ -83,3 +83,13 @@ def depth_padding(sch, reduction) -> int:
     if depth is None:
         return 0
     return 1 if depth % QUAD == 0 else QUAD
+
+
+def input_pads(sch, block) -> list:
+    """The blocks that `pad_einsum` put before `block` to copy a computed (not constant) input into its padded
+    shape: the activations, whose padding runs at inference (the weights' is folded at compile time)."""
+    attrs = sch.mod["main"].attrs
+    params = list(sch.mod["main"].params)
+    constant = [params[int(i)] for i in (attrs.get("layout_free_buffers", []) if attrs else [])]
+    return [p for p in sch.get_producers(block)
+            if not any(r.source.same_as(c) for r in sch.get(p).reads for c in constant)]

@@ -379,7 +379,9 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
         return
     if not int8:
         sch.vectorize(ji)
-    sch.decompose_reduction(block, reduction[0])
+    init = sch.decompose_reduction(block, reduction[0])
+    if int8:
+        sch.vectorize(sch.get_loops(init)[-1])
     if row_loop is not None:
         # The accumulator indexed by row % row_tile (injective within the tile, the only rows it holds at a
         # time): its compacted size is then row_tile rows, not min(rows, row_tile), a size known only at run
@@ -409,6 +411,8 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None) -> 
         spatial, reduction = loops[:n_spatial], loops[n_spatial:]
         last = sch.get(block).iter_vars[n_spatial - 1].var
         j_extent = _extent(sch, spatial[-1])
+        for pad in int8_dot.input_pads(sch, block) if int8 else []:  # a copy of the activations: vectorized
+            _schedule_spatial(sch, pad, lanes)
     if j_extent is not None and j_extent % lanes == 0 and contiguous:
         bf16 = target is not None and _bf16_dot_block(sch, block, reduction, lanes, target)
         int8 = int8 and int8_dot.depth_padding(sch, reduction) == 1
