@@ -48,10 +48,10 @@ def _ops(shape) -> int:
 
 def _peak() -> dict:
     """Ops/s per instruction, from peak.c (empty where gcc cannot build it)."""
-    binary = Path(tempfile.gettempdir()) / "mlc-int8-peak"
-    if not binary.exists():
+    with tempfile.TemporaryDirectory() as folder:
+        binary = Path(folder) / "peak"
         subprocess.run(["gcc", "-O2", "-mavx512f", str(HERE / "peak.c"), "-o", str(binary)], check=True)
-    out = subprocess.run([str(binary)], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run([str(binary)], capture_output=True, text=True, check=True).stdout
     return {line.split()[0]: float(line.split()[1]) for line in out.splitlines()}
 
 
@@ -112,8 +112,9 @@ def _mlc_kernel(shape, precision: str, target_json: dict):
 
 
 def _ort_kernel(shape, precision: str):
-    """ONNX Runtime, one thread: MatMulInteger / ConvInteger (u8 x s8) or MatMul / Conv (fp32); None if ORT
-    rejects the model."""
+    """ONNX Runtime, one thread: MatMulInteger / ConvInteger (int8: u8 x s8 -> int32), QLinearMatMul / QLinearConv
+    (qlinear: u8 x s8 -> u8, requantised: what ORT's quantize_static makes of a model) or MatMul / Conv (fp32); None
+    if ORT rejects the model."""
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
@@ -124,21 +125,29 @@ def _ort_kernel(shape, precision: str):
     else:
         _, h, w, c, o, kernel, stride = shape
         x_shape, w_shape = [1, c, h, w], [o, c, kernel, kernel]
-    if precision == "int8":
+    inputs, initializers = ["x", "w"], []
+    if precision in ("int8", "qlinear"):
         x = RNG.integers(0, 256, x_shape).astype(np.uint8)
         weight = RNG.integers(-128, 128, w_shape).astype(np.int8)
         op = "MatMulInteger" if shape[0] == "matmul" else "ConvInteger"
         in_type, out_type = TensorProto.UINT8, TensorProto.INT32
+        if precision == "qlinear":
+            op = "QLinearMatMul" if shape[0] == "matmul" else "QLinearConv"
+            out_type = TensorProto.UINT8
+            initializers = [numpy_helper.from_array(np.array(v, dtype), n) for n, v, dtype in (
+                ("xs", 0.02, np.float32), ("xz", 128, np.uint8), ("ws", 0.01, np.float32), ("wz", 0, np.int8),
+                ("ys", 2.0, np.float32), ("yz", 128, np.uint8))]
+            inputs = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"]
     else:
         x = RNG.standard_normal(x_shape).astype(np.float32)
         weight = (RNG.standard_normal(w_shape) * 0.05).astype(np.float32)
         op = "MatMul" if shape[0] == "matmul" else "Conv"
         in_type = out_type = TensorProto.FLOAT
     attrs = {} if shape[0] == "matmul" else {"pads": [shape[5] // 2] * 4, "strides": [shape[6]] * 2}
-    node = helper.make_node(op, ["x", "w"], ["y"], **attrs)
+    node = helper.make_node(op, inputs, ["y"], **attrs)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", in_type, x_shape)],
                               [helper.make_tensor_value_info("y", out_type, None)],
-                              initializer=[numpy_helper.from_array(weight, "w")])
+                              initializer=[numpy_helper.from_array(weight, "w"), *initializers])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
@@ -171,7 +180,7 @@ def main() -> None:
     for name in args.shapes.split(","):
         shape = SHAPES[name]
         backends = {f"mlc {p}": _mlc_kernel(shape, p, target_json) for p in ("fp32", "bf16", "int8")}
-        for precision in ("fp32", "int8"):
+        for precision in ("fp32", "int8", "qlinear"):
             kernel = _ort_kernel(shape, precision)
             if kernel is not None:
                 backends[f"ort {precision}"] = kernel
@@ -187,7 +196,7 @@ def main() -> None:
         peaks.append(_peak())
         medians = {b: float(np.median(t)) for b, t in times.items()}
         per_round = {f"{a} / mlc int8": float(np.median(np.array(times[a]) / np.array(times["mlc int8"])))
-                     for a in ("mlc fp32", "mlc bf16", "ort int8", "ort fp32") if a in times}
+                     for a in ("mlc fp32", "mlc bf16", "ort int8", "ort qlinear", "ort fp32") if a in times}
         row = {"shape": name, "ops": _ops(shape), "median_s": medians,
                "gops": {b: _ops(shape) / t / 1e9 for b, t in medians.items()}, "time_ratio_median_per_round": per_round}
         rows.append(row)
