@@ -43,11 +43,11 @@ def case():
 
     op = relax.op
     m = tvm.tirx.Var("m", "int64")
-    shapes = {"dense": (24, 66), "seq": (2, m, 64), "conv3": (1, 16, 11, 11), "conv1": (1, 32, 8, 8)}
+    shapes = {"dense": (24, 66), "seq": (2, m, 64), "conv3": (1, 16, 11, 11), "conv1": (1, 32, 8, 8), "wide": (8, 768)}
     params = [relax.Var(name, relax.TensorType(shape, "uint8")) for name, shape in shapes.items()]
     feeds = {name: RNG.integers(0, 256, [ROWS if not isinstance(d, int) else d for d in shape]).astype(np.uint8)
              for name, shape in shapes.items()}
-    weights = {"dense": (66, 37), "seq": (64, 96), "conv3": (32, 16, 3, 3), "conv1": (48, 32, 1, 1)}
+    weights = {"dense": (66, 37), "seq": (64, 96), "conv3": (32, 16, 3, 3), "conv1": (48, 32, 1, 1), "wide": (768, 100)}
     weights = {name: RNG.integers(-128, 128, shape).astype(np.int8) for name, shape in weights.items()}
     x = dict(zip(shapes, params))
     expected = {}
@@ -71,7 +71,11 @@ def case():
             expected["conv3"] = _numpy_epilogue(_conv_int64(feeds["conv3"], weights["conv3"], 2, 1), arrays, False)
             conv1 = bb.emit(op.nn.conv2d(x["conv1"], relax.const(weights["conv1"]), out_dtype="int32"))
             expected["conv1"] = _conv_int64(feeds["conv1"], weights["conv1"], 1, 0)
-            out = bb.emit_output(relax.Tuple([dense, seq, conv3, conv1]))
+            # 7 tiles of 16 columns, 768 deep: visited in blocks of 7 (a partial block of 5 would put a predicate on
+            # the tile, which tensorize rejects)
+            wide = bb.emit(op.matmul(x["wide"], relax.const(weights["wide"]), out_dtype="int32"))
+            expected["wide"] = feeds["wide"].astype(np.int64) @ weights["wide"].astype(np.int64)
+            out = bb.emit_output(relax.Tuple([dense, seq, conv3, conv1, wide]))
         bb.emit_func_output(out)
     return tvm, relax, bb.get(), feeds, expected
 
@@ -106,7 +110,7 @@ def test_int8_kernels_run_on_vpdpbusd_and_are_exact(case):
     kernels = rules.apply_default_schedules(schedules._legalize_and_fuse(mod, target), target)
     int8 = {gv.name_hint: f.script() for gv, f in kernels.functions_items()
             if isinstance(f, tvm.tirx.PrimFunc) and ("matmul" in gv.name_hint or "conv2d" in gv.name_hint)}
-    assert len(int8) == 4 and all("vpdpbusd" in text for text in int8.values()), list(int8)
+    assert len(int8) == 5 and all("vpdpbusd" in text for text in int8.values()), list(int8)
     executable, report = schedules.build(mod, target_json, None, True)
     assert not report["unscheduled"], report
     assert "vpdpbusd" in executable.mod.imports[0].inspect_source("asm")
@@ -130,3 +134,33 @@ def test_int8_kernels_without_vnni_use_the_int32_tile(case):
         _check(tvm, relax, executable, feeds, expected)
     _, report = schedules.build(mod, targets.resolve("graviton2").tvm, None, True)
     assert not report["unscheduled"], report
+
+
+def test_bf16_dense_with_symbolic_rows_runs_on_vdpbf16ps():
+    """The bf16 tile gets the same row padding (it had none: symbolic rows fell back to the fp32 tile), and a width
+    of 7 tiles visited whole; results within bf16 products' fp32 accumulation of float64."""
+    tvm = pytest.importorskip("tvm")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from tvm import relax
+
+    from mlc.compiler import schedules
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, tvm.tirx.Var("m", "int64"), 768), "bfloat16"))
+    w = RNG.standard_normal((768, 100)).astype(ml_dtypes.bfloat16)
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = relax.op.matmul(x, relax.const(w, "bfloat16"), out_dtype="float32")
+            out = bb.emit_output(bb.emit(relax.op.nn.relu(y)))
+        bb.emit_func_output(out)
+    executable, report = schedules.build(bb.get(), {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4",
+                                                    "num-cores": 1}, None, True)
+    assert not report["unscheduled"], report
+    assert "vdpbf16ps" in executable.mod.imports[0].inspect_source("asm")
+    from mlc import targets
+
+    if not targets.has_bf16_dot(targets.resolve("x86")):
+        pytest.skip("the host has no AVX512-BF16: built, not run")
+    feed = RNG.standard_normal((1, ROWS, 768)).astype(ml_dtypes.bfloat16)
+    got = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(feed)).numpy()
+    np.testing.assert_allclose(got, np.maximum(feed.astype(np.float64) @ w.astype(np.float64), 0), atol=2e-4)

@@ -326,6 +326,9 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     row_tile = _row_tile(_extent(sch, spatial[-1]), row_extent, lanes, depths)
     jo, jv, ji = sch.split(spatial[-1], factors=[None, vectors, lanes])
     panels = _panels_per_block(_extent(sch, jo), None if None in depths else math.prod(depths), vectors * lanes)
+    group = 2 if bf16 else int8_dot.QUAD if int8 else 0
+    if group and _extent(sch, jo) % panels:  # a partial last block puts a predicate on the tile: no tensorize
+        panels = max(d for d in range(1, panels + 1) if _extent(sch, jo) % d == 0)
     inner_panels = []
     if panels > 1:
         jo, inner = sch.split(jo, factors=[None, panels])
@@ -353,7 +356,6 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
         head += inner_panels
         serial = []
     pair = []
-    group = 2 if bf16 else int8_dot.QUAD if int8 else 0
     if group:  # the innermost reduction in pairs (quads), innermost: vdpbf16ps's (vpdpbusd's) operand layout
         ko, ki = sch.split(reduction[-1], factors=[None, group])
         reduction, pair = [*reduction[:-1], ko], [ki]
@@ -372,15 +374,10 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     if rows is not None:
         sch.unroll(rows)
     sch.unroll(jv)
-    if bf16:  # symbolic rows keep the predicated tile here (no tail split: untried with the intrinsic)
-        sch.decompose_reduction(block, reduction[0])
-        sch.tensorize(ji, _bf16_intrinsic())
-        sch.annotate(tile, "pragma_import_llvm", BF16_DOT_LLVM)
-        return
-    if not int8:
+    if not group:
         sch.vectorize(ji)
     init = sch.decompose_reduction(block, reduction[0])
-    if int8:
+    if group:
         sch.vectorize(sch.get_loops(init)[-1])
     if row_loop is not None:
         # The accumulator indexed by row % row_tile (injective within the tile, the only rows it holds at a
@@ -391,7 +388,11 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     if row_loop is not None and isinstance(row_count, tirx.Var):
         sch.annotate(row_loop, ROW_TAIL, row_tile)
         sch.annotate(row_loop, ROW_COUNT, row_count.name)  # a Var would be read as a schedule variable
-    if int8:  # the tile must have no predicate (TVM 0.27's tensorize rejects one): rows padded, `_pad_width`
+    # The dot-product tiles must have no predicate (TVM 0.27's tensorize rejects one): rows padded by `_pad_width`
+    if bf16:
+        sch.tensorize(ji, _bf16_intrinsic())
+        sch.annotate(tile, "pragma_import_llvm", BF16_DOT_LLVM)
+    if int8:
         sch.tensorize(ji, int8_dot.vnni_intrinsic())
 
 
@@ -405,13 +406,15 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None) -> 
     int8 = target is not None and contiguous and int8_dot.vnni_dot_block(sch, block, target, lanes)
     depth = int8_dot.depth_padding(sch, reduction) if int8 else 0
     int8 = int8 and depth > 0
-    if (contiguous and j_extent is not None and (j_extent % lanes and j_extent >= 2 * lanes or int8)
+    if target is not None and contiguous and not int8 and _bf16_dot_block(sch, block, reduction, lanes, target):
+        depth = 1  # vdpbf16ps: rows padded (an odd depth has no bf16 tile)
+    if (contiguous and j_extent is not None and (j_extent % lanes and j_extent >= 2 * lanes or depth)
             and _pad_width(sch, block, spatial, len(reduction), lanes, depth)):
         loops = sch.get_loops(block)
         spatial, reduction = loops[:n_spatial], loops[n_spatial:]
         last = sch.get(block).iter_vars[n_spatial - 1].var
         j_extent = _extent(sch, spatial[-1])
-        for pad in int8_dot.input_pads(sch, block) if int8 else []:  # a copy of the activations: vectorized
+        for pad in int8_dot.input_pads(sch, block) if depth else []:  # a copy of the activations: vectorized
             _schedule_spatial(sch, pad, lanes)
     if j_extent is not None and j_extent % lanes == 0 and contiguous:
         bf16 = target is not None and _bf16_dot_block(sch, block, reduction, lanes, target)
