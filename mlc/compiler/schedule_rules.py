@@ -11,6 +11,8 @@ give every kernel threads and SIMD:
   compile time); a J that is no multiple of the vector width is zero-padded to one (dense layers)
   or gets a 4 x vector-width tile with a tail (convs); each row tile visits a block of J tiles
   whose weights fit in L2, so big outputs are written in long runs;
+- int8 (uint8 x int8 -> int32) and bf16 tiles run on AVX512-VNNI's vpdpbusd (mlc.compiler.int8_dot) and
+  AVX512-BF16's vdpbf16ps where the target has them, with rows padded to the tile (tensorize takes no predicate);
 - other reductions (softmax, layer norm, A x B^T): parallel over the spatial loops;
 - a concatenation's computed inputs stay blocks of their own (inlined, they would run once per
   output element).
