@@ -216,7 +216,7 @@ def _pad_width(sch, block, spatial, n_reduction: int, lanes: int, depth: int = 0
         if row_extent is None or row_extent % row_tile:
             factors[len(spatial) - 2] = row_tile
     if all(f == 1 for f in factors):
-        return True
+        return False  # nothing to pad
     try:
         sch.pad_einsum(block, factors)
         return True
