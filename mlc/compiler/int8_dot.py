@@ -43,7 +43,8 @@ def vnni_intrinsic() -> str:
         with T.sblock("root"):
             T.reads(C[0:16], A[0:4], B[0:16, 0:4])
             T.writes(C[0:16])
-            # LLVM 22 declares the operands <16 x i32>, <64 x i8>, <64 x i8> (older LLVMs: three <16 x i32>)
+            # The LLVM 22 that TVM 0.27 links declares (<16 x i32>, <64 x i8>, <64 x i8>) -> <16 x i32> (checked in
+            # the emitted IR); older LLVMs took three <16 x i32>, which is what TVM's own intrinsic passes
             C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
                 "int32x16", T.llvm_lookup_intrinsic_id(VNNI_LLVM), C.vload([0], dtype="int32x16"),
                 T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 16),
