@@ -11,6 +11,8 @@ give every kernel threads and SIMD:
   compile time); a J that is no multiple of the vector width is zero-padded to one (dense layers)
   or gets a 4 x vector-width tile with a tail (convs); each row tile visits a block of J tiles
   whose weights fit in L2, so big outputs are written in long runs;
+- int8 (uint8 x int8 -> int32) and bf16 tiles run on AVX512-VNNI's vpdpbusd (mlc.compiler.int8_dot) and
+  AVX512-BF16's vdpbf16ps where the target has them, with rows padded to the tile (tensorize takes no predicate);
 - other reductions (softmax, layer norm, A x B^T): parallel over the spatial loops;
 - a concatenation's computed inputs stay blocks of their own (inlined, they would run once per
   output element).
@@ -21,6 +23,8 @@ kernel a rule cannot handle is left unscheduled. Imports tvm."""
 from __future__ import annotations
 
 import math
+
+from mlc.compiler import int8_dot
 
 SCHEDULED = "tirx.is_scheduled"
 PARALLEL_MIN = 2048  # below this many output elements a thread pool launch costs more than it saves
@@ -134,7 +138,7 @@ def _inline_epilogue(sch, block) -> None:
             return
 
 
-def _pack_weights(sch, block, last, width: int, pairs: bool = False) -> None:
+def _pack_weights(sch, block, last, width: int, pairs: int = 0) -> None:
     """Constant inputs indexed by J last (a conv's HWIO or a dense layer's weight) are repacked
     so each tile's J slice is contiguous: [.., J] -> [J/width, .., width]. Rows of a power-of-two
     stride otherwise land in a few cache sets and a 512-channel conv's slice misses L2 (3x
@@ -163,10 +167,11 @@ def _pack_weights(sch, block, last, width: int, pairs: bool = False) -> None:
             if packer is None:
                 continue
         sch.annotate(packer, "meta_schedule.layout_rewrite_preproc", True)
-        if pairs:  # [.., K, J] -> [J/width, .., K/2, width, 2]: a lane's two K values side by side (vdpbf16ps)
+        if pairs:  # [.., K, J] -> [J/width, .., K/p, width, p]: a lane's p K values side by side (vdpbf16ps: 2,
+            # vpdpbusd: 4)
             sch.transform_layout(block, ("read", index),
-                                 lambda *idx: [idx[-1] // width, *idx[:-2], idx[-2] // 2, idx[-1] % width,
-                                               idx[-2] % 2])
+                                 lambda *idx: [idx[-1] // width, *idx[:-2], idx[-2] // pairs, idx[-1] % width,
+                                               idx[-2] % pairs])
         else:
             sch.transform_layout(block, ("read", index),
                                  lambda *idx: [idx[-1] // width, *idx[:-1], idx[-1] % width])
@@ -178,22 +183,40 @@ def _tile_shape(j_extent: int, row_extent, lanes: int) -> tuple[int, int]:
     return vectors, _divisor_at_most(row_extent, _registers(lanes) // vectors)
 
 
-def _pad_width(sch, block, spatial, n_reduction: int, lanes: int) -> bool:
+def _row_tile(j_extent: int, row_extent, lanes: int, depths) -> int:
+    """The register tile's rows (`_tile_shape`), fewer where symbolic rows would alias in L1 (below)."""
+    _, row_tile = _tile_shape(j_extent, row_extent, lanes)
+    if row_extent is None and None not in depths and math.prod(depths) * 4 % 4096 == 0:
+        # Symbolic rows read `depth` floats apart: at a multiple of 4 KB every row of the tile maps to one
+        # L1 set, and more rows than the L1's ways (8) evict each other (bert-base's 3072 -> 768 layer:
+        # 12 rows 1.14-1.2x the time of 8).
+        row_tile = min(row_tile, L1_WAYS)
+    return row_tile
+
+
+def _pad_width(sch, block, spatial, n_reduction: int, lanes: int, depth: int = 0) -> bool:
     """Zero-pad J (and the weight) to a multiple of the vector tile, so a 10001-wide vocabulary
     head runs the register tile with no tail (a predicated tail makes LLVM emit scalar code:
     80x slower). The padded columns are computed and dropped in the write-back. Rows are padded
     to the row tile too where it would leave a tail: TVM 0.27's reverse_compute_inline replaces
     the write-back's row bound with the unpadding block's column bound, so the last row tile
     would write past the output (heap corruption, seen as crashes far from here). Needs an
-    einsum (plain-index) block: a conv, whose input index is h*stride+r, keeps the tail rule."""
+    einsum (plain-index) block: a conv, whose input index is h*stride+r, keeps the tail rule. `depth` (vpdpbusd
+    tiles, which must have no tail): the innermost reduction's multiple; J is then padded only if it needs it."""
     j_extent = _extent(sch, spatial[-1])
     multiple = 2 * lanes if j_extent >= 8 * lanes else lanes
-    factors = [1] * (len(spatial) - 1) + [multiple] + [1] * n_reduction
+    if depth and j_extent % lanes == 0:
+        multiple = 1
+    factors = [1] * (len(spatial) - 1) + [multiple] + [1] * (n_reduction - 1) + [max(depth, 1)]
     if len(spatial) > 1:
         row_extent = _extent(sch, spatial[-2])
-        _, row_tile = _tile_shape(-(-j_extent // multiple) * multiple, row_extent, lanes)
+        depths = [_extent(sch, r) for r in sch.get_loops(block)[len(spatial):]]
+        depths[-1] = depths[-1] and -(-depths[-1] // factors[-1]) * factors[-1]
+        row_tile = _row_tile(-(-j_extent // multiple) * multiple, row_extent, lanes, depths)
         if row_extent is None or row_extent % row_tile:
             factors[len(spatial) - 2] = row_tile
+    if all(f == 1 for f in factors):
+        return False  # nothing to pad
     try:
         sch.pad_einsum(block, factors)
         return True
@@ -290,7 +313,8 @@ def _bf16_dot_block(sch, block, reduction, lanes: int, target) -> bool:
         return False
 
 
-def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf16: bool = False) -> None:
+def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf16: bool = False,
+                            int8: bool = False) -> None:
     """out[M, J] += ... with J contiguous: a (rows x vectors) accumulator tile in registers,
     the reduction loops around it, blocks of J tiles outermost so their weight slices stay in
     cache while the rows stream past (each row tile visits the block's tiles in turn), epilogue
@@ -299,15 +323,14 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
 
     row_extent = _extent(sch, spatial[-2]) if len(spatial) > 1 else 1
     row_count = sch.get(spatial[-2]).extent if len(spatial) > 1 else None
-    vectors, row_tile = _tile_shape(_extent(sch, spatial[-1]), row_extent, lanes)
+    vectors, _ = _tile_shape(_extent(sch, spatial[-1]), row_extent, lanes)
     depths = [_extent(sch, r) for r in reduction]
-    if row_extent is None and None not in depths and math.prod(depths) * 4 % 4096 == 0:
-        # Symbolic rows read `depth` floats apart: at a multiple of 4 KB every row of the tile maps to one
-        # L1 set, and more rows than the L1's ways (8) evict each other (bert-base's 3072 -> 768 layer:
-        # 12 rows 1.14-1.2x the time of 8).
-        row_tile = min(row_tile, L1_WAYS)
+    row_tile = _row_tile(_extent(sch, spatial[-1]), row_extent, lanes, depths)
     jo, jv, ji = sch.split(spatial[-1], factors=[None, vectors, lanes])
     panels = _panels_per_block(_extent(sch, jo), None if None in depths else math.prod(depths), vectors * lanes)
+    group = 2 if bf16 else int8_dot.QUAD if int8 else 0
+    if group and _extent(sch, jo) % panels:  # a partial last block puts a predicate on the tile: no tensorize
+        panels = max(d for d in range(1, panels + 1) if _extent(sch, jo) % d == 0)
     inner_panels = []
     if panels > 1:
         jo, inner = sch.split(jo, factors=[None, panels])
@@ -335,11 +358,11 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
         head += inner_panels
         serial = []
     pair = []
-    if bf16:  # the innermost reduction in pairs, the pair innermost: vdpbf16ps's operand layout
-        ko, ki = sch.split(reduction[-1], factors=[None, 2])
+    if group:  # the innermost reduction in pairs (quads), innermost: vdpbf16ps's (vpdpbusd's) operand layout
+        ko, ki = sch.split(reduction[-1], factors=[None, group])
         reduction, pair = [*reduction[:-1], ko], [ki]
     sch.reorder(*head, *serial, *reduction, *([rows] if rows is not None else []), jv, ji, *pair)
-    _pack_weights(sch, block, last, vectors * lanes, pairs=bf16)
+    _pack_weights(sch, block, last, vectors * lanes, pairs=group)
     tile = sch.fuse(*head) if len(head) > 1 else head[0]
     # Annotate before decompose_reduction: the primitives need the block to still be a reduction.
     sch.parallel(tile)
@@ -353,13 +376,11 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     if rows is not None:
         sch.unroll(rows)
     sch.unroll(jv)
-    if bf16:  # symbolic rows keep the predicated tile here (no tail split: untried with the intrinsic)
-        sch.decompose_reduction(block, reduction[0])
-        sch.tensorize(ji, _bf16_intrinsic())
-        sch.annotate(tile, "pragma_import_llvm", BF16_DOT_LLVM)
-        return
-    sch.vectorize(ji)
-    sch.decompose_reduction(block, reduction[0])
+    if not group:
+        sch.vectorize(ji)
+    init = sch.decompose_reduction(block, reduction[0])
+    if group:
+        sch.vectorize(sch.get_loops(init)[-1])
     if row_loop is not None:
         # The accumulator indexed by row % row_tile (injective within the tile, the only rows it holds at a
         # time): its compacted size is then row_tile rows, not min(rows, row_tile), a size known only at run
@@ -369,6 +390,12 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     if row_loop is not None and isinstance(row_count, tirx.Var):
         sch.annotate(row_loop, ROW_TAIL, row_tile)
         sch.annotate(row_loop, ROW_COUNT, row_count.name)  # a Var would be read as a schedule variable
+    # The dot-product tiles must have no predicate (TVM 0.27's tensorize rejects one): rows padded by `_pad_width`
+    if bf16:
+        sch.tensorize(ji, _bf16_intrinsic())
+        sch.annotate(tile, "pragma_import_llvm", BF16_DOT_LLVM)
+    if int8:
+        sch.tensorize(ji, int8_dot.vnni_intrinsic())
 
 
 def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None) -> None:
@@ -378,15 +405,23 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None) -> 
     last = stmt.iter_vars[n_spatial - 1].var
     j_extent = _extent(sch, spatial[-1])
     contiguous = _contiguous_last_axis(stmt, last)
-    if (contiguous and j_extent is not None and j_extent % lanes and j_extent >= 2 * lanes
-            and _pad_width(sch, block, spatial, len(reduction), lanes)):
+    int8 = target is not None and contiguous and int8_dot.vnni_dot_block(sch, block, target, lanes)
+    depth = int8_dot.depth_padding(sch, reduction) if int8 else 0
+    int8 = int8 and depth > 0
+    if target is not None and contiguous and not int8 and _bf16_dot_block(sch, block, reduction, lanes, target):
+        depth = 1  # vdpbf16ps: rows padded (an odd depth has no bf16 tile)
+    if (contiguous and j_extent is not None and (j_extent % lanes and j_extent >= 2 * lanes or depth)
+            and _pad_width(sch, block, spatial, len(reduction), lanes, depth)):
         loops = sch.get_loops(block)
         spatial, reduction = loops[:n_spatial], loops[n_spatial:]
         last = sch.get(block).iter_vars[n_spatial - 1].var
         j_extent = _extent(sch, spatial[-1])
+        for pad in int8_dot.input_pads(sch, block) if depth else []:  # a copy of the activations: vectorized
+            _schedule_spatial(sch, pad, lanes)
     if j_extent is not None and j_extent % lanes == 0 and contiguous:
         bf16 = target is not None and _bf16_dot_block(sch, block, reduction, lanes, target)
-        _schedule_register_tile(sch, block, spatial, reduction, last, lanes, bf16)
+        int8 = int8 and int8_dot.depth_padding(sch, reduction) == 1
+        _schedule_register_tile(sch, block, spatial, reduction, last, lanes, bf16, int8)
         return
     if j_extent is not None and j_extent >= lanes and contiguous:
         jo, ji = sch.split(spatial[-1], factors=[None, lanes])
