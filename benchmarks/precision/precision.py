@@ -35,6 +35,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--peak", action="store_true",
+                        help="also each backend's share of the core's peak at its precision (peak.py)")
     parser.add_argument("-o", "--output", type=Path, required=True)
     args = parser.parse_args()
     for name in ("OMP_NUM_THREADS", "TVM_NUM_THREADS"):  # before any thread pool starts
@@ -91,6 +93,7 @@ def main() -> None:
            "over_openvino_fp32_median": {k: round(float(np.median(np.array(s) / np.array(samples["openvino fp32"]))),
                                                   3) for k, s in samples.items()},
            "accuracy_vs_fp32_eager": accuracy, "reference": fp32.manifest["reference"]["producer"],
+           **(_shares(samples, ran_at, args.onnx, feeds) if args.peak else {}),
            "load_average": [load_start, load_average()]}
     doc = json.loads(args.output.read_text()) if args.output.exists() else {"benchmark": "precision", "rows": []}
     doc["machine"] = machine_info()
@@ -98,6 +101,23 @@ def main() -> None:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(row, indent=1))
+
+
+def _shares(samples: dict, ran_at: dict, onnx_path: Path, feeds: dict) -> dict:
+    """Each backend's model GFLOP/s at its fastest round over the core's peak at its precision."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from peak import instruction_peak, model_flops
+
+    readings = [instruction_peak() for _ in range(3)]  # the best of three: a loaded machine reads low
+    peak = {k: max(r[k] for r in readings) for k in readings[0]}
+    flops = model_flops(onnx_path, {k: v.shape for k, v in feeds.items()})
+    share = {}
+    for name, times in samples.items():
+        precision = {"f32": "fp32"}.get(ran_at[name], ran_at[name])
+        rate = flops / min(times) / 1e9
+        share[name] = {"precision": precision, "gflops_at_min": round(rate, 1),
+                       "share_of_peak_at_min": round(rate / peak[precision], 3)}
+    return {"model_gflop": round(flops / 1e9, 3), "peak_gflops": peak, "share_of_peak": share}
 
 
 def _mlc(runner, feeds):
