@@ -227,6 +227,14 @@ def compile_cmd(
     emulated: bool = typer.Option(False, "--emulated",
                                   help="Build a --precision the target has no instructions for (slow: converted "
                                        "in software)."),
+    quantize: Optional[str] = typer.Option(None, "--quantize",
+                                           help="int8 (static, calibrated) or int8-dynamic (activation scales at run "
+                                                "time, matmuls only): matmul/conv weights int8 per channel, "
+                                                "activations uint8; CPUs with VNNI/dotprod (else --emulated); judged "
+                                                "by an accuracy gate (exit 3 when missed)."),
+    calibration: List[Path] = typer.Option([], "--calibration",
+                                           help="--quantize int8: an .npz of inputs keyed by input name (repeatable); "
+                                                "default: seeded random inputs."),
 ) -> None:
     """Compile a model into a verified artifact: compiled library, thin runtime, reference data.
 
@@ -244,6 +252,7 @@ def compile_cmd(
     api.check_precision(precision)
     for preset in presets:
         api.precision_supported(preset, precision, emulated)
+        api.quantize_supported(preset, quantize, emulated, precision)
         api.prepare_target(preset)
         pass_options.plan(preset.device)
     results = []
@@ -257,7 +266,7 @@ def compile_cmd(
                                    atol=atol, rtol=rtol, step=_step if not as_json else api.quiet_step,
                                    framework=framework, dynamic=dynamic, exporter=exporter, db=db,
                                    pass_options=pass_options, buckets=buckets, precision=precision,
-                                   emulated=emulated))
+                                   emulated=emulated, quantize=quantize, calibration=calibration))
         _report_compile(results[-1], as_json)
     for result in results:
         if result.check is not None:

@@ -79,6 +79,7 @@ def package(staged: Path, *, runtime: runtimes.RuntimeFiles, preset: targets.Tar
         buckets=buckets,
         dynamic_ranges=ranges or {},
         precision=recipe.options.get("precision", "fp32"),
+        quantization=prepared.quantization,
     )
     return artifacts.seal(staged, manifest)
 
@@ -151,7 +152,13 @@ def _write_reference(staged: Path, references: References) -> ReferenceInfo:
     thin_runtime.save_npz(staged / REFERENCE_OUTPUTS, expected.outputs)
     if references.onnxruntime is not None:
         thin_runtime.save_npz(staged / REFERENCE_ONNXRUNTIME, references.onnxruntime)
+    cases = []
+    for k, (feeds, outputs) in enumerate(references.gate_cases, 1):
+        case = {"inputs": f"reference/gate_{k}_inputs.npz", "outputs": f"reference/gate_{k}_outputs.npz"}
+        thin_runtime.save_npz(staged / case["inputs"], feeds)
+        thin_runtime.save_npz(staged / case["outputs"], outputs)
+        cases.append(case)
     return ReferenceInfo(producer=expected.producer, inputs=REFERENCE_INPUTS, outputs=REFERENCE_OUTPUTS,
                          seed=expected.seed,
                          onnxruntime=REFERENCE_ONNXRUNTIME if references.onnxruntime is not None else None,
-                         onnxruntime_error=references.onnxruntime_error)
+                         onnxruntime_error=references.onnxruntime_error, gate_cases=cases)
