@@ -6,7 +6,7 @@ asymmetric uint8, their ranges calibrated by running ONNX Runtime on the calibra
 
 Each quantised node becomes plain ONNX that TVM imports as the int8 kernel and elementwise epilogues:
 
-    x_u8 = Cast(Clip(Round(x / s_x) + zp_x, 0, 255), uint8)
+    x_u8 = QuantizeLinear(x, s_x, zp_x)         # clip(round(x / s_x) + zp_x, 0, 255) as uint8
     acc  = MatMulInteger(x_u8, w_s8)            # or ConvInteger; no zero points: u8 x s8 -> i32
     y    = Cast(acc - zp_x * colsum(w_s8), float) * (s_x * s_w[n]) (+ bias)
 
@@ -189,28 +189,24 @@ class _Emitter:
 
 
 def _quantize_static(e: _Emitter, x: str, scale: float, zero: int) -> str:
-    """x_u8 = Cast(Clip(Round(x / s) + zp, 0, 255), uint8)."""
+    """x_u8 = clip(round(x / s) + zp, 0, 255) as uint8 (QuantizeLinear: one elementwise op in Relax)."""
     base = f"{x}_q8"
-    y = e.op("Round", [e.op("Div", [x, e.const(f"{base}/scale", np.float32(scale))], base)], base)
-    if zero:
-        y = e.op("Add", [y, e.const(f"{base}/zero", np.float32(zero))], base)
-    y = e.op("Clip", [y, e.const(f"{base}/lo", np.float32(0)), e.const(f"{base}/hi", np.float32(255))], base)
-    return e.op("Cast", [y], base, to=TensorProto.UINT8)
+    return e.op("QuantizeLinear", [x, e.const(f"{base}/scale", np.float32(scale)),
+                                   e.const(f"{base}/zero", np.uint8(zero))], base)
 
 
 def _quantize_dynamic(e: _Emitter, x: str) -> tuple[str, str, str]:
-    """x_u8, its scale (float scalar) and zero point (int32 scalar), from the tensor's range at run time."""
+    """x_u8, its scale (float scalar) and zero point (int32 scalar), from the tensor's range at run time (what
+    DynamicQuantizeLinear computes, with a floor on the scale: an all-zero tensor does not divide by 0)."""
     base = f"{x}_dq8"
     zero_f = e.const(f"{base}/0", np.float32(0))
     hi = e.op("Max", [e.op("ReduceMax", [x], base, keepdims=0), zero_f], base)
     lo = e.op("Min", [e.op("ReduceMin", [x], base, keepdims=0), zero_f], base)
     scale = e.op("Div", [e.op("Sub", [hi, lo], base), e.const(f"{base}/255", np.float32(255))], base)
     scale = e.op("Max", [scale, e.const(f"{base}/tiny", np.float32(np.finfo(np.float32).tiny))], base)
-    lo255, hi255 = e.const(f"{base}/lo", np.float32(0)), e.const(f"{base}/hi", np.float32(255))
-    zero = e.op("Clip", [e.op("Round", [e.op("Div", [e.op("Neg", [lo], base), scale], base)], base), lo255, hi255],
-                base)
-    y = e.op("Add", [e.op("Round", [e.op("Div", [x, scale], base)], base), zero], base)
-    y = e.op("Cast", [e.op("Clip", [y, lo255, hi255], base)], base, to=TensorProto.UINT8)
+    zero = e.op("Clip", [e.op("Round", [e.op("Div", [e.op("Neg", [lo], base), scale], base)], base), zero_f,
+                         e.const(f"{base}/255f", np.float32(255))], base)
+    y = e.op("QuantizeLinear", [x, scale, e.op("Cast", [zero], base, to=TensorProto.UINT8)], base)
     return y, scale, e.op("Cast", [zero], base, to=TensorProto.INT32)
 
 
