@@ -133,6 +133,7 @@ def main() -> None:
 
 def ort_int8_session(onnx_path: Path, manifest: dict, feeds: dict, options):
     """ONNX Runtime on its own int8 QDQ model of `onnx_path`, quantising the nodes mlc's --quantize quantises."""
+    import logging
     import tempfile
 
     import onnx
@@ -142,11 +143,18 @@ def ort_int8_session(onnx_path: Path, manifest: dict, feeds: dict, options):
     from mlc.frontends import onnx as onnx_frontend
     from mlc.passes import quantize
 
+    logging.getLogger().setLevel(logging.ERROR)  # its "consider pre-processing" advice, twice per run
     mode = (manifest.get("quantization") or {}).get("mode", "int8")
     model = onnx.load(str(onnx_path))
+    folder = Path(tempfile.mkdtemp(prefix="ort-int8-"))
+    if not all(n.name for n in model.graph.node):  # nodes_to_quantize needs names
+        for k, node in enumerate(model.graph.node):
+            node.name = node.name or f"mlc_node_{k}"
+        onnx_path = folder / "named.onnx"
+        onnx.save(model, str(onnx_path))
     found, _ = quantize.candidates(model, mode)
-    nodes = [c.node.name for c in found] if all(c.node.name for c in found) else None
-    out = Path(tempfile.mkdtemp(prefix="ort-int8-")) / "model.int8.onnx"
+    nodes = [c.node.name for c in found]
+    out = folder / "model.int8.onnx"
     if mode == "int8-dynamic":
         q.quantize_dynamic(str(onnx_path), str(out), per_channel=True, weight_type=q.QuantType.QInt8,
                            nodes_to_quantize=nodes, op_types_to_quantize=["MatMul", "Gemm"])
@@ -163,7 +171,7 @@ def ort_int8_session(onnx_path: Path, manifest: dict, feeds: dict, options):
         q.quantize_static(str(onnx_path), str(out), Reader(), quant_format=q.QuantFormat.QDQ, per_channel=True,
                           activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8,
                           nodes_to_quantize=nodes, op_types_to_quantize=["MatMul", "Gemm", "Conv"])
-    how = f"onnxruntime {mode} QDQ ({len(nodes) if nodes else 'all'} nodes)"
+    how = f"onnxruntime {mode} {'QDQ' if mode == 'int8' else 'MatMulInteger'} ({len(nodes)} nodes)"
     return ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"]), how
 
 
