@@ -105,10 +105,14 @@ def _print_check(result, prefix: str) -> None:
     what = ("compilation: the artifact vs" if result.conversion is not None or result.conversion_error
             else "check against")
     if result.gate is not None:
-        what = f"fp32 tolerances, for information (a {result.gate.precision} build is judged by its gate below):"
+        article = "an" if result.gate.precision.startswith("int8") else "a"
+        what = (f"fp32 tolerances, for information ({article} {result.gate.precision} build is judged by its gate "
+                "below):")
     out.print(_check_table(result, f"{prefix}{what} {result.reference}"))
     if result.gate is not None:
-        out.print(_gate_table(result.gate, f"{prefix}{result.gate.precision} accuracy gate vs {result.reference}"))
+        inputs = f" on {result.gate.inputs} inputs" if result.gate.inputs > 1 else ""
+        out.print(_gate_table(result.gate, f"{prefix}{result.gate.precision} accuracy gate vs {result.reference}"
+                                           f"{inputs}"))
 
 
 def _gate_table(gate, title: str) -> Table:

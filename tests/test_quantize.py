@@ -163,7 +163,8 @@ def test_int8_kernel_form_and_compiled_nets_pass_the_gate_on_several_inputs(tmp_
         assert figures.top1_agreement + figures.top1_near_ties / 32 == 1.0 and figures.top1_agreement >= 0.96
         assert figures.max_abs_error > 1e-4  # int8 rounding shows: not an fp32 build
     saved = json.loads((tmp_path / "int8" / "manifest.json").read_text())
-    assert saved["gate"]["precision"] == "int8" and saved["gate"]["outputs"][0]["rows"] == 32
+    assert saved["gate"]["precision"] == "int8" and saved["gate"]["inputs"] == 8
+    assert saved["gate"]["outputs"][0]["rows"] == 32
     assert "--quantize int8 --calibration" in saved["compile"]["recipe"]
 
 

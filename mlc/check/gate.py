@@ -61,6 +61,7 @@ class GateResult:
     precision: str
     limits: GateLimits
     outputs: list[GateOutput] = field(default_factory=list)
+    inputs: int = 1  # how many inputs the figures are over (--quantize: the reference's and more seeded ones)
 
     @property
     def passed(self) -> bool:
@@ -71,7 +72,7 @@ class GateResult:
 
     def to_json(self) -> dict:
         return {"precision": self.precision, "passed": self.passed, "limits": asdict(self.limits),
-                "outputs": [asdict(o) for o in self.outputs]}
+                "inputs": self.inputs, "outputs": [asdict(o) for o in self.outputs]}
 
 
 def classifier_like(name: str, shape: tuple[int, ...]) -> bool:

@@ -96,6 +96,8 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
                              "real inputs calibrate better (--calibration FILE.npz, repeatable)")
             cleaned, quantization, record = quantize_graph(cleaned, quantize, calibration_feeds, how)
             records.append(record)
+            if dump_ir:  # numbered after the ONNX passes' dumps
+                onnx.save(cleaned, str(Path(dump_ir) / f"onnx_{len(records):02d}_quantize.onnx"))
     cleaned_path = workdir / "cleaned.onnx"
     onnx.save(cleaned, str(cleaned_path))
     notes = (converted.notes if converted else []) + notes

@@ -109,6 +109,7 @@ def check(artifact: str | Path, *, atol: Optional[float] = None, rtol: Optional[
             with runtime_errors():
                 got.append(runner.run(read_npz(runner.root / case["inputs"])))
         result.gate = gate(*stacked(expected, got), precision)
+        result.gate.inputs = len(expected)
     elif precision != "fp32":  # judged by the reduced-precision gate against the same fp32 reference
         result.gate = gate(reference, actual, precision)
     if info.get("onnxruntime"):
