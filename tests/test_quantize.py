@@ -179,17 +179,20 @@ def test_int8_gate_counts_real_top1_flips():
 
 
 @pytest.mark.parametrize("tvm, expected", [
-    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "cascadelake"}, True),
-    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "alderlake"}, True),
-    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512"}, False),
-    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512", "mattr": ["+avx512vnni"]}, True),
-    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "cascadelake", "mattr": ["-avx512vnni"]}, False),
-    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1"}, True),
-    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a72", "mattr": ["+neon"]}, False),
-    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a72", "mattr": ["+dotprod"]}, True),
+    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "cascadelake"}, "avx512_vnni"),
+    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "alderlake"}, "avx_vnni"),
+    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512"}, None),
+    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512", "mattr": ["+avx512vnni"]},
+     "avx512_vnni"),
+    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "cascadelake", "mattr": ["-avx512vnni"]}, None),
+    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1"}, "asimddp"),
+    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a72", "mattr": ["+neon"]}, None),
+    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a72", "mattr": ["+dotprod"]}, "asimddp"),
 ])
 def test_int8_capability_from_the_target(tvm, expected):
-    assert targets.has_int8_dot(targets.Target("t", "", tvm, "x86_64")) is expected
+    """The feature an int8 artifact then requires of the machine that runs it (its /proc/cpuinfo flag)."""
+    target = targets.Target("t", "", tvm, "x86_64")
+    assert targets.int8_dot_feature(target) == expected and targets.has_int8_dot(target) is (expected is not None)
 
 
 def test_quantize_option_errors():
