@@ -162,6 +162,16 @@ def test_int8_kernel_form_and_compiled_nets_pass_the_gate_on_several_inputs(tmp_
         assert figures.rows == 32 and figures.cosine_similarity > 0.999
         assert figures.top1_agreement + figures.top1_near_ties / 32 == 1.0 and figures.top1_agreement >= 0.96
         assert figures.max_abs_error > 1e-4  # int8 rounding shows: not an fp32 build
+    # the artifact computes what the quantised graph says (ONNX Runtime on the same rewrite, the same calibration)
+    quantized, _ = quantize.quantize(onnx.load(path), "int8", [dict(np.load(f)) for f in calibration], "user")
+    feeds = api.read_npz(tmp_path / "int8" / manifest.reference.inputs)
+    ours = api.run(tmp_path / "int8", feeds, warmup=0, repeat=1).outputs
+    import onnxruntime as ort
+
+    theirs = ort.InferenceSession(quantized.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        ["logits", "a_logits"], feeds)
+    for name, value in zip(("logits", "a_logits"), theirs):  # integer kernels: equal but for fp32 reduction order
+        assert np.abs(ours[name] - value).max() <= 1e-5 * np.abs(value).max(), name
     saved = json.loads((tmp_path / "int8" / "manifest.json").read_text())
     assert saved["gate"]["precision"] == "int8" and saved["gate"]["inputs"] == 8
     assert saved["gate"]["outputs"][0]["rows"] == 32
