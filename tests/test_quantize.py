@@ -6,12 +6,12 @@ import json
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_clean_error, run_mlc
+from helpers import assert_clean_error, reseal, run_mlc
 from onnx import TensorProto, helper, numpy_helper
 
 from mlc import api, targets
 from mlc.check import gate
-from mlc.errors import InputError, TargetError
+from mlc.errors import AccuracyError, InputError, TargetError
 from mlc.passes import quantize
 
 
@@ -176,6 +176,17 @@ def test_int8_kernel_form_and_compiled_nets_pass_the_gate_on_several_inputs(tmp_
     assert saved["gate"]["precision"] == "int8" and saved["gate"]["inputs"] == 8
     assert saved["gate"]["outputs"][0]["rows"] == 32
     assert "--quantize int8 --calibration" in saved["compile"]["recipe"]
+
+    # a reference the int8 build cannot match, in one of the extra inputs only: `mlc check` judges them all (exit 3)
+    case = tmp_path / "int8" / manifest.reference.gate_cases[3]["outputs"]
+    doctored = dict(np.load(case))
+    doctored["a_logits"] = -doctored["a_logits"]
+    np.savez(case, **doctored)
+    reseal(tmp_path / "int8")
+    result = api.check(tmp_path / "int8")
+    assert not result.passed and result.gate.failed() == ["a_logits"]
+    with pytest.raises(AccuracyError, match="int8 quantised build misses the accuracy gate for output.s.: a_logits"):
+        api.require_pass(result)
 
 
 def test_int8_gate_counts_real_top1_flips():

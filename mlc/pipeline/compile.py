@@ -12,9 +12,9 @@ from mlc import artifacts, compiler, frontends, targets
 from mlc.artifacts.manifest import Manifest
 from mlc.check import PRECISIONS, CheckResult
 from mlc.compiler import runtimes
-from mlc.passes.quantize import MODES as QUANTIZE_MODES
 from mlc.errors import (CompilerError, InputError, MlcError, NodeConversionError, TargetError,
                         UnsupportedModelError)
+from mlc.passes.quantize import MODES as QUANTIZE_MODES
 from mlc.pipeline import buckets as bucketing
 from mlc.pipeline import schedules as tuning_records
 from mlc.pipeline import source as sources

@@ -90,7 +90,7 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
     quantization, calibration_feeds = None, []
     if quantize:
         with timed("quantize", f"Quantising matmul/conv to {quantize}"):
-            calibration_feeds, how = calibration_inputs(specs, fixed, feeds, calibration, quantize)
+            calibration_feeds, how = calibration_inputs(specs, feeds, calibration, quantize)
             if how == "seeded":
                 notes.append(f"--quantize {quantize}: calibrated on {len(calibration_feeds)} seeded random inputs; "
                              "real inputs calibrate better (--calibration FILE.npz, repeatable)")
@@ -105,7 +105,7 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
                     converted, records, quantization, calibration_feeds)
 
 
-def calibration_inputs(specs: list, fixed: dict, feeds: Mapping[str, np.ndarray], files: tuple, mode: str
+def calibration_inputs(specs: list, feeds: Mapping[str, np.ndarray], files: tuple, mode: str
                        ) -> tuple[list[dict], Optional[str]]:
     """The calibration feeds and their source: the user's .npz files (keyed by input name, like `mlc run -i`), else
     seeded inputs other than the reference's (the gate judges on those); none for int8-dynamic."""
