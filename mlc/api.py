@@ -10,7 +10,8 @@ from mlc import passes as graph_passes
 from mlc.pipeline import compile as compiling
 from mlc.pipeline import debug as debugging
 from mlc.pipeline import export as exporting
-from mlc.pipeline.compile import CompileResult, check_precision, precision_supported, prepare_target
+from mlc.pipeline.compile import (CompileResult, check_precision, precision_supported, prepare_target,
+                                  quantize_supported)
 from mlc.pipeline.debug import DebugReport
 from mlc.pipeline.export import ExportResult
 from mlc.pipeline.options import CompileOptions, ModelSpec
@@ -23,8 +24,8 @@ from mlc.tuning import TuneResult, tune
 __all__ = ["DEFAULT_OUTPUT_ROOT", "CompileOptions", "CompileResult", "DebugReport", "ExportResult", "ModelSpec",
            "RunResult", "StepReporter", "TuneResult", "check", "check_precision", "compile", "debug",
            "default_output", "export", "model_name", "open_runner", "precision_supported", "prepare_target",
-           "quiet_step", "read_npz", "require_pass", "resolve_framework", "run", "save_outputs", "source_sha256",
-           "tune"]
+           "quantize_supported", "quiet_step", "read_npz", "require_pass", "resolve_framework", "run", "save_outputs",
+           "source_sha256", "tune"]
 
 # Options is frozen, so one shared default instance is safe (and what the inline default was).
 _DEFAULT_PASS_OPTIONS = graph_passes.Options()
@@ -50,6 +51,8 @@ def compile(  # noqa: A001 - the verb users know
     step: StepReporter = quiet_step,
     precision: str = "fp32",
     emulated: bool = False,
+    quantize: Optional[str] = None,
+    calibration: Sequence[str | Path] = (),
 ) -> CompileResult:
     """Compile a model (ONNX, PyTorch, TensorFlow, Paddle, or zoo:NAME) for a target into a
     verified artifact directory. Framework models are checked against the framework's eager outputs.
@@ -65,10 +68,12 @@ def compile(  # noqa: A001 - the verb users know
     `buckets` (["8,16,32"] or ["seq=8,16,32"]): one static build per length of that dim in one
     artifact; the runtime pads inputs to the next bucket and slices the outputs back.
     `precision` "bf16" (CPUs with AVX512-BF16) or "fp16" (CUDA): matmul/conv in that type with fp32 accumulation,
-    judged by the accuracy gate (`result.check.gate`); `emulated` builds it on a target without the instructions."""
+    judged by the accuracy gate (`result.check.gate`); `emulated` builds it on a target without the instructions.
+    `quantize` "int8" (calibrated on the `calibration` .npz files, else seeded inputs) or "int8-dynamic": matmul/conv
+    on int8 (CPUs with VNNI/dotprod), judged by the int8 gate on several seeded inputs."""
     model = ModelSpec(source, framework, input_shapes, dynamic, exporter, buckets)
     options = CompileOptions(target, Path(output) if output else None, db, default_schedules, pass_options, atol,
-                             rtol, archive, isolate, precision, emulated)
+                             rtol, archive, isolate, precision, emulated, quantize, tuple(map(str, calibration)))
     return compiling.compile(model, options, step)
 
 

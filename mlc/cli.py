@@ -105,10 +105,14 @@ def _print_check(result, prefix: str) -> None:
     what = ("compilation: the artifact vs" if result.conversion is not None or result.conversion_error
             else "check against")
     if result.gate is not None:
-        what = f"fp32 tolerances, for information (a {result.gate.precision} build is judged by its gate below):"
+        article = "an" if result.gate.precision.startswith("int8") else "a"
+        what = (f"fp32 tolerances, for information ({article} {result.gate.precision} build is judged by its gate "
+                "below):")
     out.print(_check_table(result, f"{prefix}{what} {result.reference}"))
     if result.gate is not None:
-        out.print(_gate_table(result.gate, f"{prefix}{result.gate.precision} accuracy gate vs {result.reference}"))
+        inputs = f" on {result.gate.inputs} inputs" if result.gate.inputs > 1 else ""
+        out.print(_gate_table(result.gate, f"{prefix}{result.gate.precision} accuracy gate vs {result.reference}"
+                                           f"{inputs}"))
 
 
 def _gate_table(gate, title: str) -> Table:
@@ -227,6 +231,14 @@ def compile_cmd(
     emulated: bool = typer.Option(False, "--emulated",
                                   help="Build a --precision the target has no instructions for (slow: converted "
                                        "in software)."),
+    quantize: Optional[str] = typer.Option(None, "--quantize",
+                                           help="int8 (static, calibrated) or int8-dynamic (activation scales at run "
+                                                "time, matmuls only): matmul/conv weights int8 per channel, "
+                                                "activations uint8; CPUs with VNNI/dotprod (else --emulated); judged "
+                                                "by an accuracy gate (exit 3 when missed)."),
+    calibration: List[Path] = typer.Option([], "--calibration",
+                                           help="--quantize int8: an .npz of inputs keyed by input name (repeatable); "
+                                                "default: seeded random inputs."),
 ) -> None:
     """Compile a model into a verified artifact: compiled library, thin runtime, reference data.
 
@@ -244,6 +256,7 @@ def compile_cmd(
     api.check_precision(precision)
     for preset in presets:
         api.precision_supported(preset, precision, emulated)
+        api.quantize_supported(preset, quantize, emulated, precision)
         api.prepare_target(preset)
         pass_options.plan(preset.device)
     results = []
@@ -257,7 +270,7 @@ def compile_cmd(
                                    atol=atol, rtol=rtol, step=_step if not as_json else api.quiet_step,
                                    framework=framework, dynamic=dynamic, exporter=exporter, db=db,
                                    pass_options=pass_options, buckets=buckets, precision=precision,
-                                   emulated=emulated))
+                                   emulated=emulated, quantize=quantize, calibration=calibration))
         _report_compile(results[-1], as_json)
     for result in results:
         if result.check is not None:

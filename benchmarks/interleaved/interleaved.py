@@ -10,7 +10,10 @@ same machine; the result is each side's p50 and the median of the per-round rati
     .venv/bin/python benchmarks/interleaved/interleaved.py --artifact art --onnx bert-base.onnx \
         --label "bert-base b1 s128" -o benchmarks/interleaved/results/x.json   # appends a row
 
-ORT runs on the artifact's reference inputs (its static shapes); the ONNX may have dynamic dims."""
+ORT runs on the artifact's reference inputs (its static shapes); the ONNX may have dynamic dims. `--ort-int8` (for a
+`--quantize` artifact) also times ONNX Runtime's own int8 build of the same ONNX: onnxruntime.quantization's QDQ
+model (quantize_static, per-channel int8 weights, uint8 activations, calibrated on the seeded inputs mlc uses;
+quantize_dynamic for int8-dynamic), limited to the nodes mlc quantises."""
 
 from __future__ import annotations
 
@@ -39,6 +42,8 @@ def main() -> None:
     parser.add_argument("--openvino", action="store_true",
                         help="Also time OpenVINO at fp32 and at its default precision (bf16 on CPUs with it) in "
                              "each round; the row records the precision it ran at.")
+    parser.add_argument("--ort-int8", action="store_true",
+                        help="Also time ONNX Runtime's int8 QDQ build of --onnx (quantize_static/quantize_dynamic).")
     args = parser.parse_args()
     for name in ("OMP_NUM_THREADS", "TVM_NUM_THREADS"):  # before TVM's or ORT's thread pools start
         os.environ[name] = str(args.threads)
@@ -81,6 +86,15 @@ def main() -> None:
                 return time.perf_counter() - start
 
             extra[name] = (time_ov, precision)
+    if args.ort_int8:
+        int8_session, how = ort_int8_session(args.onnx, manifest, feeds, options)
+
+        def time_ort_int8() -> float:
+            start = time.perf_counter()
+            int8_session.run(None, ort_feeds)
+            return time.perf_counter() - start
+
+        extra["ort_int8"] = (time_ort_int8, how)
     for _ in range(args.warmup):
         time_ort(), time_mlc(), [timer() for timer, _ in extra.values()]
     ort_s, mlc_s = [], []
@@ -115,6 +129,50 @@ def main() -> None:
     print(json.dumps(row))
     if args.plot:
         plot(doc, args.plot)
+
+
+def ort_int8_session(onnx_path: Path, manifest: dict, feeds: dict, options):
+    """ONNX Runtime on its own int8 QDQ model of `onnx_path`, quantising the nodes mlc's --quantize quantises."""
+    import logging
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime import quantization as q
+
+    from mlc.frontends import onnx as onnx_frontend
+    from mlc.passes import quantize
+
+    logging.getLogger().setLevel(logging.ERROR)  # its "consider pre-processing" advice, twice per run
+    mode = (manifest.get("quantization") or {}).get("mode", "int8")
+    model = onnx.load(str(onnx_path))
+    folder = Path(tempfile.mkdtemp(prefix="ort-int8-"))
+    if not all(n.name for n in model.graph.node):  # nodes_to_quantize needs names
+        for k, node in enumerate(model.graph.node):
+            node.name = node.name or f"mlc_node_{k}"
+        onnx_path = folder / "named.onnx"
+        onnx.save(model, str(onnx_path))
+    found, _ = quantize.candidates(model, mode)
+    nodes = [c.node.name for c in found]
+    out = folder / "model.int8.onnx"
+    if mode == "int8-dynamic":
+        q.quantize_dynamic(str(onnx_path), str(out), per_channel=True, weight_type=q.QuantType.QInt8,
+                           nodes_to_quantize=nodes, op_types_to_quantize=["MatMul", "Gemm"])
+    else:
+        specs = onnx_frontend.input_specs(model)
+        shapes = {s.name: list(np.shape(feeds[s.name])) for s in specs}
+        batches = iter([onnx_frontend.make_inputs(specs, shapes, seed=onnx_frontend.REFERENCE_SEED + 1 + k)
+                        for k in range(quantize.SEEDED_CALIBRATION)])
+
+        class Reader(q.CalibrationDataReader):
+            def get_next(self):
+                return next(batches, None)
+
+        q.quantize_static(str(onnx_path), str(out), Reader(), quant_format=q.QuantFormat.QDQ, per_channel=True,
+                          activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8,
+                          nodes_to_quantize=nodes, op_types_to_quantize=["MatMul", "Gemm", "Conv"])
+    how = f"onnxruntime {mode} {'QDQ' if mode == 'int8' else 'MatMulInteger'} ({len(nodes)} nodes)"
+    return ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"]), how
 
 
 def plot(doc: dict, path: Path) -> None:

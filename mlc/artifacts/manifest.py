@@ -65,6 +65,9 @@ class ReferenceInfo(_Strict):
     # conversion error apart from the compilation error; or why ONNX Runtime could not run it.
     onnxruntime: Optional[str] = None
     onnxruntime_error: Optional[str] = None
+    # --quantize: more seeded inputs and their fp32 outputs ({"inputs": path, "outputs": path}), which the
+    # accuracy gate judges together with the reference's
+    gate_cases: list[dict[str, str]] = Field(default_factory=list)
 
 
 class PassRecord(_Strict):
@@ -134,3 +137,5 @@ class Manifest(_Strict):
     # accuracy gate against the fp32 reference, and `gate` holds its figures from the compile's check
     precision: str = "fp32"
     gate: Optional[dict[str, Any]] = None
+    # --quantize: mode, calibration (source, count), the ops quantised and those kept fp32 (mlc.passes.quantize)
+    quantization: Optional[dict[str, Any]] = None

@@ -1,6 +1,6 @@
-"""The accuracy gate of reduced-precision builds (--precision bf16/fp16): task-level figures against the fp32
-reference instead of fp32's element tolerances, which a bf16 build cannot meet (8 mantissa bits: every
-rounding moves a value by up to 0.4 %).
+"""The accuracy gate of reduced-precision builds (--precision bf16/fp16, --quantize int8/int8-dynamic): task-level
+figures against the fp32 reference instead of fp32's element tolerances, which a bf16 build cannot meet (8 mantissa
+bits: every rounding moves a value by up to 0.4 %), nor an int8 one.
 
 Per float output: cosine similarity, max abs error relative to the output's peak |reference|, and for
 classifier-like outputs (2-D [batch, classes], or an output named *logits*: the last axis is classes) top-1
@@ -16,6 +16,7 @@ from typing import Mapping, Optional
 import numpy as np
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+QUANTIZED = ("int8", "int8-dynamic")  # --quantize modes, judged by the same gate with their own limits
 
 
 @dataclass(frozen=True)
@@ -24,11 +25,18 @@ class GateLimits:
     max_rel_error: float  # max |actual - ref| / max |ref| over the output
     min_top1: float  # share of rows whose top-1 agrees (near ties count as agreeing)
     min_top5: float  # share of rows whose reference top-1 is in the actual top-5
+    near_tie: Optional[float] = None  # a top-1 miss within this share of the peak |ref| agrees (None: max_rel_error)
 
 
 LIMITS: dict[str, GateLimits] = {
     "bf16": GateLimits(min_cosine=0.999, max_rel_error=0.05, min_top1=0.99, min_top5=0.99),
     "fp16": GateLimits(min_cosine=0.9999, max_rel_error=0.01, min_top1=0.99, min_top5=0.99),
+    # int8: 255 activation levels per tensor, 127 per weight channel; errors add over the layers, so the gate is
+    # the task's (top-1 agreement, issue #22's 98 %) with looser elementwise figures than bf16's; a top-1 flip
+    # between logits within 2 % of the peak is a tie at this resolution (a seeded encoder's pooled logits had one
+    # 1.4 % apart, flipped by ONNX Runtime's int8 run of the same graph too)
+    "int8": GateLimits(min_cosine=0.99, max_rel_error=0.15, min_top1=0.98, min_top5=0.99, near_tie=0.02),
+    "int8-dynamic": GateLimits(min_cosine=0.99, max_rel_error=0.15, min_top1=0.98, min_top5=0.99, near_tie=0.02),
 }
 
 
@@ -53,6 +61,7 @@ class GateResult:
     precision: str
     limits: GateLimits
     outputs: list[GateOutput] = field(default_factory=list)
+    inputs: int = 1  # how many inputs the figures are over (--quantize: the reference's and more seeded ones)
 
     @property
     def passed(self) -> bool:
@@ -63,7 +72,7 @@ class GateResult:
 
     def to_json(self) -> dict:
         return {"precision": self.precision, "passed": self.passed, "limits": asdict(self.limits),
-                "outputs": [asdict(o) for o in self.outputs]}
+                "inputs": self.inputs, "outputs": [asdict(o) for o in self.outputs]}
 
 
 def classifier_like(name: str, shape: tuple[int, ...]) -> bool:
@@ -109,7 +118,8 @@ def gate_one(name: str, reference: np.ndarray, actual: np.ndarray, limits: GateL
         index = np.arange(len(ref_top))
         exact = ref_top == act_top
         # the reference's own logit for the actual pick within the error budget of its top logit: a near tie
-        near = ~exact & (rows_ref[index, act_top] >= rows_ref[index, ref_top] - limits.max_rel_error * peak)
+        window = limits.max_rel_error if limits.near_tie is None else limits.near_tie
+        near = ~exact & (rows_ref[index, act_top] >= rows_ref[index, ref_top] - window * peak)
         out.rows = len(ref_top)
         out.top1_agreement = float(exact.mean())
         out.top1_near_ties = int(near.sum())

@@ -121,6 +121,7 @@ def _converters() -> dict:
         "Det": converter("Det", _det),
         "DFT": converter("DFT", _dft),
         "ConvInteger": converter("ConvInteger", _conv_integer),
+        "MatMulInteger": converter("MatMulInteger", _matmul_integer, onnx_frontend.MatMulInteger),
         "QLinearConv": converter("QLinearConv", _qlinear_conv),
         "Col2Im": converter("Col2Im", _col2im),
         "DeformConv": converter("DeformConv", _deform_conv),
@@ -423,7 +424,32 @@ def _optional_input(inputs, index):
     return inputs[index] if len(inputs) > index else None
 
 
+def _int8_pair(x, w, x_zero, w_zero) -> bool:
+    """8-bit operands with no zero points: the int8 kernel form (u8/s8 in, int32 out) that --quantize emits."""
+    return x_zero is None and w_zero is None and {_dtype(x), _dtype(w)} <= {"uint8", "int8"}
+
+
+def _matmul_integer(bb, inputs, attr, params, tvm_impl):
+    """MatMulInteger without zero points as matmul(a, b, out_dtype=int32) on the 8-bit operands (TVM's widens
+    both to int32 first, which no int8 dot-product schedule matches)."""
+    from tvm import relax
+
+    if _int8_pair(inputs[0], inputs[1], _optional_input(inputs, 2), _optional_input(inputs, 3)):
+        return relax.op.matmul(inputs[0], inputs[1], out_dtype="int32")
+    return tvm_impl(bb, inputs, attr, params)
+
+
 def _conv_integer(bb, inputs, attr, params, tvm_impl):
+    x, w = inputs[0], inputs[1]
+    if _int8_pair(x, w, _optional_input(inputs, 2), _optional_input(inputs, 3)) and len(w.ty.shape.values) == 4 \
+            and int(attr.get("group", 1)) == 1 and _text(attr.get("auto_pad"), "NOTSET") in ("NOTSET", "VALID"):
+        from tvm import relax
+
+        pads = [int(p) for p in attr.get("pads", [0] * 4)]
+        return relax.op.nn.conv2d(x, w, strides=[int(s) for s in attr.get("strides", [1, 1])],
+                                  padding=[pads[0], pads[1], pads[2], pads[3]],
+                                  dilation=[int(d) for d in attr.get("dilations", [1, 1])], groups=1,
+                                  out_dtype="int32")
     return _integer_conv(bb, inputs[0], _optional_input(inputs, 2), inputs[1], _optional_input(inputs, 3), attr)
 
 

@@ -14,6 +14,7 @@ from mlc.check import PRECISIONS, CheckResult
 from mlc.compiler import runtimes
 from mlc.errors import (CompilerError, InputError, MlcError, NodeConversionError, TargetError,
                         UnsupportedModelError)
+from mlc.passes.quantize import MODES as QUANTIZE_MODES
 from mlc.pipeline import buckets as bucketing
 from mlc.pipeline import schedules as tuning_records
 from mlc.pipeline import source as sources
@@ -68,7 +69,8 @@ def compile(model: ModelSpec, options: CompileOptions, step: StepReporter = quie
     with tempfile.TemporaryDirectory(prefix="mlc-compile-") as scratch:
         workdir = Path(scratch)
         prepared = prepare(plan.model, workdir, timed, static=options.db is not None and not plan.dynamic,
-                           steps=plan.steps, dump_ir=options.pass_options.dump_ir)
+                           steps=plan.steps, dump_ir=options.pass_options.dump_ir, quantize=options.quantize,
+                           calibration=options.calibration)
         with timed("reference", "Computing reference outputs with ONNX Runtime"):
             refs = references(prepared)
         bucket_plan, builds = _plan_builds(plan, prepared, workdir, timed)
@@ -102,6 +104,12 @@ def plan_compile(model: ModelSpec, options: CompileOptions) -> CompilePlan:
     frontends.check_exporter(model.framework, model.exporter)
     preset = targets.resolve(options.target)
     precision_supported(preset, options.precision, options.emulated)
+    quantize_supported(preset, options.quantize, options.emulated, options.precision)
+    if options.quantize and requested_buckets:
+        raise InputError("--quantize and --buckets cannot be combined yet (each bucket would need its own "
+                         "calibration); quantise a static or --dynamic build")
+    if options.calibration and options.quantize != "int8":
+        raise InputError("--calibration calibrates --quantize int8; give --quantize int8 with it")
     steps, schedules = build_settings(preset, options)
     runtime, cross = prepare_target(preset)
     output = options.output or default_output(sources.model_name(model.source), preset.name)
@@ -128,6 +136,26 @@ def precision_supported(preset: targets.Target, precision: str, emulated: bool) 
     if precision == "fp16" and preset.device != "cuda":
         raise TargetError(f"--precision fp16 needs a GPU with fp16 arithmetic (cuda); target {preset.name} has none "
                           "mlc uses (bf16 on CPUs with AVX512-BF16); --emulated builds it anyway (slow)")
+
+
+def quantize_supported(preset: targets.Target, quantize: Optional[str], emulated: bool,
+                       precision: str = "fp32") -> None:
+    """--quantize is a mode mlc knows, alone (no --precision), on a CPU target with int8 dot-product instructions
+    (x86 VNNI, ARM dotprod) unless --emulated."""
+    if not quantize:
+        return
+    if quantize not in QUANTIZE_MODES:
+        raise InputError(f"--quantize {quantize}: choose one of {', '.join(QUANTIZE_MODES)}")
+    if precision != "fp32":
+        raise InputError(f"--quantize {quantize} and --precision {precision} both set what matmul/conv compute in; "
+                         "give one of them")
+    if preset.device != "cpu":
+        raise TargetError(f"--quantize {quantize} is CPU-only for now; target {preset.name} is {preset.device}")
+    if not emulated and not targets.has_int8_dot(preset):
+        raise TargetError(f"--quantize {quantize}: target {preset.name} ({preset.tvm.get('mcpu', preset.tvm['kind'])}) "
+                          "has no int8 dot-product instructions (x86 AVX512-VNNI/AVX-VNNI: cascadelake, icelake, "
+                          "alderlake, sapphirerapids, znver4 or newer; ARM dotprod: neoverse-n1/v1 or newer); "
+                          "--emulated builds it anyway (slow)")
 
 
 def _plan_builds(plan: CompilePlan, prepared: Prepared, workdir: Path, timed: Timer

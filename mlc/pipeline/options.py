@@ -53,6 +53,11 @@ class CompileOptions:
     isolate: bool = True  # run TVM in a child process
     precision: str = "fp32"  # fp32, bf16 (CPU) or fp16 (CUDA): matmul/conv inputs and weights, fp32 accumulation
     emulated: bool = False  # allow a precision the target has no instructions for (slow; for accuracy studies)
+    quantize: Optional[str] = None  # int8 (calibrated static) or int8-dynamic: matmul/conv on int8 (CPU)
+    calibration: tuple[str, ...] = ()  # --quantize int8: .npz files of inputs keyed by input name
+
+    def __post_init__(self):  # callers pass lists; the options keep tuples so they stay immutable
+        object.__setattr__(self, "calibration", tuple(str(c) for c in self.calibration))
 
 
 def check_tolerances(atol: Optional[float], rtol: Optional[float]) -> None:
@@ -88,7 +93,13 @@ def recipe(model: ModelSpec, options: CompileOptions) -> Recipe:
     if options.precision != "fp32":
         recorded["precision"] = options.precision
         argv += ["--precision", options.precision]
-        if options.emulated:
-            recorded["emulated"] = True
-            argv.append("--emulated")
+    if options.quantize:
+        recorded["quantize"] = options.quantize
+        argv += ["--quantize", options.quantize]
+        if options.calibration:
+            recorded["calibration"] = [str(Path(c).resolve()) for c in options.calibration]
+            argv += [a for c in options.calibration for a in ("--calibration", c)]
+    if options.emulated and (options.precision != "fp32" or options.quantize):
+        recorded["emulated"] = True
+        argv.append("--emulated")
     return Recipe(recorded, shlex.join(argv + options.pass_options.cli_args()))

@@ -79,16 +79,20 @@ def package(staged: Path, *, runtime: runtimes.RuntimeFiles, preset: targets.Tar
         buckets=buckets,
         dynamic_ranges=ranges or {},
         precision=recipe.options.get("precision", "fp32"),
+        quantization=prepared.quantization,
     )
     return artifacts.seal(staged, manifest)
 
 
 def _target_info(preset: targets.Target, recipe: Recipe) -> dict:
-    """The preset, and for a bf16 build on the dot-product instructions the CPU feature they need (a JSON target
+    """The preset, and for a bf16 or int8 build on the dot-product instructions the CPU feature they need (a JSON target
     names no features: without it, a host lacking them would die of SIGILL instead of being told)."""
     info = preset.to_json()
     if recipe.options.get("precision") == "bf16" and not recipe.options.get("emulated"):
         info["required_cpu_features"] = list(dict.fromkeys(info["required_cpu_features"] + ["avx512_bf16"]))
+    int8 = targets.int8_dot_feature(preset)
+    if recipe.options.get("quantize") and not recipe.options.get("emulated") and int8:  # vpdpbusd, sdot/udot
+        info["required_cpu_features"] = list(dict.fromkeys(info["required_cpu_features"] + [int8]))
     return info
 
 
@@ -151,7 +155,13 @@ def _write_reference(staged: Path, references: References) -> ReferenceInfo:
     thin_runtime.save_npz(staged / REFERENCE_OUTPUTS, expected.outputs)
     if references.onnxruntime is not None:
         thin_runtime.save_npz(staged / REFERENCE_ONNXRUNTIME, references.onnxruntime)
+    cases = []
+    for k, (feeds, outputs) in enumerate(references.gate_cases, 1):
+        case = {"inputs": f"reference/gate_{k}_inputs.npz", "outputs": f"reference/gate_{k}_outputs.npz"}
+        thin_runtime.save_npz(staged / case["inputs"], feeds)
+        thin_runtime.save_npz(staged / case["outputs"], outputs)
+        cases.append(case)
     return ReferenceInfo(producer=expected.producer, inputs=REFERENCE_INPUTS, outputs=REFERENCE_OUTPUTS,
                          seed=expected.seed,
                          onnxruntime=REFERENCE_ONNXRUNTIME if references.onnxruntime is not None else None,
-                         onnxruntime_error=references.onnxruntime_error)
+                         onnxruntime_error=references.onnxruntime_error, gate_cases=cases)

@@ -14,9 +14,10 @@ import onnx
 from mlc import compiler
 from mlc import passes as graph_passes
 from mlc.artifacts.manifest import SourceInfo
-from mlc.errors import InputError, MlcError
+from mlc.errors import InputError, MlcError, UnsupportedModelError
 from mlc.frontends import onnx as onnx_frontend
 from mlc.passes import onnx as onnx_passes
+from mlc.passes import quantize as quantizing
 from mlc.pipeline import source as sources
 from mlc.pipeline.convert import Converted
 from mlc.pipeline.options import ModelSpec
@@ -39,13 +40,17 @@ class Prepared:
     notes: list[str]
     converted: Optional[Converted] = None  # framework models: the export and eager outputs
     pass_records: list[dict] = field(default_factory=list)  # what each graph pass did
+    quantization: Optional[dict] = None  # --quantize: what it did (the manifest's record)
+    calibration: list = field(default_factory=list)  # --quantize int8: the calibration feeds
 
 
 def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Mapping[str, np.ndarray]] = None,
-            static: bool = False, steps: Optional[list] = None, dump_ir: Optional[str] = None) -> Prepared:
+            static: bool = False, steps: Optional[list] = None, dump_ir: Optional[str] = None,
+            quantize: Optional[str] = None, calibration: tuple = ()) -> Prepared:
     """`model` to a cleaned ONNX graph in `workdir`. `feeds`: the reference inputs (default: the framework's, else
     seeded random ones); `static`: symbolic dims take the reference sizes (tuning records match static kernels);
-    `steps`: the pass plan (default: the CPU plan); `dump_ir`: a folder for the graph after each pass."""
+    `steps`: the pass plan (default: the CPU plan); `dump_ir`: a folder for the graph after each pass;
+    `quantize`: int8 or int8-dynamic, calibrated on the `calibration` .npz files (else on seeded inputs)."""
     model = sources.resolve(model)
     dynamic = model.dynamic_dims()
     source = sources.to_onnx(model, workdir, timed)
@@ -82,11 +87,67 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
         cleaned, records, notes = onnx_passes.run(onnx_frontend.fix_input_shapes(onnx_model, fixed), steps,
                                                   Path(dump_ir) if dump_ir else None)
         compiler.check_supported(cleaned, notes=notes)  # after the passes: lower_rnn makes LSTMs importable
-        cleaned_path = workdir / "cleaned.onnx"
-        onnx.save(cleaned, str(cleaned_path))
+    quantization, calibration_feeds = None, []
+    if quantize:
+        with timed("quantize", f"Quantising matmul/conv to {quantize}"):
+            calibration_feeds, how = calibration_inputs(specs, feeds, calibration, quantize)
+            if how == "seeded":
+                notes.append(f"--quantize {quantize}: calibrated on {len(calibration_feeds)} seeded random inputs; "
+                             "real inputs calibrate better (--calibration FILE.npz, repeatable)")
+            cleaned, quantization, record = quantize_graph(cleaned, quantize, calibration_feeds, how)
+            records.append(record)
+            if dump_ir:  # numbered after the ONNX passes' dumps
+                onnx.save(cleaned, str(Path(dump_ir) / f"onnx_{len(records):02d}_quantize.onnx"))
+    cleaned_path = workdir / "cleaned.onnx"
+    onnx.save(cleaned, str(cleaned_path))
     notes = (converted.notes if converted else []) + notes
     return Prepared(source.path, source.info, onnx_model, specs, fixed, dict(feeds), cleaned, cleaned_path, notes,
-                    converted, records)
+                    converted, records, quantization, calibration_feeds)
+
+
+def calibration_inputs(specs: list, feeds: Mapping[str, np.ndarray], files: tuple, mode: str
+                       ) -> tuple[list[dict], Optional[str]]:
+    """The calibration feeds and their source: the user's .npz files (keyed by input name, like `mlc run -i`), else
+    seeded inputs other than the reference's (the gate judges on those); none for int8-dynamic."""
+    if mode != "int8":
+        if files:
+            raise InputError(f"--calibration is for --quantize int8; --quantize {mode} computes its scales at run "
+                             "time")
+        return [], None
+    if not files:
+        shapes = {s.name: list(np.shape(feeds[s.name])) for s in specs}
+        return [onnx_frontend.make_inputs(specs, shapes, seed=onnx_frontend.REFERENCE_SEED + 1 + k)
+                for k in range(quantizing.SEEDED_CALIBRATION)], "seeded"
+    out = []
+    for path in files:
+        try:
+            data = thin_runtime.load_npz(path)
+        except thin_runtime.FeedError as e:
+            raise InputError(f"--calibration: {e}") from None
+        missing = [s.name for s in specs if s.name not in data]
+        extra = sorted(set(data) - {s.name for s in specs})
+        if missing or extra:
+            raise InputError(f"--calibration {path}: the model's inputs are {', '.join(s.name for s in specs)}; "
+                             f"the file {'lacks ' + ', '.join(missing) if missing else 'has ' + ', '.join(extra)}")
+        out.append({s.name: np.asarray(data[s.name]).astype(s.dtype, copy=False) for s in specs})
+    return out, "user"
+
+
+def quantize_graph(cleaned: onnx.ModelProto, mode: str, calibration: list, how: Optional[str]
+                   ) -> tuple[onnx.ModelProto, dict, dict]:
+    """The cleaned graph quantised; the manifest's quantisation record and the pass record."""
+    start = time.perf_counter()
+    before = onnx_passes.op_counts(cleaned)
+    quantized, info = quantizing.quantize(cleaned, mode, calibration, how)
+    if not info.quantized:
+        kept = "; ".join(f"{why} x{n}" for why, n in info.kept_fp32.items()) or "it has no MatMul, Gemm or Conv"
+        raise UnsupportedModelError(f"--quantize {mode}: nothing to quantise in this model ({kept})")
+    after = onnx_passes.op_counts(quantized)
+    record = {"name": "quantize", "level": "onnx", "status": "applied", "ops_before": len(cleaned.graph.node),
+              "ops_after": len(quantized.graph.node), "op_changes": onnx_passes.changes(before, after),
+              "time_s": round(time.perf_counter() - start, 4),
+              "reason": f"--quantize {mode}: " + ", ".join(f"{op} x{n}" for op, n in info.quantized.items())}
+    return quantized, info.to_json(), record
 
 
 def check_dynamic(dynamic: dict, specs: list, feeds: Mapping[str, np.ndarray]) -> None:
@@ -114,20 +175,41 @@ class References:
     expected: onnx_frontend.Reference  # ONNX Runtime's outputs (ONNX models) or the framework's eager outputs
     onnxruntime: Optional[dict[str, np.ndarray]] = None  # framework models: ONNX Runtime on the export
     onnxruntime_error: Optional[str] = None  # framework models: why ONNX Runtime could not run the export
+    gate_cases: list = field(default_factory=list)  # --quantize: (feeds, fp32 outputs) on more seeded inputs
+
+
+GATE_CASES = 7  # --quantize: seeded inputs the gate judges besides the reference's
+GATE_SEED = 100  # their first seed (the calibration's are 1..8)
 
 
 def references(prepared: Prepared) -> References:
     """The reference the artifact is checked against: ONNX Runtime for ONNX models; for framework
     models the framework's eager outputs, plus ONNX Runtime's outputs (or its error) on the export."""
     converted = prepared.converted
+    cases = gate_cases(prepared) if prepared.quantization else []
     if converted is None:
-        return References(onnx_frontend.onnxruntime_reference(prepared.path, prepared.feeds))
+        return References(onnx_frontend.onnxruntime_reference(prepared.path, prepared.feeds), gate_cases=cases)
     eager = onnx_frontend.Reference(producer=f"{converted.framework} {converted.framework_version} eager",
                                     inputs=prepared.feeds, outputs=converted.eager)
     try:
-        return References(eager, onnx_frontend.onnxruntime_reference(prepared.path, prepared.feeds).outputs)
+        return References(eager, onnx_frontend.onnxruntime_reference(prepared.path, prepared.feeds).outputs,
+                          gate_cases=cases)
     except InputError as e:  # the export may be broken; TVM may still get it right, and the check decides
         return References(eager, onnxruntime_error=str(e))
+
+
+def gate_cases(prepared: Prepared) -> list[tuple[dict, dict]]:
+    """More seeded inputs (none of them the calibration's) and the fp32 model's outputs on them (ONNX Runtime);
+    none when ONNX Runtime cannot run the model: the gate then judges the reference inputs alone."""
+    shapes = {s.name: list(np.shape(prepared.feeds[s.name])) for s in prepared.specs}
+    cases = []
+    for k in range(GATE_CASES):
+        feeds = onnx_frontend.make_inputs(prepared.specs, shapes, seed=GATE_SEED + k)
+        try:
+            cases.append((feeds, onnx_frontend.onnxruntime_reference(prepared.path, feeds).outputs))
+        except InputError:
+            return []
+    return cases
 
 
 def bind_to_reference(prepared: Prepared, steps: list, error: MlcError) -> bool:
@@ -141,6 +223,10 @@ def bind_to_reference(prepared: Prepared, steps: list, error: MlcError) -> bool:
     prepared.fixed = {s.name: list(np.shape(prepared.feeds[s.name])) for s in prepared.specs}
     cleaned, records, notes = onnx_passes.run(onnx_frontend.fix_input_shapes(prepared.model, prepared.fixed),
                                               [s for s in steps if s.level == "onnx"])
+    if prepared.quantization:  # quantised again, on the same calibration feeds
+        mode, how = prepared.quantization["mode"], prepared.quantization["calibration"]["source"]
+        cleaned, prepared.quantization, record = quantize_graph(cleaned, mode, prepared.calibration, how)
+        records.append(record)
     onnx.save(cleaned, str(prepared.cleaned_path))
     bound = ", ".join(f"{d}={n}" for d, n in symbolic.items())
     why = str(error).split(" (full log:")[0].removeprefix("TVM failed during import: ")

@@ -101,7 +101,16 @@ def check(artifact: str | Path, *, atol: Optional[float] = None, rtol: Optional[
     result = compare(reference, actual, atol=atol, rtol=rtol)
     result.reference = info["producer"]
     precision = runner.manifest.get("precision", "fp32")
-    if precision != "fp32":  # judged by the reduced-precision gate against the same fp32 reference
+    if runner.manifest.get("quantization"):  # --quantize: the int8 gate, judged on every seeded input together
+        precision = runner.manifest["quantization"]["mode"]
+        expected, got = [reference], [actual]
+        for case in info.get("gate_cases", []):
+            expected.append(read_npz(runner.root / case["outputs"]))
+            with runtime_errors():
+                got.append(runner.run(read_npz(runner.root / case["inputs"])))
+        result.gate = gate(*stacked(expected, got), precision)
+        result.gate.inputs = len(expected)
+    elif precision != "fp32":  # judged by the reduced-precision gate against the same fp32 reference
         result.gate = gate(reference, actual, precision)
     if info.get("onnxruntime"):
         result.conversion = compare(reference, read_npz(runner.root / info["onnxruntime"]), atol=atol, rtol=rtol)
@@ -121,14 +130,26 @@ def check(artifact: str | Path, *, atol: Optional[float] = None, rtol: Optional[
     return result
 
 
+def stacked(expected: list[dict], got: list[dict]) -> tuple[dict, dict]:
+    """Each output's values over several inputs, joined along the first axis (a classifier's rows add up)."""
+    names = [n for n in expected[0] if all(n in e for e in expected) and all(n in g for g in got)
+             and len({np.shape(e[n])[1:] for e in expected + got}) == 1 and np.ndim(expected[0][n])]
+    reference = {n: np.concatenate([e[n] for e in expected]) for n in names}
+    actual = {n: np.concatenate([np.asarray(g[n]) for g in got]) for n in names}
+    reference.update({n: v for n, v in expected[0].items() if n not in reference})
+    actual.update({n: v for n, v in got[0].items() if n not in actual})
+    return reference, actual
+
+
 def require_pass(result: CheckResult) -> None:
     """Raise AccuracyError (exit 3) naming the failed outputs, and the export when it lost the accuracy."""
     if not result.passed:
         failed = result.failed()
         where = ""
         if result.gate is not None:
-            raise AccuracyError(f"the {result.gate.precision} build misses the accuracy gate for output(s): "
-                                f"{', '.join(failed)}")
+            what = "quantised" if result.gate.precision.startswith("int8") else ""
+            raise AccuracyError(f"the {result.gate.precision} {what + ' ' if what else ''}build misses the accuracy "
+                                f"gate for output(s): {', '.join(failed)}")
         if result.conversion is not None and not result.conversion.passed:
             where = ("; ONNX Runtime on the exported ONNX differs from the framework too, so the export lost the "
                      "accuracy, not TVM (try another --exporter)")

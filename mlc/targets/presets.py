@@ -287,6 +287,42 @@ def describe_all() -> list[dict[str, str]]:
     return rows
 
 
+# LLVM cpus with int8 dot products: x86 AVX512-VNNI, AVX-VNNI only (the hybrid and E-core parts, no AVX-512), and
+# ARM dotprod (sdot/udot); a JSON target may name the feature in mattr instead.
+_AVX512_VNNI_CPUS = ("cascadelake", "cooperlake", "icelake-client", "icelake-server", "tigerlake", "rocketlake",
+                     "sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-d", "diamondrapids", "znver4",
+                     "znver5")
+_AVX_VNNI_CPUS = ("alderlake", "raptorlake", "meteorlake", "arrowlake", "arrowlake-s", "lunarlake", "gracemont",
+                  "sierraforest", "grandridge", "clearwaterforest", "pantherlake")
+_DOTPROD_CPUS = ("neoverse-n1", "neoverse-n2", "neoverse-n3", "neoverse-v1", "neoverse-v2", "neoverse-v3",
+                 "neoverse-512tvb", "cortex-a55", "cortex-a65", "cortex-a75", "cortex-a76", "cortex-a77", "cortex-a78",
+                 "cortex-a510", "cortex-a710", "cortex-a715", "cortex-a720", "cortex-x1", "cortex-x2", "cortex-x3",
+                 "cortex-x4", "apple-m1", "apple-m2", "apple-m3", "apple-m4", "ampere1", "ampere1a")
+
+
+def int8_dot_feature(target: Target) -> str | None:
+    """The CPU feature (its /proc/cpuinfo flag) of the target's int8 dot-product instructions, or None: x86
+    avx512_vnni or avx_vnni (vpdpbusd), ARM asimddp (dotprod)."""
+    tvm = target.tvm
+    if tvm.get("kind") != "llvm":
+        return None
+    mattr = tvm.get("mattr") or []
+    mattr = mattr.split(",") if isinstance(mattr, str) else list(mattr)
+    mcpu = str(tvm.get("mcpu", ""))
+    if str(tvm.get("mtriple", "x86_64")).startswith(("aarch64", "arm64")):
+        return "asimddp" if "-dotprod" not in mattr and (mcpu in _DOTPROD_CPUS or "+dotprod" in mattr) else None
+    if "-avx512vnni" not in mattr and (mcpu in _AVX512_VNNI_CPUS or "+avx512vnni" in mattr):
+        return "avx512_vnni"
+    if "-avxvnni" not in mattr and (mcpu in _AVX_VNNI_CPUS or "+avxvnni" in mattr):
+        return "avx_vnni"
+    return None
+
+
+def has_int8_dot(target: Target) -> bool:
+    """Whether the target's CPU has int8 dot-product instructions (--quantize)."""
+    return int8_dot_feature(target) is not None
+
+
 # LLVM cpus with AVX512-BF16 (vdpbf16ps); a JSON target may name the feature in mattr instead.
 _BF16_X86_CPUS = ("cooperlake", "sapphirerapids", "emeraldrapids", "graniterapids", "diamondrapids", "znver4", "znver5")
 

@@ -1,0 +1,308 @@
+"""--quantize: post-training int8 quantisation of the cleaned ONNX graph's matmuls and convs.
+
+Static (`int8`): weights per output channel, symmetric int8 (scale max|w| / 127); activations per tensor,
+asymmetric uint8, their ranges calibrated by running ONNX Runtime on the calibration inputs. Dynamic
+(`int8-dynamic`, matmuls only): the activation's range is taken at run time (min/max over the tensor).
+
+Each quantised node becomes plain ONNX that TVM imports as the int8 kernel and elementwise epilogues:
+
+    x_u8 = QuantizeLinear(x, s_x, zp_x)         # clip(round(x / s_x) + zp_x, 0, 255) as uint8
+    acc  = MatMulInteger(x_u8, w_s8)            # or ConvInteger; no zero points: u8 x s8 -> i32
+    y    = Cast(acc - zp_x * colsum(w_s8), float) * (s_x * s_w[n]) (+ bias)
+
+A conv whose input has a zero point and padding gets an explicit Pad with the zero point (the padded input
+then dequantises to 0, as the fp32 conv's zeros), so the correction term is the same at every position.
+Matmuls of two activations (attention), depthwise/grouped convs and ops on other types stay fp32."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from mlc.errors import InputError, UnsupportedModelError
+from mlc.passes.onnx import constant_values, prune_initializers
+
+MODES = ("int8", "int8-dynamic")
+SEEDED_CALIBRATION = 8  # seeded calibration inputs when the user gives none
+MIN_OPSET = 11  # Round, Clip with inputs, Pad with a value input
+
+
+@dataclass
+class Quantization:
+    """What --quantize did, for the manifest."""
+
+    mode: str
+    calibration: Optional[str]  # "user" (--calibration files), "seeded", None (dynamic: none needed)
+    calibration_count: int
+    quantized: dict[str, int] = field(default_factory=dict)  # op type -> nodes quantised
+    kept_fp32: dict[str, int] = field(default_factory=dict)  # MatMul/Gemm/Conv left fp32, by reason
+
+    def to_json(self) -> dict:
+        return {"mode": self.mode, "calibration": {"source": self.calibration, "count": self.calibration_count},
+                "quantized": dict(self.quantized), "kept_fp32": dict(self.kept_fp32)}
+
+
+@dataclass
+class _Candidate:
+    node: onnx.NodeProto
+    activation: str  # the float input that is quantised
+    weight: np.ndarray  # MatMul/Gemm: [K, N]; Conv: [O, C, kh, kw]
+    bias: Optional[np.ndarray]  # added after the scale (Gemm: beta * C; Conv: [O])
+    alpha: float = 1.0
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def candidates(model: onnx.ModelProto, mode: str) -> tuple[list[_Candidate], Counter]:
+    """The nodes --quantize rewrites, and the count of MatMul/Gemm/Conv it leaves fp32 by reason."""
+    consts = constant_values(model)
+    elem = {v.name: v.type.tensor_type.elem_type for v in list(model.graph.value_info) + list(model.graph.input)
+            + list(model.graph.output)}
+    elem.update({t.name: t.data_type for t in model.graph.initializer})
+    found, kept = [], Counter()
+    for node in model.graph.node:
+        if node.op_type not in ("MatMul", "Gemm", "Conv"):
+            continue
+        attrs = _attrs(node)
+        x, w = node.input[0], node.input[1] if len(node.input) > 1 else ""
+        weight = consts.get(w)
+        if weight is None or x in consts:
+            kept[f"{node.op_type}: no constant weight"] += 1
+            continue
+        if weight.dtype != np.float32 or elem.get(x, TensorProto.FLOAT) != TensorProto.FLOAT:
+            kept[f"{node.op_type}: not float32"] += 1
+            continue
+        bias = consts.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        if len(node.input) > 2 and node.input[2] and bias is None:
+            kept[f"{node.op_type}: bias not constant"] += 1
+            continue
+        if node.op_type == "Conv":
+            if mode != "int8":
+                kept["Conv: int8-dynamic quantises matmuls only"] += 1
+            elif weight.ndim != 4 or int(attrs.get("group", 1)) != 1:
+                kept["Conv: not a 2-D conv with groups 1"] += 1
+            elif attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID", "NOTSET", "VALID"):
+                kept["Conv: auto_pad"] += 1
+            else:
+                found.append(_Candidate(node, x, weight, bias))
+            continue
+        if weight.ndim != 2:
+            kept[f"{node.op_type}: weight not 2-D"] += 1
+            continue
+        if node.op_type == "Gemm":
+            if int(attrs.get("transA", 0)):
+                kept["Gemm: transA"] += 1
+                continue
+            if int(attrs.get("transB", 0)):
+                weight = weight.T
+            if bias is not None:
+                bias = (float(attrs.get("beta", 1.0)) * bias).astype(np.float32)
+            found.append(_Candidate(node, x, np.ascontiguousarray(weight), bias, float(attrs.get("alpha", 1.0))))
+            continue
+        found.append(_Candidate(node, x, weight, None))
+    return found, kept
+
+
+def calibration_ranges(model: onnx.ModelProto, tensors: Sequence[str], feeds: Sequence[dict]) -> dict:
+    """{tensor: (min, max)} over the calibration inputs: ONNX Runtime on the model with `tensors` as outputs."""
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    outputs = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(helper.make_tensor_value_info(t, TensorProto.FLOAT, None)
+                              for t in dict.fromkeys(tensors) if t not in outputs)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises its own untyped exceptions
+        raise UnsupportedModelError(f"--quantize calibrates with ONNX Runtime, which cannot load this model: "
+                                    f"{str(e).strip().splitlines()[0][:300]}") from None
+    names = list(dict.fromkeys(tensors))
+    ranges: dict[str, tuple[float, float]] = {}
+    for k, feed in enumerate(feeds):
+        try:
+            values = session.run(names, feed)
+        except Exception as e:  # noqa: BLE001 - a calibration input of the wrong shape or type
+            raise InputError(f"calibration input {k + 1}: ONNX Runtime cannot run the model on it: "
+                             f"{str(e).strip().splitlines()[0][:300]}") from None
+        for name, value in zip(names, values):
+            finite = value[np.isfinite(value)]
+            lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
+            old = ranges.get(name, (lo, hi))
+            ranges[name] = (min(old[0], lo), max(old[1], hi))
+    return ranges
+
+
+def activation_params(lo: float, hi: float) -> tuple[float, int]:
+    """uint8 scale and zero point for values in [lo, hi] (widened to hold 0, so 0 is exact)."""
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    scale = (hi - lo) / 255.0
+    if not scale > 0:
+        return 1.0, 0
+    return float(np.float32(scale)), int(np.clip(np.round(-lo / scale), 0, 255))
+
+
+def weight_params(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel (along `axis`) symmetric int8 weights and their float32 scales."""
+    reduce = tuple(a for a in range(weight.ndim) if a != axis)
+    peak = np.abs(weight).max(axis=reduce)
+    scale = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
+    shape = [1] * weight.ndim
+    shape[axis] = -1
+    q = np.clip(np.round(weight / scale.reshape(shape)), -127, 127).astype(np.int8)
+    return q, scale
+
+
+class _Emitter:
+    def __init__(self, model: onnx.ModelProto):
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        taken = {t for n in model.graph.node for t in list(n.input) + list(n.output)}
+        self.taken = taken | {t.name for t in model.graph.initializer} | {i.name for i in model.graph.input}
+
+    def name(self, base: str) -> str:
+        name, k = base, 0
+        while name in self.taken:
+            k += 1
+            name = f"{base}_{k}"
+        self.taken.add(name)
+        return name
+
+    def const(self, base: str, value: np.ndarray) -> str:
+        name = self.name(base)
+        self.inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], base: str, out: Optional[str] = None, **attrs) -> str:
+        out = out or self.name(base)
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=self.name(f"{base}/{op_type}"), **attrs))
+        return out
+
+
+def _quantize_static(e: _Emitter, x: str, scale: float, zero: int) -> str:
+    """x_u8 = clip(round(x / s) + zp, 0, 255) as uint8 (QuantizeLinear: one elementwise op in Relax)."""
+    base = f"{x}_q8"
+    return e.op("QuantizeLinear", [x, e.const(f"{base}/scale", np.float32(scale)),
+                                   e.const(f"{base}/zero", np.uint8(zero))], base)
+
+
+def _quantize_dynamic(e: _Emitter, x: str) -> tuple[str, str, str]:
+    """x_u8, its scale (float scalar) and zero point (int32 scalar), from the tensor's range at run time (what
+    DynamicQuantizeLinear computes, with a floor on the scale: an all-zero tensor does not divide by 0)."""
+    base = f"{x}_dq8"
+    zero_f = e.const(f"{base}/0", np.float32(0))
+    hi = e.op("Max", [e.op("ReduceMax", [x], base, keepdims=0), zero_f], base)
+    lo = e.op("Min", [e.op("ReduceMin", [x], base, keepdims=0), zero_f], base)
+    scale = e.op("Div", [e.op("Sub", [hi, lo], base), e.const(f"{base}/255", np.float32(255))], base)
+    scale = e.op("Max", [scale, e.const(f"{base}/tiny", np.float32(np.finfo(np.float32).tiny))], base)
+    zero = e.op("Clip", [e.op("Round", [e.op("Div", [e.op("Neg", [lo], base), scale], base)], base), zero_f,
+                         e.const(f"{base}/255f", np.float32(255))], base)
+    y = e.op("QuantizeLinear", [x, scale, e.op("Cast", [zero], base, to=TensorProto.UINT8)], base)
+    return y, scale, e.op("Cast", [zero], base, to=TensorProto.INT32)
+
+
+def _epilogue(e: _Emitter, acc: str, correction: Optional[str], scale: str, bias: Optional[str], out: str,
+              base: str) -> None:
+    """(acc - correction) as float * scale (+ bias), written to `out`."""
+    if correction is not None:
+        acc = e.op("Sub", [acc, correction], base)
+    y = e.op("Cast", [acc], base, to=TensorProto.FLOAT)
+    if bias is None:
+        e.op("Mul", [y, scale], base, out=out)
+    else:
+        e.op("Add", [e.op("Mul", [y, scale], base), bias], base, out=out)
+
+
+def rewrite(model: onnx.ModelProto, mode: str, ranges: Optional[dict] = None) -> tuple[onnx.ModelProto, Counter,
+                                                                                      Counter]:
+    """The model with its candidates quantised (`ranges`: calibration, for int8); returns it, the op types
+    quantised and the ones kept fp32 by reason."""
+    found, kept = candidates(model, mode)
+    chosen = {id(c.node): c for c in found}
+    e = _Emitter(model)
+    quantized_inputs: dict[str, tuple] = {}  # one quantise per activation (Q, K and V projections share it)
+    done = Counter()
+    new_nodes: list[onnx.NodeProto] = []
+    for node in model.graph.node:
+        c = chosen.get(id(node))
+        if c is None:
+            new_nodes.append(node)
+            continue
+        e.nodes = []
+        base, out = f"{node.output[0]}_int8", node.output[0]
+        if c.activation not in quantized_inputs:
+            if mode == "int8":
+                s_x, zp = activation_params(*ranges[c.activation])
+                quantized_inputs[c.activation] = (_quantize_static(e, c.activation, s_x, zp), s_x, zp)
+            else:
+                quantized_inputs[c.activation] = _quantize_dynamic(e, c.activation)
+        x_u8, s_x, zp = quantized_inputs[c.activation]
+        if node.op_type == "Conv":
+            w_q, s_w = weight_params(c.weight, 0)
+            bshape = [1, -1, 1, 1]
+            attrs = _attrs(node)
+            pads = [int(p) for p in attrs.get("pads", [0] * 4)]
+            conv = {k: attrs[k] for k in ("strides", "dilations", "kernel_shape") if k in attrs}
+            if zp and any(pads):  # padding must be the zero point, which dequantises to 0
+                x_in = e.op("Pad", [x_u8, e.const(f"{base}/pads", np.array([0, 0, pads[0], pads[1], 0, 0, pads[2],
+                                                                                pads[3]], np.int64)),
+                                    e.const(f"{base}/pad_value", np.uint8(zp))], base, mode="constant")
+                pads = [0] * 4
+            else:
+                x_in = x_u8
+            acc = e.op("ConvInteger", [x_in, e.const(f"{base}/weight", w_q)], base, pads=pads, group=1, **conv)
+            colsum = w_q.astype(np.int32).sum(axis=(1, 2, 3))
+        else:
+            w_q, s_w = weight_params(c.weight, 1)
+            bshape = [-1]
+            acc = e.op("MatMulInteger", [x_u8, e.const(f"{base}/weight", w_q)], base)
+            colsum = w_q.astype(np.int32).sum(axis=0)
+        s_w = (s_w * np.float32(c.alpha)).astype(np.float32)
+        bias = None if c.bias is None else e.const(f"{base}/bias", np.asarray(
+            c.bias.reshape(bshape) if node.op_type == "Conv" else c.bias, np.float32))
+        if mode == "int8":
+            correction = e.const(f"{base}/zp_colsum", (zp * colsum).astype(np.int32).reshape(bshape)) if zp else None
+            scale = e.const(f"{base}/scale", (np.float32(s_x) * s_w).astype(np.float32).reshape(bshape))
+        else:
+            correction = e.op("Mul", [zp, e.const(f"{base}/colsum", colsum.astype(np.int32))], base)
+            scale = e.op("Mul", [s_x, e.const(f"{base}/w_scale", s_w)], base)
+        _epilogue(e, acc, correction, scale, bias, out, base)
+        new_nodes.extend(e.nodes)
+        done[node.op_type] += 1
+    result = onnx.ModelProto()
+    result.CopyFrom(model)
+    del result.graph.node[:]
+    result.graph.node.extend(new_nodes)
+    result.graph.initializer.extend(e.inits)
+    return prune_initializers(result), done, kept
+
+
+def opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def quantize(model: onnx.ModelProto, mode: str, calibration: Sequence[dict], source: Optional[str]
+             ) -> tuple[onnx.ModelProto, Quantization]:
+    """The cleaned model quantised (`calibration`: input feeds for int8, `source` "user" or "seeded")."""
+    if mode not in MODES:
+        raise InputError(f"--quantize {mode}: choose one of {', '.join(MODES)}")
+    if opset(model) < MIN_OPSET:
+        raise UnsupportedModelError(f"--quantize needs ONNX opset {MIN_OPSET} or newer; this model is opset "
+                                    f"{opset(model)}")
+    ranges = None
+    if mode == "int8":
+        found, _ = candidates(model, mode)
+        ranges = calibration_ranges(model, [c.activation for c in found], calibration) if found else {}
+    quantized, done, kept = rewrite(model, mode, ranges)
+    info = Quantization(mode, source if mode == "int8" else None, len(calibration) if mode == "int8" else 0,
+                        dict(done), dict(kept))
+    return quantized, info

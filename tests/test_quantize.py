@@ -1,0 +1,233 @@
+"""--quantize int8 / int8-dynamic: the ONNX rewrite (checked with ONNX Runtime), the int8 kernel form TVM imports,
+compiled nets judged by the int8 gate on several seeded inputs, and the one-line errors."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from helpers import assert_clean_error, reseal, run_mlc
+from onnx import TensorProto, helper, numpy_helper
+
+from mlc import api, targets
+from mlc.check import gate
+from mlc.errors import AccuracyError, InputError, TargetError
+from mlc.passes import quantize
+
+
+def _model(nodes, inputs, output, weights, opset=17) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "q", inputs, [helper.make_tensor_value_info(*output)],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def conv_net(batch: int = 4) -> onnx.ModelProto:
+    """A padded conv on the raw (signed) image, so its input has a zero point; a strided conv after ReLU
+    (zero point 0); a depthwise conv (stays fp32); a Gemm classifier."""
+    rng = np.random.default_rng(0)
+    w = {"c1": rng.standard_normal((8, 3, 3, 3)) * 0.3, "b1": rng.standard_normal(8) * 0.1,
+         "c2": rng.standard_normal((16, 8, 3, 3)) * 0.2, "b2": rng.standard_normal(16) * 0.1,
+         "dw": rng.standard_normal((16, 1, 3, 3)) * 0.3, "fc": rng.standard_normal((10, 16)) * 0.5,
+         "fb": rng.standard_normal(10) * 0.1}
+    nodes = [helper.make_node("Conv", ["image", "c1", "b1"], ["h1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["h1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "c2", "b2"], ["h2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Conv", ["h2", "dw"], ["h3"], pads=[1, 1, 1, 1], group=16),
+             helper.make_node("Relu", ["h3"], ["r3"]), helper.make_node("GlobalAveragePool", ["r3"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc", "fb"], ["logits"], transB=1)]
+    return _model(nodes, [helper.make_tensor_value_info("image", TensorProto.FLOAT, [batch, 3, 16, 16])],
+                  ("logits", TensorProto.FLOAT, [batch, 10]), {k: v.astype(np.float32) for k, v in w.items()})
+
+
+def attention_net(batch: int = 4, seq: int = 16, hidden: int = 32) -> onnx.ModelProto:
+    """One pre-norm encoder layer (Q/K/V/O and MLP projections quantised; QK^T and PV stay fp32), mean-pooled
+    into a classifier."""
+    rng = np.random.default_rng(0)
+
+    def mat(rows, cols, scale=None):
+        return (rng.standard_normal((rows, cols)) * (scale or rows ** -0.5)).astype(np.float32)
+
+    w = {n: mat(hidden, hidden) for n in ("wq", "wk", "wv", "wo")}
+    w.update(w1=mat(hidden, 64), b1=mat(1, 64, 0.1)[0], w2=mat(64, hidden), cls=mat(hidden, 10),
+             gamma=np.ones(hidden, np.float32), beta=np.zeros(hidden, np.float32),
+             scale=np.float32(hidden ** -0.5), axes=np.array([1], np.int64))
+    mm = [helper.make_node("MatMul", [a, b], [c]) for a, b, c in (("n", "wq", "q"), ("n", "wk", "k"), ("n", "wv", "v"))]
+    nodes = [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["n"], axis=-1), *mm,
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q", "kt"], ["s0"]), helper.make_node("Mul", ["s0", "scale"], ["s"]),
+             helper.make_node("Softmax", ["s"], ["a"], axis=-1), helper.make_node("MatMul", ["a", "v"], ["ctx"]),
+             helper.make_node("MatMul", ["ctx", "wo"], ["o"]), helper.make_node("Add", ["x", "o"], ["h"]),
+             helper.make_node("LayerNormalization", ["h", "gamma", "beta"], ["n2"], axis=-1),
+             helper.make_node("MatMul", ["n2", "w1"], ["f1"]), helper.make_node("Add", ["f1", "b1"], ["f1b"]),
+             helper.make_node("Relu", ["f1b"], ["f1r"]), helper.make_node("MatMul", ["f1r", "w2"], ["f2"]),
+             helper.make_node("Add", ["h", "f2"], ["h2"]),
+             helper.make_node("ReduceMean", ["h2", "axes"], ["pooled"], keepdims=0),
+             helper.make_node("MatMul", ["pooled", "cls"], ["logits"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, hidden])],
+                  ("logits", TensorProto.FLOAT, [batch, 10]), w, opset=18)
+
+
+def _feeds(model: onnx.ModelProto, seeds) -> list[dict]:
+    spec = model.graph.input[0]
+    shape = [d.dim_value for d in spec.type.tensor_type.shape.dim]
+    return [{spec.name: np.random.default_rng(s).standard_normal(shape).astype(np.float32)} for s in seeds]
+
+
+def _ort(model: onnx.ModelProto, feeds: dict, output: str | None = None) -> np.ndarray:
+    import onnxruntime as ort
+
+    if output:
+        model = onnx.ModelProto.FromString(model.SerializeToString())
+        model.graph.output.append(helper.make_tensor_value_info(output, TensorProto.FLOAT, None))
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        [output or model.graph.output[0].name], feeds)[0]
+
+
+@pytest.mark.parametrize("mode", quantize.MODES)
+def test_rewrite_keeps_fp32_outputs_in_onnxruntime_and_pads_with_the_zero_point(mode):
+    """The quantised ONNX (run by ONNX Runtime) stays within int8 error of fp32; the first conv's padded border,
+    where a zero-padded uint8 input would dequantise to -zp * s, is as accurate as its interior."""
+    model = conv_net()
+    quantized, info = quantize.quantize(model, mode, _feeds(model, range(1, 9)), "seeded")
+    onnx.checker.check_model(quantized)
+    if mode == "int8":
+        assert info.quantized == {"Conv": 2, "Gemm": 1} and info.kept_fp32 == {"Conv: not a 2-D conv with groups 1": 1}
+        assert info.to_json()["calibration"] == {"source": "seeded", "count": 8}
+        ops = [n.op_type for n in quantized.graph.node]
+        assert ops.count("ConvInteger") == 2 and ops.count("Pad") == 1 and "Conv" in ops  # the depthwise conv
+    else:  # matmuls only, scales at run time
+        assert info.quantized == {"Gemm": 1} and info.to_json()["calibration"] == {"source": None, "count": 0}
+    test = _feeds(model, [100])[0]
+    ref, got = _ort(model, test), _ort(quantized, test)
+    assert (ref.argmax(1) == got.argmax(1)).all()
+    assert gate({"logits": ref}, {"logits": got}, mode).outputs[0].cosine_similarity > 0.999
+    assert not np.array_equal(ref, got)  # int8 arithmetic, not the fp32 graph
+    if mode == "int8":
+        ref1, got1 = _ort(model, test, "h1"), _ort(quantized, test, "h1")
+        err = np.abs(ref1 - got1)
+        border, interior = err[..., [0, -1], :].max(), err[..., 1:-1, 1:-1].max()
+        assert border < 1.5 * interior, (border, interior)
+
+
+def test_attention_matmuls_are_quantised_and_activation_products_stay_fp32():
+    model = attention_net()
+    quantized, info = quantize.quantize(model, "int8", _feeds(model, range(1, 5)), "user")
+    assert info.quantized == {"MatMul": 7} and info.kept_fp32 == {"MatMul: no constant weight": 2}
+    ops = [n.op_type for n in quantized.graph.node]
+    assert ops.count("MatMulInteger") == 7 and ops.count("MatMul") == 2
+    # Q, K and V read one LayerNorm output: it is quantised once
+    assert sum(1 for n in quantized.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "n") == 1
+    test = _feeds(model, [100])[0]
+    assert gate({"logits": _ort(model, test)}, {"logits": _ort(quantized, test)}, "int8").passed
+
+
+def test_int8_kernel_form_and_compiled_nets_pass_the_gate_on_several_inputs(tmp_path):
+    """What TVM imports (the interface with the VNNI schedules): R.matmul / R.nn.conv2d on uint8 x int8 constant
+    with out_dtype int32. Then both nets compiled with --quantize int8, calibrated on the user's files, judged by
+    the int8 gate on the reference input and 7 more seeded ones (4 rows each)."""
+    pytest.importorskip("tvm")
+    from mlc.compiler import importer
+
+    conv, attention = conv_net(), attention_net()
+    quantized, _ = quantize.quantize(conv, "int8", _feeds(conv, [1]), "seeded")
+    script = importer.to_relax(quantized).script()
+    assert script.count('out_dtype="int32"') == 3  # 2 convs, 1 Gemm
+    assert "R.nn.conv2d(lv" in script and script.count('dtype="uint8") = R.quantize(') == 3
+    quantized, _ = quantize.quantize(attention, "int8", _feeds(attention, [1]), "seeded")
+    lines = [ln for ln in importer.to_relax(quantized).script().splitlines() if "R.matmul(" in ln]
+    assert sum('out_dtype="int32"' in ln for ln in lines) == 7 and sum("out_dtype=None" in ln for ln in lines) == 2
+
+    # one model holding both nets (one build): inputs image and a_x, outputs logits and a_logits
+    both = onnx.compose.add_prefix(attention, "a_")
+    merged = helper.make_graph(list(conv.graph.node) + list(both.graph.node), "both",
+                               list(conv.graph.input) + list(both.graph.input),
+                               list(conv.graph.output) + list(both.graph.output),
+                               list(conv.graph.initializer) + list(both.graph.initializer))
+    path = tmp_path / "both.onnx"
+    onnx.save(helper.make_model(merged, opset_imports=[helper.make_opsetid("", 18)], ir_version=8), path)
+    calibration = []
+    for k, (image, x) in enumerate(zip(_feeds(conv, range(1, 9)), _feeds(attention, range(1, 9)))):
+        calibration.append(tmp_path / f"calib{k}.npz")
+        np.savez(calibration[-1], **image, a_x=x["x"])
+    vnni = targets.int8_dot_feature(targets.resolve("x86"))  # None on CI hosts without VNNI: --emulated
+    result = api.compile(str(path), output=tmp_path / "int8", quantize="int8", calibration=calibration,
+                         emulated=vnni is None, isolate=False)
+    manifest = result.manifest
+    assert (vnni in manifest.target.required_cpu_features) if vnni else manifest.compile.options["emulated"]
+    assert manifest.quantization["mode"] == "int8"
+    assert manifest.quantization["calibration"] == {"source": "user", "count": 8}
+    assert manifest.quantization["quantized"] == {"Conv": 2, "Gemm": 1, "MatMul": 7}
+    assert len(manifest.reference.gate_cases) == 7
+    assert result.check.gate.precision == "int8" and result.check.gate.passed, result.check.gate.to_json()
+    for figures in result.check.gate.outputs:
+        assert figures.rows == 32 and figures.cosine_similarity > 0.999
+        assert figures.top1_agreement + figures.top1_near_ties / 32 == 1.0 and figures.top1_agreement >= 0.96
+        assert figures.max_abs_error > 1e-4  # int8 rounding shows: not an fp32 build
+    # the artifact computes what the quantised graph says (ONNX Runtime on the same rewrite, the same calibration)
+    quantized, _ = quantize.quantize(onnx.load(path), "int8", [dict(np.load(f)) for f in calibration], "user")
+    feeds = api.read_npz(tmp_path / "int8" / manifest.reference.inputs)
+    ours = api.run(tmp_path / "int8", feeds, warmup=0, repeat=1).outputs
+    import onnxruntime as ort
+
+    theirs = ort.InferenceSession(quantized.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        ["logits", "a_logits"], feeds)
+    for name, value in zip(("logits", "a_logits"), theirs):  # integer kernels: equal but for fp32 reduction order
+        assert np.abs(ours[name] - value).max() <= 1e-5 * np.abs(value).max(), name
+    saved = json.loads((tmp_path / "int8" / "manifest.json").read_text())
+    assert saved["gate"]["precision"] == "int8" and saved["gate"]["inputs"] == 8
+    assert saved["gate"]["outputs"][0]["rows"] == 32
+    assert "--quantize int8 --calibration" in saved["compile"]["recipe"]
+
+    # a reference the int8 build cannot match, in one of the extra inputs only: `mlc check` judges them all (exit 3)
+    case = tmp_path / "int8" / manifest.reference.gate_cases[3]["outputs"]
+    doctored = dict(np.load(case))
+    doctored["a_logits"] = -doctored["a_logits"]
+    np.savez(case, **doctored)
+    reseal(tmp_path / "int8")
+    result = api.check(tmp_path / "int8")
+    assert not result.passed and result.gate.failed() == ["a_logits"]
+    with pytest.raises(AccuracyError, match="int8 quantised build misses the accuracy gate for output.s.: a_logits"):
+        api.require_pass(result)
+
+
+def test_int8_gate_counts_real_top1_flips():
+    ref = np.tile(np.array([[4.0, 3.8, 1.0, 0.0, -1.0, -2.0, 0.5]], np.float32), (50, 1))
+    flipped = ref.copy()
+    flipped[0, 1] = 4.05  # one row of 50 flips to a class 5 % of the peak below (no near tie): 98 % agree
+    assert gate({"logits": ref}, {"logits": flipped}, "int8").passed
+    flipped[1, 1] = 4.05  # two of 50: 96 %
+    figures = gate({"logits": ref}, {"logits": flipped}, "int8").outputs[0]
+    assert not figures.passed and figures.top1_agreement == 0.96 and figures.top1_near_ties == 0
+
+
+@pytest.mark.parametrize("tvm, expected", [
+    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "cascadelake"}, "avx512_vnni"),
+    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "alderlake"}, "avx_vnni"),
+    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512"}, None),
+    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512", "mattr": ["+avx512vnni"]},
+     "avx512_vnni"),
+    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "cascadelake", "mattr": ["-avx512vnni"]}, None),
+    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1"}, "asimddp"),
+    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a72", "mattr": ["+neon"]}, None),
+    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a72", "mattr": ["+dotprod"]}, "asimddp"),
+])
+def test_int8_capability_from_the_target(tvm, expected):
+    """The feature an int8 artifact then requires of the machine that runs it (its /proc/cpuinfo flag)."""
+    target = targets.Target("t", "", tvm, "x86_64")
+    assert targets.int8_dot_feature(target) == expected and targets.has_int8_dot(target) is (expected is not None)
+
+
+def test_quantize_option_errors():
+    api.quantize_supported(targets.resolve("x86-avx2"), "int8", emulated=True)  # --emulated builds it anyway
+    with pytest.raises(TargetError, match="no int8 dot-product instructions"):
+        api.quantize_supported(targets.resolve("x86-avx2"), "int8", emulated=False)
+    with pytest.raises(TargetError, match="CPU-only"):
+        api.quantize_supported(targets.resolve("cuda-t4"), "int8", emulated=True)
+    with pytest.raises(InputError, match="choose one of int8, int8-dynamic"):
+        api.quantize_supported(targets.resolve("x86"), "int4", emulated=True)
+    with pytest.raises(InputError, match="--precision bf16"):
+        api.quantize_supported(targets.resolve("x86"), "int8", emulated=True, precision="bf16")
+    proc = run_mlc("compile", "zoo:mlp", "--target", "x86-avx2", "--quantize", "int8")
+    assert_clean_error(proc, 1, "no int8 dot-product instructions", "--emulated")
+    assert len(proc.stderr.strip().splitlines()) == 1
