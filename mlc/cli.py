@@ -599,7 +599,8 @@ def bench_cmd(
                                 help="mlc targets, comma-separated; 'none' for baselines only."),
     precision: str = typer.Option("fp32", "--precision",
                                   help="mlc builds per target, comma-separated: fp32, bf16 (CPUs with AVX512-BF16), "
-                                       "fp16 (CUDA); reduced precisions are judged by the accuracy gate."),
+                                       "fp16 (CUDA), int8 or int8-dynamic (`--quantize`, calibrated on seeded "
+                                       "inputs); all but fp32 are judged by the accuracy gate."),
     batch: str = typer.Option("1", "--batch", help="Batch sizes, comma-separated."),
     seq: str = typer.Option("128", "--seq", help="Sequence lengths, comma-separated (models without one ignore it)."),
     threads: str = typer.Option("1", "--threads", help="CPU thread counts, comma-separated; all: every usable core."),

@@ -353,22 +353,26 @@ def test_worker_timeout_stops_the_worker_and_its_children(tmp_path, monkeypatch)
         raise AssertionError(f"grandchild {pid} survived the timeout")
 
 
-@pytest.mark.skipif(not targets.has_bf16_dot(targets.resolve("x86")), reason="the host has no bf16 dot instructions")
+@pytest.mark.skipif(not (targets.has_bf16_dot(targets.resolve("x86")) and targets.has_int8_dot(targets.resolve("x86"))),
+                    reason="the host has no bf16 or int8 dot-product instructions")
 def test_bench_precision_builds_are_judged_by_the_gate(tmp_path):
-    """`--precision fp32,bf16`: one mlc build per precision, the bf16 cell judged by the accuracy gate, and the report
-    labels its backend and precision."""
+    """`--precision fp32,bf16,int8`: one mlc build per precision, the reduced-precision cells judged by the accuracy
+    gate, and the report labels their backend and precision."""
     path = tmp_path / "r.json"
     proc = run_mlc("bench", "--models", "mlp", "--batch", "1", "--threads", "1", "--baselines", "none",
-                   "--precision", "fp32,bf16", "--warmup", "1", "--repeat", "3", "-o", path)
+                   "--precision", "fp32,bf16,int8", "--warmup", "1", "--repeat", "3", "-o", path)
     assert proc.returncode == 0, proc.stderr
     cells = {c["precision"]: c for c in json.loads(path.read_text())["cells"]}
-    assert set(cells) == {"fp32", "bf16"} and all(c["status"] == "ok" for c in cells.values())
+    assert set(cells) == {"fp32", "bf16", "int8"} and all(c["status"] == "ok" for c in cells.values())
     assert "gate" not in cells["fp32"]["accuracy"] and cells["fp32"]["accuracy"]["max_abs_error"] < 1e-4
-    gate = cells["bf16"]["accuracy"]["gate"]
-    assert cells["bf16"]["accuracy"]["passed"] and gate["precision"] == "bf16"
-    assert 0 < gate["outputs"][0]["max_abs_error"]  # bf16 moved the outputs, within the gate
+    for precision in ("bf16", "int8"):
+        gate = cells[precision]["accuracy"]["gate"]
+        assert cells[precision]["accuracy"]["passed"] and gate["precision"] == precision
+        assert 0 < gate["outputs"][0]["max_abs_error"]  # the outputs moved, within the gate
     out = tmp_path / "report.html"
     assert run_mlc("report", path, "-o", out).returncode == 0
     rows = {r["backend"]: r for r in _table(_parse(out), "machine", "max abs err")}
-    assert rows["mlc@x86 bf16"]["precision"] == "bf16" and rows["mlc@x86 bf16"]["result"] == "pass (gate)"
+    for precision in ("bf16", "int8"):
+        row = rows[f"mlc@x86 {precision}"]
+        assert row["precision"] == precision and row["result"] == "pass (gate)"
     assert rows["mlc@x86"]["result"] == "pass"

@@ -24,6 +24,7 @@ from mlc import models, targets
 from mlc.bench import baselines, lengths, suites
 from mlc.bench.cells import SCHEMA, CellError, dir_size, error_text, run_child, source_framework, write_json
 from mlc.bench.machine import load_average, machine_info
+from mlc.check import PRECISIONS, QUANTIZED
 from mlc.errors import InputError, MlcError
 
 MLC = "mlc"
@@ -107,12 +108,16 @@ def validate(config: BenchConfig) -> None:
         baselines.get(name)
     for name in config.targets:
         targets.resolve(name)
-    from mlc.pipeline.compile import check_precision, precision_supported
+    from mlc.pipeline.compile import precision_supported, quantize_supported
 
     for precision in config.precisions:
-        check_precision(precision)
+        if precision not in PRECISIONS + QUANTIZED:
+            raise InputError(f"--precision {precision}: choose one of {', '.join(PRECISIONS + QUANTIZED)}")
         for name in config.targets:
-            precision_supported(targets.resolve(name), precision, emulated=False)
+            if precision in QUANTIZED:
+                quantize_supported(targets.resolve(name), precision, emulated=False)
+            else:
+                precision_supported(targets.resolve(name), precision, emulated=False)
     if config.warmup < 0 or config.repeat < 1:
         raise InputError("--warmup must be >= 0 and --repeat >= 1")
     if config.cell_timeout is not None and not config.cell_timeout > 0:
@@ -141,7 +146,9 @@ def _compile_mlc(source: str, framework: str, target: str, precision: str, shape
     from mlc import api
 
     options = {"db": db} if db is not None else {}
-    if precision != "fp32":
+    if precision in QUANTIZED:
+        options["quantize"] = precision  # calibrated on seeded inputs (mlc compile warns that real data is better)
+    elif precision != "fp32":
         options["precision"] = precision
     start = time.perf_counter()
     result = api.compile(source, target=target, output=dest, framework=framework,

@@ -108,7 +108,7 @@ def _parameter_count(native, model) -> int:
     return sum(math.prod(init.dims) for init in model.graph.initializer)  # Keras, ONNX: the exported weights
 
 
-REDUCED_PRECISIONS = ("bf16", "fp16")
+REDUCED_PRECISIONS = ("bf16", "fp16", "int8", "int8-dynamic")  # judged by the accuracy gate
 
 
 def measure(request: dict) -> dict:
@@ -133,7 +133,8 @@ def measure(request: dict) -> dict:
         result["setup_s"] = time.perf_counter() - start
         outputs, stats, _ = runner.measure(feeds, request["warmup"], request["repeat"])
         result["emulated"] = bool(getattr(runner, "emulated", False))
-        result["precision"] = manifest.get("precision", "fp32")
+        quantization = manifest.get("quantization") or {}
+        result["precision"] = quantization.get("mode") or manifest.get("precision", "fp32")
     else:
         from mlc.bench import baselines
 

@@ -2,7 +2,7 @@
 diverging node (localize.py)."""
 
 from mlc.check.compare import EXACT, CheckResult, OutputStats, Tolerance, compare, compare_one, tolerance_for
-from mlc.check.gate import LIMITS, PRECISIONS, GateResult, gate
+from mlc.check.gate import LIMITS, PRECISIONS, QUANTIZED, GateResult, gate
 
-__all__ = ["EXACT", "LIMITS", "PRECISIONS", "CheckResult", "GateResult", "OutputStats", "Tolerance", "compare",
-           "compare_one", "gate", "tolerance_for"]
+__all__ = ["EXACT", "LIMITS", "PRECISIONS", "QUANTIZED", "CheckResult", "GateResult", "OutputStats", "Tolerance",
+           "compare", "compare_one", "gate", "tolerance_for"]
