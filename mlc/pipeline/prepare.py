@@ -139,7 +139,8 @@ def bind_to_reference(prepared: Prepared, steps: list, error: MlcError) -> bool:
         return False
     start = time.perf_counter()
     prepared.fixed = {s.name: list(np.shape(prepared.feeds[s.name])) for s in prepared.specs}
-    cleaned, records, notes = onnx_passes.run(onnx_frontend.fix_input_shapes(prepared.model, prepared.fixed),
+    model = prepared.model if prepared.model.graph.initializer else onnx_frontend.load(prepared.path)  # released
+    cleaned, records, notes = onnx_passes.run(onnx_frontend.fix_input_shapes(model, prepared.fixed),
                                               [s for s in steps if s.level == "onnx"])
     onnx.save(cleaned, str(prepared.cleaned_path))
     bound = ", ".join(f"{d}={n}" for d, n in symbolic.items())
