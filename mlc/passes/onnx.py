@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from mlc import _proc
 from mlc.passes.registry import REGISTRY, PassFailed, Step
 from mlc.errors import UnsupportedModelError
 
@@ -710,18 +711,30 @@ def _weights_as_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[st
     """The model with its large initializers declared as graph inputs instead (same name, type and
     shape): the rewrites clone the model and run shape inference many times, and on bert-base the
     440 MB of weights made that minutes."""
-    light = onnx.ModelProto()
-    light.CopyFrom(model)
     weights = {t.name: t for t in model.graph.initializer if int(np.prod(t.dims, dtype=np.int64)) > _WEIGHT_ELEMENTS}
+    light = _copy_without_initializers(model)  # not CopyFrom and delete: protobuf frees only whole messages
+    light.graph.initializer.extend(t for t in model.graph.initializer if t.name not in weights)
     if not weights:
         return light, {}
-    keep = [t for t in light.graph.initializer if t.name not in weights]
-    del light.graph.initializer[:]
-    light.graph.initializer.extend(keep)
     declared = {i.name for i in light.graph.input}
     light.graph.input.extend(helper.make_tensor_value_info(name, t.data_type, list(t.dims))
                              for name, t in weights.items() if name not in declared)
     return light, {name: (t, name in declared) for name, t in weights.items()}
+
+
+def _copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    for message, source, skipped in ((out, model, "graph"), (out.graph, model.graph, "initializer")):
+        for field, value in source.ListFields():
+            if field.name == skipped:
+                continue
+            if field.is_repeated:
+                getattr(message, field.name).extend(value)
+            elif field.message_type is not None:
+                getattr(message, field.name).CopyFrom(value)
+            else:
+                setattr(message, field.name, value)
+    return out
 
 
 def _weights_back(model: onnx.ModelProto, weights: dict) -> onnx.ModelProto:
@@ -782,6 +795,7 @@ def run(model: onnx.ModelProto, steps: Sequence[Step], dump_dir: Optional[Path] 
                         "ops_after": sum(after.values()), "op_changes": changes(before, after),
                         "time_s": round(elapsed, 4), "reason": reason})
         model = result
+        _proc.release_memory()  # the pass's copies of the weights: RSS grew by one per pass on bert-base
         if dump_dir is not None:
             _dump(model, dump_dir / f"onnx_{index:02d}_{step.name}.onnx")
     return model, records, notes
