@@ -83,7 +83,7 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
                                                   Path(dump_ir) if dump_ir else None)
         compiler.check_supported(cleaned, notes=notes)  # after the passes: lower_rnn makes LSTMs importable
         cleaned_path = workdir / "cleaned.onnx"
-        onnx.save(cleaned, str(cleaned_path))
+        onnx_passes.save(cleaned, cleaned_path)  # weights as external data: faster both ways
     notes = (converted.notes if converted else []) + notes
     return Prepared(source.path, source.info, onnx_model, specs, fixed, dict(feeds), cleaned, cleaned_path, notes,
                     converted, records)
@@ -142,7 +142,7 @@ def bind_to_reference(prepared: Prepared, steps: list, error: MlcError) -> bool:
     model = prepared.model if prepared.model.graph.initializer else onnx_frontend.load(prepared.path)  # released
     cleaned, records, notes = onnx_passes.run(onnx_frontend.fix_input_shapes(model, prepared.fixed),
                                               [s for s in steps if s.level == "onnx"])
-    onnx.save(cleaned, str(prepared.cleaned_path))
+    onnx_passes.save(cleaned, prepared.cleaned_path)
     bound = ", ".join(f"{d}={n}" for d, n in symbolic.items())
     why = str(error).split(" (full log:")[0].removeprefix("TVM failed during import: ")
     reason = f"TVM's importer could not keep them symbolic ({why[:160]}{'...' if len(why) > 160 else ''})"
