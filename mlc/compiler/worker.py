@@ -212,6 +212,7 @@ def compile_request(request: dict) -> dict:
     from mlc.compiler import build, importer, reproducer
 
     timings: dict[str, float] = {}
+    _proc.large_blocks_mapped()
     stage = "load"
     try:
         start = time.perf_counter()

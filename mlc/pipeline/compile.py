@@ -64,6 +64,7 @@ def compile(model: ModelSpec, options: CompileOptions, step: StepReporter = quie
             ) -> CompileResult:
     """Compile `model` into a verified artifact directory (see mlc.api.compile)."""
     timed = Timer(step)
+    _proc.large_blocks_mapped()
     plan = plan_compile(model, options)
     with tempfile.TemporaryDirectory(prefix="mlc-compile-") as scratch:
         workdir = Path(scratch)
