@@ -29,9 +29,10 @@ from mlc.bench.machine import machine_info  # noqa: E402
 
 def measure(tree: Path, model: str, extra: list[str], out: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    cmd = [sys.executable, "-m", "mlc", "compile", model, "-o", str(out), *extra]
+    cmd = [sys.executable, "-m", "mlc", "compile", str(Path(model).resolve()), "-o", str(out), *extra]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # cwd: `python -m` puts it first on sys.path, before PYTHONPATH
+    proc = subprocess.Popen(cmd, env=env, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     root = psutil.Process(proc.pid)
     procs: dict[int, dict] = {}
     peak_sum, cpu = 0, {}
@@ -74,8 +75,10 @@ def main() -> None:
     parser.add_argument("--tree", action="append", required=True, help="NAME=PATH")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("-o", "--output", type=Path, required=True)
-    parser.add_argument("extra", nargs="*", help="after --: more `mlc compile` arguments")
-    args = parser.parse_args()
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []  # more `mlc compile` arguments
+    args = parser.parse_args(argv[:len(argv) - len(extra) - (1 if extra else 0)])
+    args.extra = extra
     trees = dict(t.split("=", 1) for t in args.tree)
     results: dict[str, list] = {name: [] for name in trees}
     scratch = Path(tempfile.mkdtemp(prefix="compile-time-"))
