@@ -81,6 +81,31 @@ class WorkerResult:
         return cls(self.message)
 
 
+def large_blocks_mapped(threshold: int = 1 << 20) -> None:
+    """Make glibc serve blocks of `threshold` bytes and more by mmap, so freeing one gives it back: with its default
+    (a threshold that grows up to 32 MB) a model's tensors filled the heap, which stayed fragmented (bert-base's
+    compile kept 0.8 GB it had freed; 0.4 GB with this)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-3, threshold)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def release_memory() -> None:
+    """Give freed memory back to the system after dropping a model's weights: glibc keeps large freed blocks in
+    its heap, and a process's RSS stayed at its peak (bert-base: 2.9 GB) for the rest of a compile."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def one_line(e: BaseException) -> str:
     """'Type: first line of the message' of an exception from code we do not control."""
     lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]

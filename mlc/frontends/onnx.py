@@ -10,6 +10,7 @@ from typing import Optional
 
 import numpy as np
 import onnx
+import onnx.external_data_helper
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper
 
@@ -53,15 +54,32 @@ def load(path: str | Path) -> onnx.ModelProto:
         raise InputError(f"{path} is a folder but not a TensorFlow SavedModel (no saved_model.pb in it); pass a model "
                          "file (.onnx, .pt2, .pt, .keras, .h5), a SavedModel folder or a Paddle jit.save prefix")
     try:
-        model = onnx.load(str(path))
+        # onnx.load, keeping the file's bytes for the checker, which otherwise serialises the model again (2 s on
+        # bert-base)
+        serialized = path.read_bytes()
+        model = onnx.load_model_from_string(serialized)
+        if _has_external_data(model.graph):
+            serialized = None  # the checker must see the weights' data, not their file names
+            onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
     except (DecodeError, ValueError, RuntimeError, OSError) as e:
         raise InputError(f"{path} is not an ONNX model (cannot parse it: {_first_line(e)}); "
                          "pass a valid .onnx file") from None
-    validate(model, str(path))
+    validate(model, str(path), serialized)
     return model
 
 
-def validate(model: onnx.ModelProto, where: str) -> None:
+def _has_external_data(graph: onnx.GraphProto) -> bool:
+    tensors = list(graph.initializer)
+    for node in graph.node:
+        for a in node.attribute:
+            tensors += ([a.t] if a.HasField("t") else []) + list(a.tensors)
+            if any(_has_external_data(g) for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)):
+                return True
+    return any(t.data_location == TensorProto.EXTERNAL for t in tensors)
+
+
+def validate(model: onnx.ModelProto, where: str, serialized: Optional[bytes] = None) -> None:
+    """Checks that give the user a clear error; `serialized`: the model's bytes, when at hand (the checker's input)."""
     if not model.graph.node:
         raise InputError(f"{where} has an empty graph (no nodes); export the model again")
     if not model.graph.output:
@@ -69,7 +87,7 @@ def validate(model: onnx.ModelProto, where: str) -> None:
     _check_opsets(model, where)
     _check_dataflow(model, where)
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(serialized if serialized is not None else model)
     except (onnx.checker.ValidationError, ValueError) as e:
         raise InputError(f"{where} is not a valid ONNX model: {_first_line(e)}") from None
     for spec in input_specs(model):

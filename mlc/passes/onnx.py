@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from mlc import _proc
 from mlc.passes.registry import REGISTRY, PassFailed, Step
 from mlc.errors import UnsupportedModelError
 
@@ -218,8 +219,9 @@ def constant_folding(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
         warnings.simplefilter("ignore")
         # Our shape inference (weights left out) instead of onnxslim's, which ran ORT's symbolic shape inference on
         # the whole model after every folding round: bert-base 47 s -> 6 s, the same graph out.
-        # One round folds only what the shapes inferred before it make constant: repeat while it shrinks the
-        # graph (AllenaiLongformerBase: 888, 302, 106, 90 nodes; its Pads' widths become constants by round 3).
+        # One round folds only what the shapes inferred before it make constant: while Shape nodes are left,
+        # repeat as long as it shrinks the graph (AllenaiLongformerBase: 888, 302, 106, 90 nodes; its Pads' widths
+        # become constants by round 3).
         for _ in range(_FOLDING_ROUNDS):
             slimmed = onnxslim.slim(with_inferred_shapes(model), skip_fusion_patterns=["FusionGemm"],
                                     no_shape_infer=True)
@@ -227,7 +229,7 @@ def constant_folding(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
                 raise PassFailed("onnxslim returned no model")
             shrunk = len(slimmed.graph.node) < len(model.graph.node)
             model = slimmed
-            if not shrunk:
+            if not shrunk or not any(n.op_type == "Shape" for n in model.graph.node):
                 break
     return model  # the inputs it drops (unread ones, e.g. CastLike's `like`) come back in run()
 
@@ -721,18 +723,62 @@ def _weights_as_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[st
     """The model with its large initializers declared as graph inputs instead (same name, type and
     shape): the rewrites clone the model and run shape inference many times, and on bert-base the
     440 MB of weights made that minutes."""
-    light = onnx.ModelProto()
-    light.CopyFrom(model)
     weights = {t.name: t for t in model.graph.initializer if int(np.prod(t.dims, dtype=np.int64)) > _WEIGHT_ELEMENTS}
+    light = _copy_without_initializers(model)  # not CopyFrom and delete: protobuf frees only whole messages
+    light.graph.initializer.extend(t for t in model.graph.initializer if t.name not in weights)
     if not weights:
         return light, {}
-    keep = [t for t in light.graph.initializer if t.name not in weights]
-    del light.graph.initializer[:]
-    light.graph.initializer.extend(keep)
     declared = {i.name for i in light.graph.input}
     light.graph.input.extend(helper.make_tensor_value_info(name, t.data_type, list(t.dims))
                              for name, t in weights.items() if name not in declared)
     return light, {name: (t, name in declared) for name, t in weights.items()}
+
+
+def _copy_fields(message, source, skipped: str) -> None:
+    """Copy every set field of `source` into `message` but `skipped` (a large one: copying it to delete it
+    afterwards keeps its memory, as protobuf frees memory only with the whole message)."""
+    for field, value in source.ListFields():
+        if field.name == skipped:
+            continue
+        if field.is_repeated:
+            getattr(message, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(message, field.name).CopyFrom(value)
+        else:
+            setattr(message, field.name, value)
+
+
+def _copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    _copy_fields(out, model, "graph")
+    _copy_fields(out.graph, model.graph, "initializer")
+    return out
+
+
+def save(model: onnx.ModelProto, path: Path) -> None:
+    """Write `model` to `path` with its weights raw in PATH.data beside it (ONNX external data, which onnx.load reads
+    back by itself); `model` is left as it is. onnx.save serialised bert-base's 440 MB of weights into the protobuf
+    in 2-4 s plus the write, and the compile worker parsed them back; this writes them in about 1."""
+    path = Path(path)
+    data_path = path.with_name(path.name + ".data")
+    light = _copy_without_initializers(model)
+    written = 0
+    with open(data_path, "wb") as data:
+        for tensor in model.graph.initializer:
+            raw = tensor.raw_data if tensor.HasField("raw_data") else b""
+            if len(raw) <= _WEIGHT_BYTES:
+                light.graph.initializer.append(tensor)
+                continue
+            external = light.graph.initializer.add()
+            _copy_fields(external, tensor, "raw_data")
+            external.data_location = TensorProto.EXTERNAL
+            for key, value in (("location", data_path.name), ("offset", data.tell()), ("length", len(raw))):
+                external.external_data.add(key=key, value=str(value))
+            data.write(raw)
+            written += 1
+    if not written:
+        data_path.unlink()
+    onnx.save(light, str(path))
 
 
 def _weights_back(model: onnx.ModelProto, weights: dict) -> onnx.ModelProto:
@@ -793,6 +839,7 @@ def run(model: onnx.ModelProto, steps: Sequence[Step], dump_dir: Optional[Path] 
                         "ops_after": sum(after.values()), "op_changes": changes(before, after),
                         "time_s": round(elapsed, 4), "reason": reason})
         model = result
+        _proc.release_memory()  # the pass's copies of the weights: RSS grew by one per pass on bert-base
         if dump_dir is not None:
             _dump(model, dump_dir / f"onnx_{index:02d}_{step.name}.onnx")
     return model, records, notes

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-import onnx
 
 from mlc.artifacts.manifest import BucketCheck, BucketInfo
 from mlc.errors import InputError, UnsupportedModelError
@@ -118,7 +117,7 @@ def builds(plan: Plan, prepared: Prepared, steps: list, workdir: Path, timed: Ti
         with timed(f"onnx_passes_{plan.dim}{size}", f"Running ONNX graph passes for {plan.dim}={size}"):
             cleaned, _, _ = onnx_passes.run(onnx_frontend.fix_input_shapes(prepared.model, shapes), steps, None)
             path = workdir / f"cleaned-{plan.dim}{size}.onnx"
-            onnx.save(cleaned, str(path))
+            onnx_passes.save(cleaned, path)
         result.append(Build(plan.library(size), path, f" {plan.dim}={size}"))
     return result
 

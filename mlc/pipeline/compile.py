@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from mlc import artifacts, compiler, frontends, targets
+from mlc import _proc, artifacts, compiler, frontends, targets
 from mlc.artifacts.manifest import Manifest
 from mlc.check import PRECISIONS, CheckResult
 from mlc.compiler import runtimes
@@ -65,6 +65,7 @@ def compile(model: ModelSpec, options: CompileOptions, step: StepReporter = quie
             ) -> CompileResult:
     """Compile `model` into a verified artifact directory (see mlc.api.compile)."""
     timed = Timer(step)
+    _proc.large_blocks_mapped()
     plan = plan_compile(model, options)
     with tempfile.TemporaryDirectory(prefix="mlc-compile-") as scratch:
         workdir = Path(scratch)
@@ -74,6 +75,7 @@ def compile(model: ModelSpec, options: CompileOptions, step: StepReporter = quie
         with timed("reference", "Computing reference outputs with ONNX Runtime"):
             refs = references(prepared)
         bucket_plan, builds = _plan_builds(plan, prepared, workdir, timed)
+        _release_weights(prepared)
         with artifacts.staging_dir(plan.output) as staged:
             results = _build(plan, prepared, refs, builds, staged, timed)
             manifest, result = _package(plan, prepared, refs, bucket_plan, results, staged, timed)
@@ -167,6 +169,18 @@ def _plan_builds(plan: CompilePlan, prepared: Prepared, workdir: Path, timed: Ti
     if plan.preset.runtime_os == "macos" or plan.preset.device != "cpu":
         raise TargetError(f"--buckets builds CPU shared libraries (linux); target {plan.preset.name} is not one")
     return bucket_plan, bucketing.builds(bucket_plan, prepared, plan.steps, workdir, timed)
+
+
+def _release_weights(prepared: Prepared) -> None:
+    """The TVM build reads the weights from cleaned.onnx: drop this process's two copies (the model and the cleaned
+    graph) before it starts, which held bert-base's weights twice, plus the passes' garbage, through the build."""
+    for name in ("model", "cleaned"):
+        model = getattr(prepared, name)
+        del model.graph.initializer[:]
+        light = type(model)()  # a new message: protobuf frees a message's memory only with the whole message
+        light.CopyFrom(model)
+        setattr(prepared, name, light)
+    _proc.release_memory()
 
 
 def _build(plan: CompilePlan, prepared: Prepared, refs: References, builds: list[bucketing.Build], staged: Path,

@@ -99,7 +99,7 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
             if dump_ir:  # numbered after the ONNX passes' dumps
                 onnx.save(cleaned, str(Path(dump_ir) / f"onnx_{len(records):02d}_quantize.onnx"))
     cleaned_path = workdir / "cleaned.onnx"
-    onnx.save(cleaned, str(cleaned_path))
+    onnx_passes.save(cleaned, cleaned_path)  # weights as external data: faster both ways
     notes = (converted.notes if converted else []) + notes
     return Prepared(source.path, source.info, onnx_model, specs, fixed, dict(feeds), cleaned, cleaned_path, notes,
                     converted, records, quantization, calibration_feeds)
@@ -221,13 +221,14 @@ def bind_to_reference(prepared: Prepared, steps: list, error: MlcError) -> bool:
         return False
     start = time.perf_counter()
     prepared.fixed = {s.name: list(np.shape(prepared.feeds[s.name])) for s in prepared.specs}
-    cleaned, records, notes = onnx_passes.run(onnx_frontend.fix_input_shapes(prepared.model, prepared.fixed),
+    model = prepared.model if prepared.model.graph.initializer else onnx_frontend.load(prepared.path)  # released
+    cleaned, records, notes = onnx_passes.run(onnx_frontend.fix_input_shapes(model, prepared.fixed),
                                               [s for s in steps if s.level == "onnx"])
     if prepared.quantization:  # quantised again, on the same calibration feeds
         mode, how = prepared.quantization["mode"], prepared.quantization["calibration"]["source"]
         cleaned, prepared.quantization, record = quantize_graph(cleaned, mode, prepared.calibration, how)
         records.append(record)
-    onnx.save(cleaned, str(prepared.cleaned_path))
+    onnx_passes.save(cleaned, prepared.cleaned_path)
     bound = ", ".join(f"{d}={n}" for d, n in symbolic.items())
     why = str(error).split(" (full log:")[0].removeprefix("TVM failed during import: ")
     reason = f"TVM's importer could not keep them symbolic ({why[:160]}{'...' if len(why) > 160 else ''})"

@@ -419,6 +419,22 @@ class _ArtifactRunner:
         return self.measure(feeds, warmup, repeat)[1]
 
 
+def import_without_torch(module: str) -> Any:
+    """Import `module` (tvm_ffi, or tvm) with torch hidden where torch is not imported yet: tvm_ffi imports torch
+    first whenever it is installed (against a symbol clash seen on Windows only), which took 3-4 s and 190 MB
+    in every process that ran an artifact. torch imports as usual afterwards."""
+    import sys
+
+    if "torch" in sys.modules or sys.platform == "win32":
+        return importlib.import_module(module)
+    sys.modules["torch"] = None  # makes `import torch` raise ImportError, which tvm_ffi expects without torch
+    try:
+        return importlib.import_module(module)
+    finally:
+        if sys.modules.get("torch", False) is None:
+            del sys.modules["torch"]
+
+
 class Runner(_ArtifactRunner):
     """Loads an artifact's compiled model once, in this process, and runs it on numpy inputs."""
 
@@ -429,8 +445,7 @@ class Runner(_ArtifactRunner):
         if device not in _DEVICE_TYPES:
             raise ArtifactError(f"device '{device}' is not supported by this runtime "
                                 f"(supported: {', '.join(_DEVICE_TYPES)})")
-        import tvm_ffi
-
+        tvm_ffi = import_without_torch("tvm_ffi")
         self._tvm_ffi = tvm_ffi
         runtime = self.manifest["runtime"]
         host_functions = runtime.get("host_functions") or []

@@ -1,0 +1,106 @@
+"""Issue #23's faster, leaner compile keeps what it replaced: the cleaned graph's weights written beside it, the
+library's weights as their own ELF object, the packed-call search, the combined matmul weights."""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from mlc.passes import onnx as onnx_passes
+from mlc.pipeline import package
+
+
+def _matmul_model(n: int = 64) -> onnx.ModelProto:
+    weight = numpy_helper.from_array(np.arange(n * n, dtype=np.float32).reshape(n, n), "w")
+    bias = numpy_helper.from_array(np.ones(n, np.float32), "b")  # small: stays in the protobuf
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])], [weight, bias])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_save_puts_weights_beside_the_model_and_onnx_loads_them_back(tmp_path):
+    model = _matmul_model()
+    before = model.SerializeToString()
+    onnx_passes.save(model, tmp_path / "m.onnx")
+    assert model.SerializeToString() == before  # the model in memory is left as it is
+    assert (tmp_path / "m.onnx.data").stat().st_size == 64 * 64 * 4  # the weight, raw; the bias stays inline
+    loaded = onnx.load(str(tmp_path / "m.onnx"))
+    for tensor in loaded.graph.initializer:
+        assert tensor.data_location == TensorProto.DEFAULT
+        tensor.ClearField("data_location")  # onnx sets it back explicitly: two bytes more, the same model
+    assert loaded.SerializeToString() == before
+
+
+def test_packed_call_search_finds_what_the_regex_finds(tmp_path):
+    rng = np.random.default_rng(0)
+    parts = [b"relax.run.foo", b"tvm.contrib.sort.argsort\0", b"relax.run.", b"tvm.contrib.relax.run.bar",
+             b"tvm.contrib", b"relax.run.a.b..c", b"relax.run.relax.run.q", b"xx"]
+    data = b"".join(parts[rng.integers(len(parts))] + rng.bytes(int(rng.integers(4))) for _ in range(5000))
+    (tmp_path / "model.so").write_bytes(data)
+    found = package._packed_calls(tmp_path / "model.so")
+    assert found == set(package._PACKED_CALL.findall(data))
+    assert b"tvm.contrib.relax.run.bar" in found
+
+
+def _constant_add_module():
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 3), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.add(x, relax.const(np.arange(6, dtype="float32").reshape(2, 3))))
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+def test_weights_object_links_into_a_library_that_runs(tmp_path):
+    tvm = pytest.importorskip("tvm")
+    from tvm import relax
+
+    from mlc.compiler import worker
+
+    executable = tvm.compile(_constant_add_module(), target="llvm")
+    blobs = {}
+    for name, pack in (("tvm", None), ("mlc", worker._pack_imports)):
+        path = tmp_path / f"{name}.so"
+        executable.export_library(str(path), fpack_imports=pack)
+        vm = relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu())
+        out = vm["main"](tvm.runtime.tensor(np.ones((2, 3), "float32"))).numpy()
+        np.testing.assert_array_equal(out, np.arange(6, dtype="float32").reshape(2, 3) + 1)
+        symbols = subprocess.run(["nm", "-S", "-D", "--defined-only", str(path)], capture_output=True, text=True,
+                                 check=True).stdout
+        blobs[name] = next(line.split()[1:] for line in symbols.splitlines() if line.endswith("__tvm_ffi__library_bin"))
+        program_headers = subprocess.run(["readelf", "-lW", str(path)], capture_output=True, text=True,
+                                         check=True).stdout
+        stack = next(line for line in program_headers.splitlines() if "GNU_STACK" in line)
+        assert stack.split()[-2] == "RW"  # not executable
+    assert blobs["mlc"] == blobs["tvm"]  # same size, read-only data
+
+
+def test_combined_weights_concatenated_in_numpy_match_fold_constant(monkeypatch):
+    tvm = pytest.importorskip("tvm")
+    from tvm import relax
+
+    from mlc.compiler import relax_passes
+
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            outs = [bb.emit(relax.op.matmul(x, relax.const(rng.standard_normal((8, 8 + k)).astype("float32"))))
+                    for k in range(3)]
+            y = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(y)
+    mod = bb.get()
+    ours = relax_passes.combine_parallel_matmul(mod, {}, None)
+    monkeypatch.setattr(relax_passes, "_concat_constants", lambda m: m)  # FoldConstant does the concatenation
+    theirs = relax_passes.combine_parallel_matmul(mod, {}, None)
+    tvm.ir.assert_structural_equal(ours, theirs)
+    assert "concat" not in ours.script()  # folded: one combined weight constant
