@@ -30,6 +30,17 @@ def instruction_peak() -> dict[str, float]:
     return {precision: round(ops[name] / 1e9, 1) for precision, name in INSTRUCTION.items()}
 
 
+OPS_PER_INSTRUCTION = {"fp32": 16 * 2, "bf16": 16 * 2 * 2, "int8": 16 * 4 * 2}
+
+
+def one_clock(readings: list[dict[str, float]]) -> dict[str, float]:
+    """The peaks of several instruction_peak() readings, each precision from the best reading of any of the three
+    instructions: they issue at one per cycle each on this core (peak.c measured exactly 1:2:4 when quiet), so each
+    measures the same clock, and under load any one reading may be slowed where another is not."""
+    clock = max(r[p] / OPS_PER_INSTRUCTION[p] for r in readings for p in OPS_PER_INSTRUCTION)
+    return {p: round(clock * ops, 1) for p, ops in OPS_PER_INSTRUCTION.items()}
+
+
 def _dims(value_info) -> list:
     return [d.dim_value if d.HasField("dim_value") else None for d in value_info.type.tensor_type.shape.dim]
 
