@@ -54,8 +54,10 @@ def _convert_layout(mod, notes: list[str]):
     model builds in its own layout and a note says so."""
     from tvm import relax
 
+    from mlc.compiler.relax_passes import quantize_as_elementwise
+
     try:
-        return relax.transform.ConvertLayout(CONV_LAYOUT)(_positive_squeeze_axes(mod))
+        return relax.transform.ConvertLayout(CONV_LAYOUT)(quantize_as_elementwise(_positive_squeeze_axes(mod)))
     except Exception as e:  # noqa: BLE001 - TVM raises InternalError/ValueError/bad_alloc; the step is optional
         from mlc.compiler.worker import summarize
 
