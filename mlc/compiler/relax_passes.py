@@ -219,7 +219,9 @@ def quantize_as_elementwise(mod):
             xdt = str(x.ty.dtype)
             shifted = relax.op.add(relax.op.round(relax.op.divide(x, relax.const(scale.astype(xdt), xdt))),
                                    relax.const(zero.astype(xdt), xdt))
-            return relax.op.astype(relax.op.clip(shifted, low, high), dtype)
+            # maximum/minimum, not clip: ConvertLayout has no layout rule for clip either
+            clipped = relax.op.minimum(relax.op.maximum(shifted, relax.const(low, xdt)), relax.const(high, xdt))
+            return relax.op.astype(clipped, dtype)
 
     rewrite = Rewrite(mod)
     for gv, func in mod.functions_items():
