@@ -289,7 +289,8 @@ def _report_compile(result, as_json: bool) -> None:
     if result.archive:
         out.print(f"archive:  {result.archive}")
     if m.compile.schedules:
-        out.print("kernels: " + ", ".join(f"{len(v)} {k}" for k, v in m.compile.schedules.items() if v))
+        out.print("kernels: " + ", ".join(f"{len(v)} {k}" for k, v in m.compile.schedules.items()
+                                          if v and k != "tuned_at"))
 
 
 @app.command("tune")
@@ -308,6 +309,9 @@ def tune_cmd(
     threads: Optional[int] = typer.Option(None, "--threads",
                                           help="Threads to measure with: the count the model will run with "
                                                "(default: TVM's own choice, as at run time)."),
+    dynamic: List[str] = typer.Option([], "--dynamic", help="Dims a --dynamic build keeps symbolic (seq or "
+                                      "seq=1..512): tune at one length of each (the reference's or --input-shape's) "
+                                      "and let that build's symbolic kernels take these records."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Autotune the model's kernels with MetaSchedule into a resumable database (Ctrl-C keeps every record)."""
@@ -319,7 +323,7 @@ def tune_cmd(
     display = contextlib.nullcontext() if as_json else TuneProgress(err, per_task, budget_s)
     with display as progress:
         result = tuning.tune(model, target=target, db=db, trials=trials, budget=budget, input_shapes=input_shape,
-                             rpc_tracker=rpc_tracker, rpc_key=rpc_key, threads=threads,
+                             rpc_tracker=rpc_tracker, rpc_key=rpc_key, threads=threads, dynamic=dynamic,
                              on_event=progress.update if progress else (lambda e, t: None))
     for note in result.notes:
         err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)

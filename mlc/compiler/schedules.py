@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from mlc.compiler import dynamic_records
 from mlc.compiler.schedule_rules import SCHEDULED
 
 
@@ -106,7 +107,9 @@ def _kernels(mod) -> dict[str, bool]:
 
 def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool,
           notes: Optional[list[str]] = None) -> tuple[Any, dict[str, list[str]]]:
-    """Compile `mod`; returns the executable and which kernels were {tuned, default, unscheduled}.
+    """Compile `mod`; returns the executable and which kernels were {tuned, default, unscheduled}, and with a
+    database of `mlc tune --dynamic` "tuned_at": ["kernel: seq=128"], the symbolic kernels among the tuned ones
+    and the length of the static twin whose record each took.
     Optional steps skipped because TVM failed on them are appended to `notes`."""
     import tvm
     from tvm import relax
@@ -118,6 +121,7 @@ def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool
 
     target = tvm.target.Target(target_json)
     report: dict[str, list[str]] = {"tuned": [], "default": [], "unscheduled": []}
+    lengths = dynamic_records.read_lengths(db_dir) if db_dir else {}
 
     @tvm.transform.module_pass(opt_level=0)
     def pipeline(mod, _ctx):
@@ -128,6 +132,11 @@ def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool
                 database = ms.database.JSONDatabase(work_dir=db_dir, module_equality="structural")
                 with database:
                     mod = relax.transform.MetaScheduleApplyDatabase()(mod)
+                if lengths:  # kernels over symbolic dims: the records of their static twins
+                    mod, replayed, failed = dynamic_records.apply(mod, database, target, lengths, SCHEDULED)
+                    report["tuned_at"] = [f"{k}: {v}" for k, v in sorted(replayed.items())]
+                    for name, why in sorted(failed.items()):
+                        (notes if notes is not None else []).append(f"kernel {name} keeps the default schedule: {why}")
             tuned = {k for k, v in _kernels(mod).items() if v and not before.get(k, False)}
             if default:
                 mod = rules.apply_default_schedules(mod, target)

@@ -1,0 +1,176 @@
+"""Tuning records for kernels over symbolic dims (issue #23): a `--dynamic` build's kernel takes the record of
+its static twin, the same kernel at a length `mlc tune --dynamic` tuned.
+
+MetaSchedule keys records by the kernel's structure, constants included, so a kernel over `seq` never matches
+the record tuned at seq=128. Here the symbolic dims are bound to each tuned length (PrimFunc.specialize), the
+record is looked up by that static kernel, and its trace is replayed on the symbolic kernel. A trace cannot be
+replayed as it is: SamplePerfectTile needs a constant extent (TVM 0.27 fails with "old_rv != nullptr"). So the
+sampled tile sizes become literal split factors, the outermost one left open (None): TVM computes it as
+ceildiv(extent, product of the others), which is the sampled factor at the tuned length and a predicated tail
+at other lengths.
+
+The lengths tuned are kept next to the database (LENGTHS_FILE); this module reads it without tvm."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+LENGTHS_FILE = "dynamic_lengths.json"
+_SAMPLING = ("SamplePerfectTile", "SampleCategorical", "SampleComputeLocation", "SamplePartitionedTile")
+
+
+def read_lengths(db_dir: str | Path) -> dict[str, list[int]]:
+    """{dim: [lengths tuned, first = the preferred one]} from a database folder; {} when none were recorded."""
+    path = Path(db_dir) / LENGTHS_FILE
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except ValueError:
+        return {}
+    return {str(k): [int(v) for v in vs] for k, vs in data.get("dims", {}).items()}
+
+
+def add_lengths(db_dir: str | Path, lengths: dict[str, int]) -> dict[str, list[int]]:
+    """Record that the database holds kernels tuned at `lengths` ({dim: length}); earlier lengths stay first."""
+    known = read_lengths(db_dir)
+    for dim, value in lengths.items():
+        if int(value) not in known.setdefault(dim, []):
+            known[dim].append(int(value))
+    path = Path(db_dir) / LENGTHS_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"dims": known}, indent=1) + "\n")
+    tmp.replace(path)
+    return known
+
+
+def _shape(param):
+    try:
+        return list(param.shape)
+    except AttributeError:  # a scalar parameter (a symbolic dim passed by value)
+        return None
+
+
+def symbolic_dims(func) -> dict[str, Any]:
+    """{name: tirx Var} of the symbolic dims in `func`'s parameters (buffer shapes, scalar params)."""
+    from tvm import tirx
+
+    found: dict[str, Any] = {}
+    for param in func.params:
+        shape = _shape(param)
+        if shape is None:
+            if str(param.ty).startswith("int"):
+                found[param.name] = param
+            continue
+        for dim in shape:
+            if isinstance(dim, tirx.Var):
+                found[dim.name] = dim
+            elif not isinstance(dim, tirx.IntImm):
+                for var in tirx.analysis.undefined_vars(dim):
+                    found[var.name] = var
+    return found
+
+
+def specialize(func, values: dict[str, int]):
+    """`func` with the named symbolic dims bound to `values` (the static twin's form)."""
+    from tvm import tirx
+
+    for param in func.params:
+        shape = _shape(param)
+        if shape is None:
+            if param.name in values:
+                return specialize(func.specialize({param: tirx.IntImm(str(param.ty), values[param.name])}), values)
+            continue
+        if any(isinstance(d, tirx.Var) and d.name in values for d in shape):
+            static = [tirx.IntImm(str(d.ty), values[d.name]) if isinstance(d, tirx.Var) and d.name in values else d
+                      for d in shape]
+            return specialize(func.specialize({param: tirx.decl_buffer(static, param.dtype, param.name)}), values)
+    return func
+
+
+def searched(trace) -> bool:
+    """Whether a record's trace came from MetaSchedule's search; the default schedule `mlc tune` seeds the
+    database with samples nothing. Where that seed won, mlc's default rule schedules the symbolic kernel
+    itself (it handles symbolic rows better than a replay of its static trace)."""
+    return any(inst.kind.name in _SAMPLING for inst in trace.insts)
+
+
+def open_tiles(trace) -> list:
+    """The trace as JSON with each SamplePerfectTile's decision written into the splits that use it, the
+    outermost factor left for TVM to infer, so it replays on a symbolic extent."""
+    insts, decisions = trace.as_json()
+    decided = {int(d[0]): d[1] for d in decisions}
+    factors: dict[str, int] = {}
+    outermost: set[str] = set()
+    kept, kept_decisions = [], []
+    for index, inst in enumerate(insts):
+        name, inputs, attrs, outputs = str(inst[0]), list(inst[1]), inst[2], inst[3]
+        if name == "SamplePerfectTile" and index in decided:
+            for rv, factor in zip(outputs, decided[index]):
+                factors[str(rv)] = int(factor)
+            outermost.add(str(outputs[0]))
+            continue
+        inputs = [("None" if x in outermost else factors.get(x, x)) if isinstance(x, str) else x for x in inputs]
+        if index in decided:
+            kept_decisions.append([len(kept), decided[index]])
+        kept.append([name, inputs, attrs, outputs])
+    return [kept, kept_decisions]
+
+
+def replay(func, trace):
+    """`func` (symbolic) scheduled by `trace` (from its static twin); raises where TVM cannot apply it."""
+    import tvm
+    from tvm.s_tir import schedule as tsch
+
+    sch = tsch.Schedule(tvm.IRModule({"main": func}))
+    tsch.Trace.apply_json_to_schedule(open_tiles(trace), sch)
+    return sch.mod["main"]
+
+
+def apply(mod, database, target, lengths: dict[str, list[int]], scheduled_attr: str):
+    """Schedule each unscheduled kernel of `mod` over symbolic dims with its static twin's record.
+
+    Returns (mod, {kernel: "seq=128"} for kernels that took a record, {kernel: why} for kernels whose twin's
+    record did not replay (they keep the default schedule))."""
+    import tvm
+
+    from mlc.compiler.worker import summarize
+
+    applied: dict[str, str] = {}
+    failed: dict[str, str] = {}
+    updates = {}
+    for gv, func in mod.functions_items():
+        if not isinstance(func, tvm.tirx.PrimFunc) or (func.attrs and func.attrs.get(scheduled_attr, False)):
+            continue
+        dims = symbolic_dims(func)
+        if not dims or any(d not in lengths for d in dims):
+            continue
+        for values in _candidates({d: lengths[d] for d in dims}):
+            # keyed as MetaSchedule's task extraction keys it: a public "main"
+            twin = tvm.IRModule({"main": specialize(func, values).with_attr("global_symbol", "main")})
+            record = database.query_tuning_record(twin, target, "main") if database.has_workload(twin) else None
+            if record is None:
+                continue
+            at = ", ".join(f"{k}={v}" for k, v in values.items())
+            if not searched(record.trace):
+                break  # tuning kept mlc's default schedule for this kernel: the default rule schedules it
+            try:
+                updates[gv] = replay(func, record.trace).with_attr(scheduled_attr, True)
+                applied[gv.name_hint] = at
+            except Exception as e:  # noqa: BLE001 - TVM rejects the trace on this kernel: the default schedule
+                failed[gv.name_hint] = f"the record tuned at {at} did not replay ({summarize(e)})"
+            break
+    for gv, func in updates.items():
+        mod[gv] = func
+    return mod, applied, failed
+
+
+def _candidates(lengths: dict[str, list[int]]):
+    """Assignments of the tuned lengths to the kernel's dims, the preferred (first recorded) lengths first."""
+    import itertools
+
+    names = sorted(lengths)
+    for combo in itertools.product(*(lengths[n] for n in names)):
+        yield dict(zip(names, combo))
