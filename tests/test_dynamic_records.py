@@ -53,7 +53,7 @@ def _commit_sampled_records(ms, tvm, schedules, static_mod, target, db):
     return named
 
 
-def test_symbolic_kernel_takes_its_static_twins_record_and_stays_exact(tmp_path):
+def test_symbolic_kernel_takes_its_static_twins_record_and_stays_exact(tmp_path, monkeypatch):
     tvm = pytest.importorskip("tvm")
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
@@ -73,20 +73,26 @@ def test_symbolic_kernel_takes_its_static_twins_record_and_stays_exact(tmp_path)
 
     symbolic = _module(relax, tvm.tirx.Var("n", "int64"), weight)
     notes: list[str] = []
+    # Without the opt-in the twin is found and named, not applied (replays measured slower than the defaults).
+    _, report = schedules.build(symbolic, target_json, str(db), True, notes)
+    assert not report["tuned"] and not report["tuned_at"] and report["default"], report
+    assert len(notes) == 1 and f"static twins (n={TUNED_AT}), not applied" in notes[0], notes
+    assert notes[0].endswith(", ".join(sorted(tuned))), notes
+    notes.clear()
+    monkeypatch.setenv(dynamic_records.REPLAY_ENV, "replay")
     executable, report = schedules.build(symbolic, target_json, str(db), True, notes)
     expected = [f"{name}: n={TUNED_AT}" for name in sorted(report["tuned"])]
     assert report.get("tuned_at") and report["tuned_at"] == expected, report
     assert set(report["tuned"]) == set(tuned) and not report["unscheduled"], report
     assert not notes, notes
-    # The record's row tiles survive on the symbolic rows (as ceildiv(n, tile) with a predicated tail): replayed as
-    # it is, TVM's SamplePerfectTile ignores the decision on a symbolic extent and leaves one row per tile.
+    # keep_tiles: the record's row tiles survive on the symbolic rows (ceildiv(n, tile), a predicated tail).
     kernel = next(f for gv, f in schedules.extract_tasks(symbolic, target)[0][0].dispatched[0].functions_items())
     twin = tvm.IRModule({"main": dynamic_records.specialize(kernel, {"n": TUNED_AT})})
     record = ms.database.JSONDatabase(work_dir=str(db), module_equality="structural").query_tuning_record(
         twin, target, "main")
     rows_tile = next(list(map(int, d)) for i, d in record.trace.decisions.items() if i.kind.name == "SamplePerfectTile")
     assert int(np.prod(rows_tile[1:])) > 1, rows_tile  # the sample tiles the rows, so the check below means something
-    replayed = dynamic_records.replay(kernel, record.trace).script()
+    replayed = dynamic_records.replay(kernel, record.trace, keep_tiles=True).script()
     assert f"(n + T.int64({int(np.prod(rows_tile[1:])) - 1})) // T.int64({int(np.prod(rows_tile[1:]))})" in replayed
     vm = relax.VirtualMachine(executable, tvm.cpu())
     for rows in (1, 7, TUNED_AT, 45):  # below, at and above the tuned length; 45 is not a multiple of any tile

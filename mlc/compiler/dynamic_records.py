@@ -14,10 +14,12 @@ The lengths tuned are kept next to the database (LENGTHS_FILE); this module read
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 LENGTHS_FILE = "dynamic_lengths.json"
+REPLAY_ENV = "MLC_DYNAMIC_RECORDS"
 _SAMPLING = ("SamplePerfectTile", "SampleCategorical", "SampleComputeLocation", "SamplePartitionedTile")
 
 
@@ -97,48 +99,82 @@ def searched(trace) -> bool:
     return any(inst.kind.name in _SAMPLING for inst in trace.insts)
 
 
-def open_tiles(trace) -> list:
-    """The trace as JSON with each SamplePerfectTile's decision written into the splits that use it, the
-    outermost factor left for TVM to infer, so it replays on a symbolic extent."""
-    insts, decisions = trace.as_json()
-    decided = {int(d[0]): d[1] for d in decisions}
-    factors: dict[str, int] = {}
-    outermost: set[str] = set()
-    kept, kept_decisions = [], []
-    for index, inst in enumerate(insts):
-        name, inputs, attrs, outputs = str(inst[0]), list(inst[1]), inst[2], inst[3]
-        if name == "SamplePerfectTile" and index in decided:
-            for rv, factor in zip(outputs, decided[index]):
-                factors[str(rv)] = int(factor)
-            outermost.add(str(outputs[0]))
+def open_tiles(trace, symbolic: set[int], keep_tiles: bool = False):
+    """`trace` with the SamplePerfectTile instructions at indices `symbolic` (those over a symbolic extent) replaced
+    by literal split factors: the outermost left for TVM to infer (ceildiv(extent, the rest)), the others 1 (the
+    symbolic loop untiled, no predicate) or, with `keep_tiles`, the tuned ones (a predicated tail)."""
+    from tvm import tirx
+    from tvm.s_tir.schedule import Instruction, Trace
+
+    decisions = dict(trace.decisions.items())
+    factors: dict = {}
+    insts, kept_decisions = [], {}
+    for index, inst in enumerate(trace.insts):
+        if index in symbolic:
+            for position, (rv, factor) in enumerate(zip(inst.outputs, decisions[inst])):
+                factors[rv] = None if position == 0 else tirx.IntImm("int64", int(factor) if keep_tiles else 1)
             continue
-        inputs = [("None" if x in outermost else factors.get(x, x)) if isinstance(x, str) else x for x in inputs]
-        if index in decided:
-            kept_decisions.append([len(kept), decided[index]])
-        kept.append([name, inputs, attrs, outputs])
-    return [kept, kept_decisions]
+        if any(x in factors for x in inst.inputs if x is not None and not isinstance(x, (int, float, str))):
+            inst = Instruction(inst.kind, [factors.get(x, x) if x is not None and not isinstance(
+                x, (int, float, str)) else x for x in inst.inputs], list(inst.attrs), list(inst.outputs))
+        elif inst in decisions:
+            kept_decisions[inst] = decisions[inst]
+        insts.append(inst)
+    return Trace(insts, kept_decisions)
 
 
-def replay(func, trace):
-    """`func` (symbolic) scheduled by `trace` (from its static twin); raises where TVM cannot apply it."""
+class _SymbolicSample(Exception):
+    pass
+
+
+def replay(func, trace, keep_tiles: bool = False):
+    """`func` (symbolic) scheduled by `trace` (from its static twin); raises where TVM cannot apply it.
+    SamplePerfectTile cannot sample a symbolic extent (TVM 0.27 fails with "old_rv != nullptr"): each such
+    sample is found by replaying up to it (the decision provider sees the loop), then written as fixed factors."""
     import tvm
+    from tvm import tirx
     from tvm.s_tir import schedule as tsch
 
-    sch = tsch.Schedule(tvm.IRModule({"main": func}))
-    tsch.Trace.apply_json_to_schedule(open_tiles(trace), sch)
-    return sch.mod["main"]
+    symbolic: set[int] = set()
+    originals = list(trace.insts)
+    while True:
+        rewritten = open_tiles(trace, symbolic, keep_tiles)
+        sch = tsch.Schedule(tvm.IRModule({"main": func}))
+        found: list[int] = []
+
+        def provider(inst, inputs, _attrs, decision, sch=sch, found=found):
+            if inst.kind.name == "SamplePerfectTile" and not isinstance(sch.get(inputs[0]).extent, tirx.IntImm):
+                found.append(next(i for i, x in enumerate(originals) if x.same_as(inst)))
+                raise _SymbolicSample()
+            return decision
+
+        try:
+            rewritten.apply_to_schedule(sch, remove_postproc=False, decision_provider=provider)
+            return sch.mod["main"]
+        except Exception:
+            if not found or found[0] in symbolic:
+                raise
+            symbolic.add(found[0])
 
 
-def apply(mod, database, target, lengths: dict[str, list[int]], scheduled_attr: str):
-    """Schedule each unscheduled kernel of `mod` over symbolic dims with its static twin's record.
+def replay_requested() -> bool:
+    """Replays are opt-in (REPLAY_ENV=replay): on bert-tiny every replayed kernel ran slower than mlc's default
+    schedule of the symbolic kernel, 1.1-3x the whole model (benchmarks/dynamic-tuning)."""
+    return os.environ.get(REPLAY_ENV, "") == "replay"
 
-    Returns (mod, {kernel: "seq=128"} for kernels that took a record, {kernel: why} for kernels whose twin's
-    record did not replay (they keep the default schedule))."""
+
+def apply(mod, database, target, lengths: dict[str, list[int]], scheduled_attr: str, replay_records: bool):
+    """Find the static twin's record of each unscheduled kernel of `mod` over symbolic dims; with
+    `replay_records`, schedule the kernel with it.
+
+    Returns (mod, applied {kernel: "seq=128"}, withheld {kernel: "seq=128"}: twins with a searched record not
+    applied, failed {kernel: why}: twins whose record did not replay (the kernel keeps the default schedule))."""
     import tvm
 
     from mlc.compiler.worker import summarize
 
     applied: dict[str, str] = {}
+    withheld: dict[str, str] = {}
     failed: dict[str, str] = {}
     updates = {}
     for gv, func in mod.functions_items():
@@ -156,6 +192,9 @@ def apply(mod, database, target, lengths: dict[str, list[int]], scheduled_attr: 
             at = ", ".join(f"{k}={v}" for k, v in values.items())
             if not searched(record.trace):
                 break  # tuning kept mlc's default schedule for this kernel: the default rule schedules it
+            if not replay_records:
+                withheld[gv.name_hint] = at
+                break
             try:
                 updates[gv] = replay(func, record.trace).with_attr(scheduled_attr, True)
                 applied[gv.name_hint] = at
@@ -164,7 +203,7 @@ def apply(mod, database, target, lengths: dict[str, list[int]], scheduled_attr: 
             break
     for gv, func in updates.items():
         mod[gv] = func
-    return mod, applied, failed
+    return mod, applied, withheld, failed
 
 
 def _candidates(lengths: dict[str, list[int]]):

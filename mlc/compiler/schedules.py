@@ -105,6 +105,17 @@ def _kernels(mod) -> dict[str, bool]:
             for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
 
 
+def _dynamic_notes(notes: list[str], withheld: dict[str, str], failed: dict[str, str]) -> None:
+    if withheld:
+        at = "; ".join(sorted(set(withheld.values())))
+        notes.append(f"{len(withheld)} kernels over symbolic dims have tuning records of their static twins ({at}), "
+                     f"not applied: replayed on symbolic extents such records ran slower than mlc's default schedules "
+                     f"(benchmarks/dynamic-tuning); {dynamic_records.REPLAY_ENV}=replay applies them: "
+                     + ", ".join(sorted(withheld)))
+    for name, why in sorted(failed.items()):
+        notes.append(f"kernel {name} keeps the default schedule: {why}")
+
+
 def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool,
           notes: Optional[list[str]] = None) -> tuple[Any, dict[str, list[str]]]:
     """Compile `mod`; returns the executable and which kernels were {tuned, default, unscheduled}, and with a
@@ -133,10 +144,10 @@ def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool
                 with database:
                     mod = relax.transform.MetaScheduleApplyDatabase()(mod)
                 if lengths:  # kernels over symbolic dims: the records of their static twins
-                    mod, replayed, failed = dynamic_records.apply(mod, database, target, lengths, SCHEDULED)
+                    mod, replayed, withheld, failed = dynamic_records.apply(
+                        mod, database, target, lengths, SCHEDULED, dynamic_records.replay_requested())
                     report["tuned_at"] = [f"{k}: {v}" for k, v in sorted(replayed.items())]
-                    for name, why in sorted(failed.items()):
-                        (notes if notes is not None else []).append(f"kernel {name} keeps the default schedule: {why}")
+                    _dynamic_notes(notes if notes is not None else [], withheld, failed)
             tuned = {k for k, v in _kernels(mod).items() if v and not before.get(k, False)}
             if default:
                 mod = rules.apply_default_schedules(mod, target)
