@@ -311,7 +311,7 @@ def tune_cmd(
                                                "(default: TVM's own choice, as at run time)."),
     dynamic: List[str] = typer.Option([], "--dynamic", help="Dims a --dynamic build keeps symbolic (seq or "
                                       "seq=1..512): tune at one length of each (the reference's or --input-shape's) "
-                                      "and let that build's symbolic kernels take these records."),
+                                      "and record it, so that build finds its kernels' static twins."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Autotune the model's kernels with MetaSchedule into a resumable database (Ctrl-C keeps every record)."""
@@ -340,7 +340,8 @@ def tune_cmd(
     measured = f", measured with {result.threads} thread(s)" if result.threads else ""
     out.print(f"tuned {len(result.tasks)} kernels: {result.trials} trials this run ({result.errors} failed) in "
               f"{result.seconds:.0f} s{measured}, stopped by {result.reason}; {result.records} records in {result.db}")
-    out.print(f"use them: mlc compile {model} --target {target} --db {db}")
+    out.print(f"use them: mlc compile {model} --target {target} --db {db}"
+              + (f" --dynamic {','.join(dynamic)}" if dynamic else ""))
 
 
 @app.command("rpc-server")

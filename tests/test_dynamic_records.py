@@ -85,15 +85,14 @@ def test_symbolic_kernel_takes_its_static_twins_record_and_stays_exact(tmp_path,
     assert report.get("tuned_at") and report["tuned_at"] == expected, report
     assert set(report["tuned"]) == set(tuned) and not report["unscheduled"], report
     assert not notes, notes
-    # keep_tiles: the record's row tiles survive on the symbolic rows (ceildiv(n, tile), a predicated tail).
+    # The symbolic rows are left untiled (no predicate); the record's column tiles stay, fused with the rows.
     kernel = next(f for gv, f in schedules.extract_tasks(symbolic, target)[0][0].dispatched[0].functions_items())
     twin = tvm.IRModule({"main": dynamic_records.specialize(kernel, {"n": TUNED_AT})})
     record = ms.database.JSONDatabase(work_dir=str(db), module_equality="structural").query_tuning_record(
         twin, target, "main")
-    rows_tile = next(list(map(int, d)) for i, d in record.trace.decisions.items() if i.kind.name == "SamplePerfectTile")
-    assert int(np.prod(rows_tile[1:])) > 1, rows_tile  # the sample tiles the rows, so the check below means something
-    replayed = dynamic_records.replay(kernel, record.trace, keep_tiles=True).script()
-    assert f"(n + T.int64({int(np.prod(rows_tile[1:])) - 1})) // T.int64({int(np.prod(rows_tile[1:]))})" in replayed
+    columns = [list(map(int, d)) for i, d in record.trace.decisions.items() if i.kind.name == "SamplePerfectTile"][1]
+    replayed = dynamic_records.replay(kernel, record.trace).script()
+    assert f"in T.parallel(n * T.int64({columns[0] * columns[1]}), " in replayed, replayed  # rows x column tiles
     vm = relax.VirtualMachine(executable, tvm.cpu())
     for rows in (1, 7, TUNED_AT, 45):  # below, at and above the tuned length; 45 is not a multiple of any tile
         x = RNG.standard_normal((rows, 64)).astype(np.float32)

@@ -4,10 +4,12 @@ its static twin, the same kernel at a length `mlc tune --dynamic` tuned.
 MetaSchedule keys records by the kernel's structure, constants included, so a kernel over `seq` never matches
 the record tuned at seq=128. Here the symbolic dims are bound to each tuned length (PrimFunc.specialize), the
 record is looked up by that static kernel, and its trace is replayed on the symbolic kernel. A trace cannot be
-replayed as it is: SamplePerfectTile needs a constant extent (TVM 0.27 fails with "old_rv != nullptr"). So the
-sampled tile sizes become literal split factors, the outermost one left open (None): TVM computes it as
-ceildiv(extent, product of the others), which is the sampled factor at the tuned length and a predicated tail
-at other lengths.
+replayed as it is: SamplePerfectTile cannot sample a symbolic extent (TVM 0.27 fails with "old_rv != nullptr"),
+so those samples become literal factors that leave the symbolic loop untiled (see open_tiles); the other loops
+keep their tuned tiles, vectorization and unrolling.
+
+Measured on bert-tiny (benchmarks/dynamic-tuning), every replayed kernel but one ran slower than mlc's default
+schedule of the symbolic kernel, so replays are opt-in (REPLAY_ENV); by default the build names the twins found.
 
 The lengths tuned are kept next to the database (LENGTHS_FILE); this module reads it without tvm."""
 
@@ -99,10 +101,11 @@ def searched(trace) -> bool:
     return any(inst.kind.name in _SAMPLING for inst in trace.insts)
 
 
-def open_tiles(trace, symbolic: set[int], keep_tiles: bool = False):
+def open_tiles(trace, symbolic: set[int]):
     """`trace` with the SamplePerfectTile instructions at indices `symbolic` (those over a symbolic extent) replaced
-    by literal split factors: the outermost left for TVM to infer (ceildiv(extent, the rest)), the others 1 (the
-    symbolic loop untiled, no predicate) or, with `keep_tiles`, the tuned ones (a predicated tail)."""
+    by literal split factors [None, 1, ...]: the symbolic loop is left untiled, without a predicate. Keeping the
+    tuned factors instead (ceildiv(extent, tile) with a predicated tail) ran 1.2-80x slower and gave wrong outputs
+    on bert-tiny at seq 8 and 200 (max abs diff 0.087; benchmarks/dynamic-tuning)."""
     from tvm import tirx
     from tvm.s_tir.schedule import Instruction, Trace
 
@@ -111,8 +114,8 @@ def open_tiles(trace, symbolic: set[int], keep_tiles: bool = False):
     insts, kept_decisions = [], {}
     for index, inst in enumerate(trace.insts):
         if index in symbolic:
-            for position, (rv, factor) in enumerate(zip(inst.outputs, decisions[inst])):
-                factors[rv] = None if position == 0 else tirx.IntImm("int64", int(factor) if keep_tiles else 1)
+            for position, rv in enumerate(inst.outputs):
+                factors[rv] = None if position == 0 else tirx.IntImm("int64", 1)
             continue
         if any(x in factors for x in inst.inputs if x is not None and not isinstance(x, (int, float, str))):
             inst = Instruction(inst.kind, [factors.get(x, x) if x is not None and not isinstance(
@@ -127,7 +130,7 @@ class _SymbolicSample(Exception):
     pass
 
 
-def replay(func, trace, keep_tiles: bool = False):
+def replay(func, trace):
     """`func` (symbolic) scheduled by `trace` (from its static twin); raises where TVM cannot apply it.
     SamplePerfectTile cannot sample a symbolic extent (TVM 0.27 fails with "old_rv != nullptr"): each such
     sample is found by replaying up to it (the decision provider sees the loop), then written as fixed factors."""
@@ -138,7 +141,7 @@ def replay(func, trace, keep_tiles: bool = False):
     symbolic: set[int] = set()
     originals = list(trace.insts)
     while True:
-        rewritten = open_tiles(trace, symbolic, keep_tiles)
+        rewritten = open_tiles(trace, symbolic)
         sch = tsch.Schedule(tvm.IRModule({"main": func}))
         found: list[int] = []
 

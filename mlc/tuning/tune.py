@@ -88,7 +88,8 @@ def tune(
     count can lose at another.
     `dynamic`: dims a `mlc compile --dynamic` build keeps symbolic ('seq=1..512'): the kernels are tuned at one
     length of each (the reference input's, or --input-shape's), and the database records that length, so the
-    symbolic build's kernels take the records of their static twins. A rerun at another length adds it."""
+    symbolic build can find each kernel's static twin (mlc.compiler.dynamic_records). A rerun at another length
+    adds it."""
     from mlc import passes as graph_passes
     from mlc import targets
     from mlc.compiler import runtimes
@@ -153,8 +154,9 @@ def tune(
     if lengths:
         at = ", ".join(f"{k}={v}" for k, v in lengths.items())
         notes.append(f"tuned at {at} for builds with --dynamic {','.join(lengths)}: `mlc compile --dynamic ... "
-                     f"--db {db}` gives their symbolic kernels the records of these static twins; tune again with "
-                     "another --input-shape to add a length")
+                     f"--db {db}` finds the static twin of each symbolic kernel and names it; "
+                     f"{dynamic_records.REPLAY_ENV}=replay replays the twins' records on the symbolic kernels (on "
+                     "bert-tiny slower than mlc's default schedules: benchmarks/dynamic-tuning)")
     elif any(isinstance(d, str) for spec in prepared.specs for d in spec.shape):
         shapes = ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in prepared.fixed.items())
         notes.append(f"tuned for static input shapes {shapes}; compile with the same shapes to use the records")
