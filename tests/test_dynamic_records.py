@@ -116,3 +116,15 @@ def test_a_database_without_dynamic_lengths_leaves_symbolic_kernels_to_the_defau
                                    tvm.target.Target(target_json), db)
     _, report = schedules.build(_module(relax, tvm.tirx.Var("n", "int64"), weight), target_json, str(db), True, [])
     assert not report["tuned"] and "tuned_at" not in report and report["default"], report
+
+
+def test_tune_dynamic_checks_the_dim_and_the_length_before_tuning(tmp_path):
+    from helpers import assert_clean_error, mlp_onnx, run_mlc
+
+    model = mlp_onnx(tmp_path / "mlp.onnx")  # batch symbolic; the reference input has a small batch
+    db = tmp_path / "db"
+    assert_clean_error(run_mlc("tune", model, "--db", db, "--dynamic", "seq"), 1,
+                       "--dynamic seq: the model has no dim named 'seq'; its symbolic dims: batch")
+    assert_clean_error(run_mlc("tune", model, "--db", db, "--dynamic", "batch=100..200"), 1,
+                       "--dynamic batch=100..200: tuning would run at batch=", "outside the range; give --input-shape")
+    assert not (db / "dynamic_lengths.json").exists()
