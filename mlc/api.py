@@ -57,9 +57,11 @@ def compile(  # noqa: A001 - the verb users know
     """Compile a model (ONNX, PyTorch, TensorFlow, Paddle, or zoo:NAME) for a target into a
     verified artifact directory. Framework models are checked against the framework's eager outputs.
 
-    CPU targets get tuned schedules from the tuning database `db` (see `mlc tune`; symbolic
-    input dims then take the reference sizes, as when tuning) and mlc's default schedules for
-    the other kernels (`default_schedules=False`: TVM's unscheduled loops, for comparison).
+    CPU targets get tuned schedules from the tuning database `db` (see `mlc tune`; records match
+    static kernels: with `dynamic`, symbolic kernels keep the default schedules, and a database from
+    `mlc tune --dynamic` names their static twins, replayed on them only with MLC_DYNAMIC_RECORDS=replay)
+    and mlc's default schedules for the other kernels (`default_schedules=False`: TVM's unscheduled loops,
+    for comparison).
 
     Raises MlcError subclasses for anything the user can fix; AccuracyError (exit 3) is not
     raised here: the artifact is written and `result.check` says whether it matches.

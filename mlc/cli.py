@@ -302,7 +302,8 @@ def _report_compile(result, as_json: bool) -> None:
     if result.archive:
         out.print(f"archive:  {result.archive}")
     if m.compile.schedules:
-        out.print("kernels: " + ", ".join(f"{len(v)} {k}" for k, v in m.compile.schedules.items() if v))
+        out.print("kernels: " + ", ".join(f"{len(v)} {k}" for k, v in m.compile.schedules.items()
+                                          if v and k != "tuned_at"))
 
 
 @app.command("tune")
@@ -321,6 +322,9 @@ def tune_cmd(
     threads: Optional[int] = typer.Option(None, "--threads",
                                           help="Threads to measure with: the count the model will run with "
                                                "(default: TVM's own choice, as at run time)."),
+    dynamic: List[str] = typer.Option([], "--dynamic", help="Dims a --dynamic build keeps symbolic (seq or "
+                                      "seq=1..512): tune at one length of each (the reference's or --input-shape's) "
+                                      "and record it, so that build finds its kernels' static twins."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Autotune the model's kernels with MetaSchedule into a resumable database (Ctrl-C keeps every record)."""
@@ -332,7 +336,7 @@ def tune_cmd(
     display = contextlib.nullcontext() if as_json else TuneProgress(err, per_task, budget_s)
     with display as progress:
         result = tuning.tune(model, target=target, db=db, trials=trials, budget=budget, input_shapes=input_shape,
-                             rpc_tracker=rpc_tracker, rpc_key=rpc_key, threads=threads,
+                             rpc_tracker=rpc_tracker, rpc_key=rpc_key, threads=threads, dynamic=dynamic,
                              on_event=progress.update if progress else (lambda e, t: None))
     for note in result.notes:
         err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
@@ -349,7 +353,8 @@ def tune_cmd(
     measured = f", measured with {result.threads} thread(s)" if result.threads else ""
     out.print(f"tuned {len(result.tasks)} kernels: {result.trials} trials this run ({result.errors} failed) in "
               f"{result.seconds:.0f} s{measured}, stopped by {result.reason}; {result.records} records in {result.db}")
-    out.print(f"use them: mlc compile {model} --target {target} --db {db}")
+    out.print(f"use them: mlc compile {model} --target {target} --db {db}"
+              + (f" --dynamic {','.join(dynamic)}" if dynamic else ""))
 
 
 @app.command("rpc-server")

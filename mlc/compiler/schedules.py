@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from mlc.compiler import dynamic_records
 from mlc.compiler.schedule_rules import SCHEDULED
 
 
@@ -106,9 +107,22 @@ def _kernels(mod) -> dict[str, bool]:
             for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
 
 
+def _dynamic_notes(notes: list[str], withheld: dict[str, str], failed: dict[str, str]) -> None:
+    if withheld:
+        at = "; ".join(sorted(set(withheld.values())))
+        notes.append(f"{len(withheld)} kernels over symbolic dims have tuning records of their static twins ({at}), "
+                     f"not applied: replayed on symbolic extents such records ran slower than mlc's default schedules "
+                     f"(benchmarks/dynamic-tuning); {dynamic_records.REPLAY_ENV}=replay applies them: "
+                     + ", ".join(sorted(withheld)))
+    for name, why in sorted(failed.items()):
+        notes.append(f"kernel {name} keeps the default schedule: {why}")
+
+
 def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool,
           notes: Optional[list[str]] = None) -> tuple[Any, dict[str, list[str]]]:
-    """Compile `mod`; returns the executable and which kernels were {tuned, default, unscheduled}.
+    """Compile `mod`; returns the executable and which kernels were {tuned, default, unscheduled}, and with a
+    database of `mlc tune --dynamic` "tuned_at": ["kernel: seq=128"], the symbolic kernels among the tuned ones
+    and the length of the static twin whose record each took.
     Optional steps skipped because TVM failed on them are appended to `notes`."""
     import tvm
     from tvm import relax
@@ -120,6 +134,7 @@ def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool
 
     target = tvm.target.Target(target_json)
     report: dict[str, list[str]] = {"tuned": [], "default": [], "unscheduled": []}
+    lengths = dynamic_records.read_lengths(db_dir) if db_dir else {}
 
     @tvm.transform.module_pass(opt_level=0)
     def pipeline(mod, _ctx):
@@ -130,6 +145,11 @@ def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool
                 database = ms.database.JSONDatabase(work_dir=db_dir, module_equality="structural")
                 with database:
                     mod = relax.transform.MetaScheduleApplyDatabase()(mod)
+                if lengths:  # kernels over symbolic dims: the records of their static twins
+                    mod, replayed, withheld, failed = dynamic_records.apply(
+                        mod, database, target, lengths, SCHEDULED, dynamic_records.replay_requested())
+                    report["tuned_at"] = [f"{k}: {v}" for k, v in sorted(replayed.items())]
+                    _dynamic_notes(notes if notes is not None else [], withheld, failed)
             tuned = {k for k, v in _kernels(mod).items() if v and not before.get(k, False)}
             if default:
                 mod = rules.apply_default_schedules(mod, target)

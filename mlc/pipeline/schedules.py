@@ -79,14 +79,20 @@ def schedule_notes(report: Optional[dict], source: str, target: str, db: Optiona
     """Tell the user whether the build is tuned and what to run if it is not."""
     if not report:
         return []
-    total = sum(len(v) for v in report.values())
+    kinds = ("tuned", "default", "unscheduled")
+    total = sum(len(report.get(k, [])) for k in kinds)
     tuned = len(report.get("tuned", []))
+    notes = []
+    if report.get("tuned_at"):
+        twins = sorted({entry.split(": ", 1)[1] for entry in report["tuned_at"]})
+        notes.append(f"{len(report['tuned_at'])} kernels over symbolic dims took the records of their static twins "
+                     f"(tuned at {'; '.join(twins)}); the manifest's compile.schedules.tuned_at lists them")
     if tuned == total:
-        return []
+        return notes
     hint = f"`mlc tune {source} --target {target} --db DIR` then `mlc compile ... --db DIR`"
     if db is None:
         default = len(report.get("default", []))
         return [f"untuned build: {default} of {total} kernels use mlc's default CPU schedules; {hint} tunes them "
                 f"({TUNING_GAIN_NOTE})"]
-    return [f"{tuned} of {total} kernels were tuned (records in {db}); the other {total - tuned} use default "
-            f"schedules: tune this model into the database to cover them ({hint})"]
+    return notes + [f"{tuned} of {total} kernels were tuned (records in {db}); the other {total - tuned} use default "
+                    f"schedules: tune this model into the database to cover them ({hint})"]

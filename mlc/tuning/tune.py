@@ -77,6 +77,7 @@ def tune(
     on_event: Callable[[dict, list[TaskState]], None] = lambda event, tasks: None,
     seed: Optional[int] = None,
     threads: Optional[int] = None,
+    dynamic: Sequence[str] = (),
 ) -> TuneResult:
     """Tune `source`'s kernels for `target` into the database folder `db`.
 
@@ -84,13 +85,19 @@ def tune(
     `budget`: wall time for this run ('20m'). Either or both; neither means 64 per kernel.
     `threads`: the thread count kernels are measured with; make it the count the model will run with
     (default: TVM's own choice, as the runtime's; the result reports it). A schedule searched at one
-    count can lose at another."""
+    count can lose at another.
+    `dynamic`: dims a `mlc compile --dynamic` build keeps symbolic ('seq=1..512'): the kernels are tuned at one
+    length of each (the reference input's, or --input-shape's), and the database records that length, so the
+    symbolic build can find each kernel's static twin (mlc.compiler.dynamic_records). A rerun at another length
+    adds it."""
     from mlc import passes as graph_passes
     from mlc import targets
     from mlc.compiler import runtimes
     from mlc.pipeline.options import ModelSpec
     from mlc.pipeline.prepare import prepare
     from mlc.pipeline.steps import Timer, quiet_step
+
+    from mlc.compiler import dynamic_records
 
     if trials is not None and trials < 1:
         raise InputError(f"--trials must be at least 1, got {trials}")
@@ -124,6 +131,9 @@ def tune(
         steps = graph_passes.plan(device=preset.device)
         prepared = prepare(ModelSpec(source, input_shapes=input_shapes), work, Timer(quiet_step), static=True,
                            steps=steps)
+        lengths = _tuned_lengths(ModelSpec(source, input_shapes=input_shapes, dynamic=dynamic), prepared)
+        if lengths:
+            dynamic_records.add_lengths(db, lengths)
         request = {
             "relax_passes": [s.to_json() for s in steps], "onnx": str(prepared.cleaned_path), "target": preset.tvm,
             "db": str(db.resolve()),
@@ -141,12 +151,37 @@ def tune(
     if result.get("left_to_default"):
         notes.append(f"{len(result['left_to_default'])} kernel(s) keep mlc's default schedule (their repacked weights "
                      f"cannot be measured by MetaSchedule): {', '.join(result['left_to_default'])}")
-    if any(isinstance(d, str) for spec in prepared.specs for d in spec.shape):
+    if lengths:
+        at = ", ".join(f"{k}={v}" for k, v in lengths.items())
+        notes.append(f"tuned at {at} for builds with --dynamic {','.join(lengths)}: `mlc compile --dynamic ... "
+                     f"--db {db}` finds the static twin of each symbolic kernel and names it; "
+                     f"{dynamic_records.REPLAY_ENV}=replay replays the twins' records on the symbolic kernels (on "
+                     "bert-tiny slower than mlc's default schedules: benchmarks/dynamic-tuning)")
+    elif any(isinstance(d, str) for spec in prepared.specs for d in spec.shape):
         shapes = ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in prepared.fixed.items())
         notes.append(f"tuned for static input shapes {shapes}; compile with the same shapes to use the records")
     return TuneResult(db, tasks, result.get("trials", 0), record_count(db), time.time() - start,
                       result.get("reason", "trials"), errors, notes, result.get("left_to_default", []),
                       None if rpc_tracker else result.get("threads"))
+
+
+def _tuned_lengths(model, prepared) -> dict[str, int]:
+    """{dim: the length tuned at} for the dims --dynamic names; the length must lie in the dim's range."""
+    dims = model.dynamic_dims()
+    if not dims:
+        return {}
+    sizes = {d: size for spec in prepared.specs if spec.name in prepared.fixed
+             for d, size in zip(spec.shape, prepared.fixed[spec.name]) if isinstance(d, str)}
+    lengths = {}
+    for name, bounds in dims.items():
+        if name not in sizes:
+            known = ", ".join(sorted(sizes)) or "none"
+            raise InputError(f"--dynamic {name}: the model has no dim named {name!r}; its symbolic dims: {known}")
+        if bounds and not bounds[0] <= sizes[name] <= bounds[1]:
+            raise InputError(f"--dynamic {name}={bounds[0]}..{bounds[1]}: tuning would run at {name}={sizes[name]}, "
+                             "outside the range; give --input-shape with a length inside it")
+        lengths[name] = int(sizes[name])
+    return lengths
 
 
 def _run_child(request: dict, request_path: Path, on_event,
