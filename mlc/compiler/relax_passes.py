@@ -294,24 +294,14 @@ def _clip(x, lo, hi):
 
 
 def _extremum(pick):
-    """max/min (te.max, te.min) broadcasting a against b, where a NaN in either operand is the result, a's first
-    (ONNX Runtime's Max/Min). One block, so FuseOps sees an elementwise kernel (topi's maximum then where/isnan
-    over broadcasts left --quantize's clamp a kernel of its own after every conv)."""
     def fn(a, b):
-        from tvm import te, tirx, topi
+        from tvm import topi
 
-        shape = topi.maximum(a, b).shape  # the broadcast shape (this stage is not used)
-
-        def at(t, idx):
-            lead = len(idx) - len(t.shape)
-            return t(*[0 if isinstance(d, tirx.IntImm) and d.value == 1 else i
-                       for d, i in zip(t.shape, idx[lead:])])
-
-        def compute(*idx):
-            x, y = at(a, idx), at(b, idx)
-            return tirx.Select(tirx.isnan(x), x, tirx.Select(tirx.isnan(y), y, pick(x, y)))
-
-        return te.compute(shape, compute, name="compute")
+        out = pick(a, b)
+        for operand in (b, a):  # a NaN in either operand is the result, a's first (ONNX Runtime's Max/Min)
+            if hasattr(operand, "shape"):
+                out = topi.where(topi.isnan(operand), topi.broadcast_to(operand, out.shape), out)
+        return out
 
     return fn
 
@@ -324,7 +314,7 @@ def nan_preserving_legalizations() -> dict:
     """LegalizeOps overrides (op name -> legalize function) for relu, clip, maximum and minimum on
     floats that keep NaN where ONNX Runtime and torch keep it. TVM's versions are max/min, which
     LLVM emits as `a > b ? a : b`: max(NaN, 0) is 0, so a NaN disappeared behind a Relu."""
-    from tvm import te, topi
+    from tvm import topi
 
     def relu(bb, call):
         if not _is_float(call.args[0]):
@@ -336,17 +326,16 @@ def nan_preserving_legalizations() -> dict:
             return bb.call_te(topi.clip, call.args[0], call.args[1], call.args[2], primfunc_name_hint="tir_clip")
         return bb.call_te(_clip, call.args[0], call.args[1], call.args[2], primfunc_name_hint="tir_clip")
 
-    def binary_op(integer, pick, name):
+    def binary_op(pick, name):
         def legalize(bb, call):
             if not _is_float(call):
-                return bb.call_te(integer, call.args[0], call.args[1])
+                return bb.call_te(pick, call.args[0], call.args[1])
             return bb.call_te(_extremum(pick), call.args[0], call.args[1], primfunc_name_hint=name)
 
         return legalize
 
     return {"relax.nn.relu": relu, "relax.clip": clip,
-            "relax.maximum": binary_op(topi.maximum, te.max, "maximum"),
-            "relax.minimum": binary_op(topi.minimum, te.min, "minimum")}
+            "relax.maximum": binary_op(topi.maximum, "maximum"), "relax.minimum": binary_op(topi.minimum, "minimum")}
 
 
 def fast_math(mod, config: dict, target):
