@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import math
 
+from mlc.compiler.concat import schedule_concatenation
+
 SCHEDULED = "tirx.is_scheduled"
 PARALLEL_MIN = 2048  # below this many output elements a thread pool launch costs more than it saves
 ROW_TILE = 4
@@ -81,6 +83,21 @@ def _schedule_spatial(sch, block, lanes: int) -> None:
         return
     if any(_extent(sch, loop) is None for loop in loops):
         _schedule_symbolic_spatial(sch, loops, lanes)
+        return
+    last = _extent(sch, loops[-1])
+    if len(loops) > 1 and last >= lanes and last % lanes:
+        # Fused, a vector would straddle two rows of the innermost axis (a ViT's 197 tokens): div/mod gathers
+        # and a predicated tail, which TVM's vectorizer scalarizes (softmax's exp: 7 ns an element). The rows
+        # run in parallel instead, each row's loop vectorized by a width that divides it or left to LLVM's
+        # loop vectorizer (it adds the scalar tail itself).
+        total = math.prod(_extent(sch, loop) for loop in loops)
+        outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+        width = _narrow_lanes(last, lanes)
+        if width is not None:
+            _, inner = sch.split(loops[-1], factors=[None, width])
+            sch.vectorize(inner)
+        if total >= PARALLEL_MIN:
+            sch.parallel(outer)
         return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     extent = _extent(sch, fused)
@@ -172,10 +189,10 @@ def _pack_weights(sch, block, last, width: int, pairs: bool = False) -> None:
                                  lambda *idx: [idx[-1] // width, *idx[:-1], idx[-1] % width])
 
 
-def _tile_shape(j_extent: int, row_extent, lanes: int) -> tuple[int, int]:
+def _tile_shape(j_extent: int, row_extent, lanes: int, registers=None) -> tuple[int, int]:
     """(vectors, rows) of the register tile for a J that is a multiple of `lanes`."""
     vectors = 2 if j_extent % (2 * lanes) == 0 else 1
-    return vectors, _divisor_at_most(row_extent, _registers(lanes) // vectors)
+    return vectors, _divisor_at_most(row_extent, (registers or _registers(lanes)) // vectors)
 
 
 def _pad_width(sch, block, spatial, n_reduction: int, lanes: int) -> bool:
@@ -198,6 +215,35 @@ def _pad_width(sch, block, spatial, n_reduction: int, lanes: int) -> bool:
         sch.pad_einsum(block, factors)
         return True
     except Exception:  # noqa: BLE001 - not an einsum
+        return False
+
+
+def _narrow_lanes(j_extent, lanes: int):
+    """A narrower vector (8 or 4 floats) that divides a J no multiple of `lanes`, e.g. ghostnet's 12-, 36- and
+    72-channel convs (J is padded only in einsum blocks; a conv's predicated J tail made LLVM emit scalar code,
+    and a J below `lanes` was not vectorized at all); None when none divides it."""
+    if j_extent is None:
+        return None
+    return next((width for width in (lanes // 2, lanes // 4) if width >= 4 and j_extent % width == 0), None)
+
+
+def _pad_rows(sch, block, spatial, n_reduction: int, j_extent: int, lanes: int) -> bool:
+    """Zero-pad a static row count that the row tile does not divide (a ViT's 197 tokens) to a multiple of it, so
+    every tile runs without the per-row predicate that kept the tile out of registers. Einsum blocks only."""
+    if len(spatial) < 2:
+        return False
+    row_extent = _extent(sch, spatial[-2])
+    if row_extent is None:
+        return False
+    _, row_tile = _tile_shape(j_extent, row_extent, lanes)
+    if row_extent % row_tile == 0:
+        return False
+    factors = [1] * (len(spatial) + n_reduction)
+    factors[len(spatial) - 2] = row_tile
+    try:
+        sch.pad_einsum(block, factors)
+        return True
+    except Exception:  # noqa: BLE001 - not an einsum (a conv): the predicated tail
         return False
 
 
@@ -290,7 +336,8 @@ def _bf16_dot_block(sch, block, reduction, lanes: int, target) -> bool:
         return False
 
 
-def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf16: bool = False) -> None:
+def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf16: bool = False,
+                            registers=None) -> None:
     """out[M, J] += ... with J contiguous: a (rows x vectors) accumulator tile in registers,
     the reduction loops around it, blocks of J tiles outermost so their weight slices stay in
     cache while the rows stream past (each row tile visits the block's tiles in turn), epilogue
@@ -299,7 +346,7 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
 
     row_extent = _extent(sch, spatial[-2]) if len(spatial) > 1 else 1
     row_count = sch.get(spatial[-2]).extent if len(spatial) > 1 else None
-    vectors, row_tile = _tile_shape(_extent(sch, spatial[-1]), row_extent, lanes)
+    vectors, row_tile = _tile_shape(_extent(sch, spatial[-1]), row_extent, lanes, registers)
     depths = [_extent(sch, r) for r in reduction]
     if row_extent is None and None not in depths and math.prod(depths) * 4 % 4096 == 0:
         # Symbolic rows read `depth` floats apart: at a multiple of 4 KB every row of the tile maps to one
@@ -385,8 +432,16 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None) -> 
         last = sch.get(block).iter_vars[n_spatial - 1].var
         j_extent = _extent(sch, spatial[-1])
     if j_extent is not None and j_extent % lanes == 0 and contiguous:
+        if _pad_rows(sch, block, spatial, len(reduction), j_extent, lanes):
+            loops = sch.get_loops(block)
+            spatial, reduction = loops[:n_spatial], loops[n_spatial:]
+            last = sch.get(block).iter_vars[n_spatial - 1].var
         bf16 = target is not None and _bf16_dot_block(sch, block, reduction, lanes, target)
         _schedule_register_tile(sch, block, spatial, reduction, last, lanes, bf16)
+        return
+    narrow = _narrow_lanes(j_extent, lanes) if contiguous else None
+    if narrow is not None:
+        _schedule_register_tile(sch, block, spatial, reduction, last, narrow, registers=_registers(lanes))
         return
     if j_extent is not None and j_extent >= lanes and contiguous:
         jo, ji = sch.split(spatial[-1], factors=[None, lanes])
@@ -465,6 +520,9 @@ def _rule():
                 return self.schedule(func, target, bf16_dot=False)
 
         def schedule(self, func, target, bf16_dot: bool):
+            copies = schedule_concatenation(func, _lanes(target))
+            if copies is not None:
+                return copies
             sch = s_tir.Schedule(func)
             infos = normalize_prim_func(sch)
             if not infos:
