@@ -179,3 +179,28 @@ def test_relu6_fuses_into_its_conv_and_keeps_nan(tvm_tools, tmp_path):
     assert np.isnan(expected).any()
     np.testing.assert_array_equal(np.isnan(actual), np.isnan(expected))
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_row_reductions_keep_a_vector_of_partial_results(tvm_tools):
+    """Layer norm and softmax over rows of 64: each row's sum/max runs as 16 partial results in a vector (rfactor),
+    combined at the end of the row, not a scalar chain; results match numpy."""
+    tvm, relax, rules, schedules, target_json = tvm_tools
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 13, 64), "float32"))
+    gamma, beta = (RNG.standard_normal(64).astype(np.float32) for _ in range(2))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.layer_norm(x, relax.const(gamma), relax.const(beta), axes=[-1]))
+            out = bb.emit_output(relax.op.nn.softmax(y, axis=-1))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    kernels = _kernels(tvm, rules, schedules, mod, target_json)
+    assert all("_rf" in f.script() for f in kernels.values()), list(kernels)
+    values = (RNG.standard_normal((1, 13, 64)) * 4).astype(np.float32)
+    executable, report = schedules.build(mod, target_json, None, True)
+    assert not report["unscheduled"], report
+    mean, var = values.mean(-1, keepdims=True), values.var(-1, keepdims=True)
+    normed = (values - mean) / np.sqrt(var + 1e-5) * gamma + beta
+    e = np.exp(normed - normed.max(-1, keepdims=True))
+    np.testing.assert_allclose(_run(tvm, relax, executable, values), e / e.sum(-1, keepdims=True), rtol=1e-5,
+                               atol=1e-6)
