@@ -204,3 +204,24 @@ def test_row_reductions_keep_a_vector_of_partial_results(tvm_tools):
     e = np.exp(normed - normed.max(-1, keepdims=True))
     np.testing.assert_allclose(_run(tvm, relax, executable, values), e / e.sum(-1, keepdims=True), rtol=1e-5,
                                atol=1e-6)
+
+
+def test_depthwise_conv_reads_its_padding_inline(tvm_tools):
+    """A depthwise conv (stride 2, 48 channels) has no padded copy of its input (the padding is a select inside
+    the conv), a regular conv keeps its padding block, and both match TVM's unscheduled build."""
+    tvm, relax, rules, schedules, target_json = tvm_tools
+    for groups, padded in ((48, False), (1, True)):
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType((1, 48, 11, 11), "float32"))
+        weight = relax.const((RNG.standard_normal((48, 48 // groups, 3, 3)) * 0.1).astype(np.float32))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                out = bb.emit_output(relax.op.nn.conv2d(x, weight, strides=2, padding=1, groups=groups))
+            bb.emit_func_output(out)
+        mod = bb.get()
+        conv = next(f for name, f in _kernels(tvm, rules, schedules, mod, target_json).items() if "conv2d" in name)
+        assert ('T.sblock("pad_temp")' in conv.script()) == padded, conv.script()
+        values = RNG.standard_normal((1, 48, 11, 11)).astype(np.float32)
+        executable, _ = schedules.build(mod, target_json, None, True)
+        np.testing.assert_allclose(_run(tvm, relax, executable, values),
+                                   _run(tvm, relax, tvm.compile(mod, target="llvm"), values), rtol=1e-5, atol=1e-5)
