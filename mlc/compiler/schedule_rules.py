@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 
 from mlc.compiler import int8_dot
+from mlc.compiler.concat import schedule_concatenation
 
 SCHEDULED = "tirx.is_scheduled"
 PARALLEL_MIN = 2048  # below this many output elements a thread pool launch costs more than it saves
@@ -85,6 +86,21 @@ def _schedule_spatial(sch, block, lanes: int) -> None:
         return
     if any(_extent(sch, loop) is None for loop in loops):
         _schedule_symbolic_spatial(sch, loops, lanes)
+        return
+    last = _extent(sch, loops[-1])
+    if len(loops) > 1 and last >= lanes and last % lanes:
+        # Fused, a vector would straddle two rows of the innermost axis (a ViT's 197 tokens): div/mod gathers
+        # and a predicated tail, which TVM's vectorizer scalarizes (softmax's exp: 7 ns an element). The rows
+        # run in parallel instead, each row's loop vectorized by a width that divides it or left to LLVM's
+        # loop vectorizer (it adds the scalar tail itself).
+        total = math.prod(_extent(sch, loop) for loop in loops)
+        outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+        width = _narrow_lanes(last, lanes)
+        if width is not None:
+            _, inner = sch.split(loops[-1], factors=[None, width])
+            sch.vectorize(inner)
+        if total >= PARALLEL_MIN:
+            sch.parallel(outer)
         return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     extent = _extent(sch, fused)
@@ -177,15 +193,15 @@ def _pack_weights(sch, block, last, width: int, pairs: int = 0) -> None:
                                  lambda *idx: [idx[-1] // width, *idx[:-1], idx[-1] % width])
 
 
-def _tile_shape(j_extent: int, row_extent, lanes: int) -> tuple[int, int]:
+def _tile_shape(j_extent: int, row_extent, lanes: int, registers=None) -> tuple[int, int]:
     """(vectors, rows) of the register tile for a J that is a multiple of `lanes`."""
     vectors = 2 if j_extent % (2 * lanes) == 0 else 1
-    return vectors, _divisor_at_most(row_extent, _registers(lanes) // vectors)
+    return vectors, _divisor_at_most(row_extent, (registers or _registers(lanes)) // vectors)
 
 
-def _row_tile(j_extent: int, row_extent, lanes: int, depths) -> int:
+def _row_tile(j_extent: int, row_extent, lanes: int, depths, registers=None) -> int:
     """The register tile's rows (`_tile_shape`), fewer where symbolic rows would alias in L1 (below)."""
-    _, row_tile = _tile_shape(j_extent, row_extent, lanes)
+    _, row_tile = _tile_shape(j_extent, row_extent, lanes, registers)
     if row_extent is None and None not in depths and math.prod(depths) * 4 % 4096 == 0:
         # Symbolic rows read `depth` floats apart: at a multiple of 4 KB every row of the tile maps to one
         # L1 set, and more rows than the L1's ways (8) evict each other (bert-base's 3072 -> 768 layer:
@@ -221,6 +237,35 @@ def _pad_width(sch, block, spatial, n_reduction: int, lanes: int, depth: int = 0
         sch.pad_einsum(block, factors)
         return True
     except Exception:  # noqa: BLE001 - not an einsum
+        return False
+
+
+def _narrow_lanes(j_extent, lanes: int):
+    """A narrower vector (8 or 4 floats) that divides a J no multiple of `lanes`, e.g. ghostnet's 12-, 36- and
+    72-channel convs (J is padded only in einsum blocks; a conv's predicated J tail made LLVM emit scalar code,
+    and a J below `lanes` was not vectorized at all); None when none divides it."""
+    if j_extent is None:
+        return None
+    return next((width for width in (lanes // 2, lanes // 4) if width >= 4 and j_extent % width == 0), None)
+
+
+def _pad_rows(sch, block, spatial, n_reduction: int, j_extent: int, lanes: int) -> bool:
+    """Zero-pad a static row count that the row tile does not divide (a ViT's 197 tokens) to a multiple of it, so
+    every tile runs without the per-row predicate that kept the tile out of registers. Einsum blocks only."""
+    if len(spatial) < 2:
+        return False
+    row_extent = _extent(sch, spatial[-2])
+    if row_extent is None:
+        return False
+    _, row_tile = _tile_shape(j_extent, row_extent, lanes)
+    if row_extent % row_tile == 0:
+        return False
+    factors = [1] * (len(spatial) + n_reduction)
+    factors[len(spatial) - 2] = row_tile
+    try:
+        sch.pad_einsum(block, factors)
+        return True
+    except Exception:  # noqa: BLE001 - not an einsum (a conv): the predicated tail
         return False
 
 
@@ -314,7 +359,7 @@ def _bf16_dot_block(sch, block, reduction, lanes: int, target) -> bool:
 
 
 def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf16: bool = False,
-                            int8: bool = False) -> None:
+                            int8: bool = False, registers=None) -> None:
     """out[M, J] += ... with J contiguous: a (rows x vectors) accumulator tile in registers,
     the reduction loops around it, blocks of J tiles outermost so their weight slices stay in
     cache while the rows stream past (each row tile visits the block's tiles in turn), epilogue
@@ -323,9 +368,9 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
 
     row_extent = _extent(sch, spatial[-2]) if len(spatial) > 1 else 1
     row_count = sch.get(spatial[-2]).extent if len(spatial) > 1 else None
-    vectors, _ = _tile_shape(_extent(sch, spatial[-1]), row_extent, lanes)
+    vectors, _ = _tile_shape(_extent(sch, spatial[-1]), row_extent, lanes, registers)
     depths = [_extent(sch, r) for r in reduction]
-    row_tile = _row_tile(_extent(sch, spatial[-1]), row_extent, lanes, depths)
+    row_tile = _row_tile(_extent(sch, spatial[-1]), row_extent, lanes, depths, registers)
     jo, jv, ji = sch.split(spatial[-1], factors=[None, vectors, lanes])
     panels = _panels_per_block(_extent(sch, jo), None if None in depths else math.prod(depths), vectors * lanes)
     group = 2 if bf16 else int8_dot.QUAD if int8 else 0
@@ -419,9 +464,17 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None) -> 
         for pad in int8_dot.input_pads(sch, block) if depth else []:  # a copy of the activations: vectorized
             _schedule_spatial(sch, pad, lanes)
     if j_extent is not None and j_extent % lanes == 0 and contiguous:
+        if _pad_rows(sch, block, spatial, len(reduction), j_extent, lanes):
+            loops = sch.get_loops(block)
+            spatial, reduction = loops[:n_spatial], loops[n_spatial:]
+            last = sch.get(block).iter_vars[n_spatial - 1].var
         bf16 = target is not None and _bf16_dot_block(sch, block, reduction, lanes, target)
         int8 = int8 and int8_dot.depth_padding(sch, reduction) == 1
         _schedule_register_tile(sch, block, spatial, reduction, last, lanes, bf16, int8)
+        return
+    narrow = _narrow_lanes(j_extent, lanes) if contiguous else None
+    if narrow is not None:
+        _schedule_register_tile(sch, block, spatial, reduction, last, narrow, registers=_registers(lanes))
         return
     if j_extent is not None and j_extent >= lanes and contiguous:
         jo, ji = sch.split(spatial[-1], factors=[None, lanes])
@@ -449,10 +502,79 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None) -> 
         else:
             sch.parallel(spatial[first])
         return
+    if _vector_partial_sums(sch, block, spatial, reduction, lanes):
+        return
     fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
     extent = _extent(sch, fused)
     if extent is None or extent > 1:
         sch.parallel(fused)
+
+
+def _unit_stride_last(stmt, var) -> bool:
+    """Every read depends on `var` only in its last index, as var + (something without var)."""
+    import tvm
+
+    analyzer = tvm.sym.Analyzer()
+    for region in stmt.reads:
+        indices = [r.min for r in region.region]
+        if any(var in _vars_in(index) for index in indices[:-1]):
+            return False
+        if indices and var in _vars_in(indices[-1]) and var in _vars_in(analyzer.simplify(indices[-1] - var)):
+            return False
+    return True
+
+
+def _vector_partial_sums(sch, block, spatial, reduction, lanes: int) -> bool:
+    """A row reduction over a contiguous axis (layer norm's sums, softmax's max and sum over 768 or 128) as
+    `lanes` partial results in a vector, combined at the end of the row (rfactor), instead of a scalar chain of
+    dependent adds (one per 4 cycles); rows in parallel. Layer norm + softmax over 197 x 192: 0.66x the time,
+    128 x 768: 0.74x. False (nothing changed) where it does not fit."""
+    depth = _extent(sch, reduction[-1]) if len(reduction) == 1 else None
+    stmt = sch.get(block)
+    if (depth is None or depth % lanes or depth < 2 * lanes or None in [_extent(sch, s) for s in spatial]
+            or not _unit_stride_last(stmt, stmt.iter_vars[len(spatial)].var)):
+        return False
+    _, inner = sch.split(reduction[0], factors=[None, lanes])
+    try:  # partial[.., lane] (lanes last: one vector per row)
+        partial = sch.rfactor(inner, factor_axis=len(stmt.writes[0].region))
+    except Exception:  # noqa: BLE001 - not a reduction rfactor knows: the split alone changes nothing
+        return False
+    for target in (partial, block):  # each: rows (parallel), then its reduction loops
+        loops = sch.get_loops(target)
+        rows = loops[:len(spatial)]
+        row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+        if _extent(sch, row) > 1:
+            sch.parallel(row)
+    loops = sch.get_loops(partial)  # row, outer (reduction), lane
+    sch.vectorize(loops[-1])
+    init = sch.decompose_reduction(partial, loops[-2])
+    sch.vectorize(sch.get_loops(init)[-1])
+    return True
+
+
+# A depthwise conv reads its padding inline (a select on h/w, uniform across the channel vector) instead of from a
+# padded copy: mobilenetv2's and ghostnet's depthwise convs (with the layout transposes around them) 0.85-0.91x the
+# time. A module flag so a benchmark can build both.
+INLINE_DEPTHWISE_PAD = True
+
+
+def _feeds_depthwise(sch, pad) -> bool:
+    """Whether padding `pad` feeds only a conv that reads it with its output channel in the last index (a
+    depthwise conv: 9 multiply-adds per element, so a padded copy of its input cost as much as the conv)."""
+    consumers = sch.get_consumers(pad)
+    if len(consumers) != 1:
+        return False
+    stmt = sch.get(consumers[0])
+    written = sch.get(pad).writes[0].source
+    if not stmt.iter_vars or not any(str(v.iter_type) in ("2", "CommReduce") for v in stmt.iter_vars):
+        return False
+    spatial = [v.var for v in stmt.iter_vars if str(v.iter_type) in ("0", "DataPar")]
+    if not spatial:
+        return False
+    for region in stmt.reads:
+        if region.source.same_as(written):
+            return spatial[-1] in _vars_in(region.region[-1].min)
+    return False
 
 
 def _is_copy(block) -> bool:
@@ -500,6 +622,9 @@ def _rule():
                 return self.schedule(func, target, bf16_dot=False)
 
         def schedule(self, func, target, bf16_dot: bool):
+            copies = schedule_concatenation(func, _lanes(target))
+            if copies is not None:
+                return copies
             sch = s_tir.Schedule(func)
             infos = normalize_prim_func(sch)
             if not infos:
@@ -507,6 +632,12 @@ def _rule():
             # Padding stays its own loop: inlined into a convolution it puts a branch in the
             # vectorized inner loop.
             pads = [i for i in infos if i.is_injective() and i.is_data_pad(sch)]
+            if INLINE_DEPTHWISE_PAD:
+                inlined = [i for i in pads if _feeds_depthwise(sch, i.block_rv)]
+                for info in inlined:
+                    sch.compute_inline(info.block_rv)
+                pads = [i for i in pads if i not in inlined]
+                infos = [i for i in infos if i not in inlined]
             concat_inputs = _concatenation_inputs(sch, [i for i in infos if i not in pads])
             infos = try_inline_contiguous_spatial(sch, [i for i in infos if i not in pads + concat_inputs])
             for info in concat_inputs:  # copies (expand_dims) go into the concatenation; computed inputs stay out

@@ -58,13 +58,19 @@ def _convert_layout(mod, notes: list[str]):
     from mlc.compiler.relax_passes import quantize_as_elementwise
 
     try:
-        return relax.transform.ConvertLayout(CONV_LAYOUT)(quantize_as_elementwise(_positive_squeeze_axes(mod)))
+        converted = relax.transform.ConvertLayout(CONV_LAYOUT)(quantize_as_elementwise(_positive_squeeze_axes(mod)))
     except Exception as e:  # noqa: BLE001 - TVM raises InternalError/ValueError/bad_alloc; the step is optional
         from mlc.compiler.worker import summarize
 
         notes.append(f"layout conversion (conv2d to NHWC) skipped: TVM's ConvertLayout failed on this model: "
                      f"{summarize(e)}")
         return mod
+    try:
+        from mlc.compiler.layout_cleanup import cancel_transposes
+
+        return cancel_transposes(converted)
+    except Exception:  # noqa: BLE001 - an optimisation: the converted module as it is
+        return converted
 
 
 def _legalize_and_fuse(mod, target, notes: Optional[list[str]] = None):

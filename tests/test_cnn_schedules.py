@@ -1,0 +1,227 @@
+"""Default CPU schedules for the kernels small CNNs and ViTs have and resnet50/bert do not (#21/#22): concatenation
+as one copy per input (mlc/compiler/concat.py), convs whose channel count is no multiple of the vector width,
+static row counts the register tile does not divide, elementwise rows of an odd width, and ReLU6 (a Clip with
+constant bounds) fused into its conv with no transposes around it. Each builds tiny kernels in process and
+compares numbers with numpy, TVM's unscheduled build or ONNX Runtime."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+RNG = np.random.default_rng(0)
+
+
+@pytest.fixture(scope="module")
+def tvm_tools():
+    tvm = pytest.importorskip("tvm")
+    from tvm import relax
+
+    from mlc import targets
+    from mlc.compiler import schedule_rules as rules, schedules
+
+    return tvm, relax, rules, schedules, targets.resolve("x86").tvm
+
+
+def _run(tvm, relax, executable, *inputs):
+    return relax.VirtualMachine(executable, tvm.cpu())["main"](*(tvm.runtime.tensor(x) for x in inputs)).numpy()
+
+
+def _kernels(tvm, rules, schedules, mod, target_json):
+    target = tvm.target.Target(target_json)
+    mod = rules.apply_default_schedules(schedules._legalize_and_fuse(mod, target), target)
+    return {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+
+
+@pytest.mark.parametrize("shapes,axis", [([(1, 6, 5, 36), (1, 6, 5, 36)], 3),
+                                         ([(1, 5, 7, 3), (1, 5, 7, 9), (1, 5, 7, 4)], 3),
+                                         ([(2, 3, 4), (2, 5, 4), (2, 1, 4)], 1), ([(3, 16), (5, 16)], 0)])
+def test_concatenation_is_one_vectorized_copy_per_input(tvm_tools, shapes, axis):
+    """Each input is copied into its slice with no per-element select; the output equals numpy's exactly."""
+    tvm, relax, rules, _, target_json = tvm_tools
+    from tvm import te, topi
+
+    inputs = [te.placeholder(shape, name=f"p{i}") for i, shape in enumerate(shapes)]
+    func = te.create_prim_func([*inputs, topi.concatenate(inputs, axis)])
+    target = tvm.target.Target(target_json)
+    scheduled = rules.default_rule().apply(func, target, False).mod["main"]
+    text = scheduled.script()
+    assert all(f'T.sblock("copy{k}")' in text for k in range(len(shapes))) and "if_then_else" not in text, text
+    library = tvm.compile(scheduled.with_attr("global_symbol", "main"), target=target)
+    arrays = [RNG.standard_normal(shape).astype(np.float32) for shape in shapes]
+    expected = np.concatenate(arrays, axis)
+    out = tvm.runtime.tensor(np.full(expected.shape, np.nan, np.float32))
+    library["main"](*(tvm.runtime.tensor(a) for a in arrays), out)
+    np.testing.assert_array_equal(out.numpy(), expected)
+
+
+def test_concatenation_with_a_computed_input_keeps_the_general_schedule(tvm_tools):
+    """Only a plain concatenation is rewritten: an expression over it (a residual add) is left to the rule."""
+    tvm, _, rules, _, target_json = tvm_tools
+    from tvm import te, topi
+
+    a, b = te.placeholder((2, 8), name="a"), te.placeholder((2, 8), name="b")
+    func = te.create_prim_func([a, b, topi.add(topi.concatenate([a, b], 1), 1.0)])
+    scheduled = rules.default_rule().apply(func, tvm.target.Target(target_json), False).mod["main"]
+    assert 'T.sblock("copy0")' not in scheduled.script()
+
+
+def _conv_module(relax, x_shape, out_channels, kernel, groups=1, padding=0):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(x_shape, "float32"))
+    weight = relax.const((RNG.standard_normal((out_channels, x_shape[1] // groups, kernel, kernel)) * 0.1)
+                         .astype(np.float32))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, weight, padding=padding, groups=groups))
+            out = bb.emit_output(relax.op.nn.relu(y))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("x_shape,out_channels,kernel,groups,padding,width", [
+    ((1, 36, 9, 9), 36, 3, 36, 1, 4),  # ghostnet's depthwise convs: 36 = 9 x 4
+    ((1, 24, 8, 8), 24, 5, 24, 2, 8),
+    ((1, 72, 6, 6), 12, 1, 1, 0, 4),  # 1x1 to 12 channels: below one AVX-512 vector
+    ((1, 16, 7, 7), 8, 1, 1, 0, 8)])
+def test_conv_with_channels_no_multiple_of_the_vector_gets_a_narrower_register_tile(
+        tvm_tools, x_shape, out_channels, kernel, groups, padding, width):
+    """A J (output channels) that 16 lanes do not divide runs the register tile on 8 or 4 lanes (before: a
+    predicated scalar tail, or no vectorization below 16); results match TVM's unscheduled build."""
+    tvm, relax, rules, schedules, target_json = tvm_tools
+    mod = _conv_module(relax, x_shape, out_channels, kernel, groups, padding)
+    conv = next(f for name, f in _kernels(tvm, rules, schedules, mod, target_json).items() if "conv2d" in name)
+    text = conv.script()
+    assert 'scope="local"' in text and f"T.vectorized(T.int64({width}))" in text, text
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    executable, report = schedules.build(mod, target_json, None, True)
+    assert not report["unscheduled"], report
+    np.testing.assert_allclose(_run(tvm, relax, executable, x), _run(tvm, relax, tvm.compile(mod, target="llvm"), x),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_static_rows_are_padded_to_the_register_tile_and_not_written_past(tvm_tools):
+    """A ViT's 197 tokens (here 13 rows, prime) are padded to the row tile: no per-row predicate in the tile, and
+    the last tile writes only its rows (the output is a view into a larger buffer whose other rows must keep
+    their sentinel)."""
+    tvm, relax, rules, schedules, target_json = tvm_tools
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((13, 24), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w = relax.const(RNG.standard_normal((24, 64)).astype(np.float32))
+            out = bb.emit_output(relax.op.add(relax.op.matmul(x, w), relax.const(np.ones(64, np.float32))))
+        bb.emit_func_output(out)
+    kernel = next(f for name, f in _kernels(tvm, rules, schedules, bb.get(), target_json).items() if "matmul" in name)
+    assert "_pad" in kernel.script()
+    library = tvm.compile(kernel.with_attr("global_symbol", "main"), target=tvm.target.Target(target_json))
+    xs, ws, bs = (RNG.standard_normal(shape).astype(np.float32) for shape in [(13, 24), (24, 64), (64,)])
+    whole = tvm.runtime.tensor(np.full((26, 64), 7.0, np.float32))
+    library["main"](*(tvm.runtime.tensor(a) for a in (xs, ws, bs)), whole._create_view((13, 64)))
+    written = whole.numpy()
+    np.testing.assert_allclose(written[:13], xs @ ws + bs, rtol=1e-5, atol=1e-5)
+    assert (written[13:] == 7.0).all(), "the kernel wrote past its output"
+
+
+def test_elementwise_rows_of_an_odd_width_are_vectorized_per_row(tvm_tools):
+    """exp over rows of 197 (a ViT's attention scores): rows in parallel, no division per element and no
+    predicated vector (which TVM scalarizes); results match numpy."""
+    tvm, relax, rules, schedules, target_json = tvm_tools
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((3, 40, 197), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.multiply(relax.op.exp(x), relax.const(np.float32(0.5))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    kernel = next(iter(_kernels(tvm, rules, schedules, mod, target_json).values()))
+    text = kernel.script()
+    assert "T.parallel" in text and "T.where" not in text and "% T.int64(197)" not in text, text
+    values = RNG.standard_normal((3, 40, 197)).astype(np.float32)
+    executable, _ = schedules.build(mod, target_json, None, True)
+    np.testing.assert_allclose(_run(tvm, relax, executable, values), np.exp(values) * 0.5, rtol=1e-5, atol=1e-6)
+
+
+def test_relu6_fuses_into_its_conv_and_keeps_nan(tvm_tools, tmp_path):
+    """Clip(x, 0, 6) with constant bounds (torch's ReLU6) imports as one clip: the conv's epilogue, with no
+    transpose around it between two NHWC convs, and a NaN input stays NaN as in ONNX Runtime."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    from mlc.compiler import importer
+
+    tvm, relax, rules, schedules, target_json = tvm_tools
+    weights = [numpy_helper.from_array((RNG.standard_normal((8, 8, 3, 3)) * 0.5).astype(np.float32), f"w{i}")
+               for i in range(2)]
+    bounds = [numpy_helper.from_array(np.array(v, np.float32), n) for v, n in ((0, "lo"), (6, "hi"))]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1] * 4),
+             helper.make_node("Clip", ["c0", "lo", "hi"], ["r0"]),
+             helper.make_node("Conv", ["r0", "w1"], ["c1"], pads=[1] * 4),
+             helper.make_node("Clip", ["c1", "lo"], ["y"])]  # one bound: clip(x, 0, inf)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 6, 6])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, 6, 6])],
+                              weights + bounds)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    mod = importer.to_relax(model, None)
+    names = list(_kernels(tvm, rules, schedules, mod, target_json))
+    # the clip between the convs is the first conv's epilogue; the last one follows the transpose back to NCHW
+    assert "fused_conv2d_tir_clip" in names and not [n for n in names if re.search("transpose.*clip.*transpose", n)]
+    x = (RNG.standard_normal((1, 8, 6, 6)) * 3).astype(np.float32)
+    x[0, 2, 3, 3] = np.nan
+    executable, _ = schedules.build(mod, target_json, None, True)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    actual = _run(tvm, relax, executable, x)
+    assert np.isnan(expected).any()
+    np.testing.assert_array_equal(np.isnan(actual), np.isnan(expected))
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_row_reductions_keep_a_vector_of_partial_results(tvm_tools):
+    """Layer norm and softmax over rows of 64: each row's sum/max runs as 16 partial results in a vector (rfactor),
+    combined at the end of the row, not a scalar chain; results match numpy."""
+    tvm, relax, rules, schedules, target_json = tvm_tools
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 13, 64), "float32"))
+    gamma, beta = (RNG.standard_normal(64).astype(np.float32) for _ in range(2))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.layer_norm(x, relax.const(gamma), relax.const(beta), axes=[-1]))
+            out = bb.emit_output(relax.op.nn.softmax(y, axis=-1))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    kernels = _kernels(tvm, rules, schedules, mod, target_json)
+    assert all("_rf" in f.script() for f in kernels.values()), list(kernels)
+    values = (RNG.standard_normal((1, 13, 64)) * 4).astype(np.float32)
+    executable, report = schedules.build(mod, target_json, None, True)
+    assert not report["unscheduled"], report
+    mean, var = values.mean(-1, keepdims=True), values.var(-1, keepdims=True)
+    normed = (values - mean) / np.sqrt(var + 1e-5) * gamma + beta
+    e = np.exp(normed - normed.max(-1, keepdims=True))
+    np.testing.assert_allclose(_run(tvm, relax, executable, values), e / e.sum(-1, keepdims=True), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_depthwise_conv_reads_its_padding_inline(tvm_tools):
+    """A depthwise conv (stride 2, 48 channels) has no padded copy of its input (the padding is a select inside
+    the conv), a regular conv keeps its padding block, and both match TVM's unscheduled build."""
+    tvm, relax, rules, schedules, target_json = tvm_tools
+    for groups, padded in ((48, False), (1, True)):
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType((1, 48, 11, 11), "float32"))
+        weight = relax.const((RNG.standard_normal((48, 48 // groups, 3, 3)) * 0.1).astype(np.float32))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                out = bb.emit_output(relax.op.nn.conv2d(x, weight, strides=2, padding=1, groups=groups))
+            bb.emit_func_output(out)
+        mod = bb.get()
+        conv = next(f for name, f in _kernels(tvm, rules, schedules, mod, target_json).items() if "conv2d" in name)
+        assert ('T.sblock("pad_temp")' in conv.script()) == padded, conv.script()
+        values = RNG.standard_normal((1, 48, 11, 11)).astype(np.float32)
+        executable, _ = schedules.build(mod, target_json, None, True)
+        np.testing.assert_allclose(_run(tvm, relax, executable, values),
+                                   _run(tvm, relax, tvm.compile(mod, target="llvm"), values), rtol=1e-5, atol=1e-5)
