@@ -90,6 +90,7 @@ def _export_objects(executable, folder: Path) -> None:
 
 # The symbol tvm-ffi reads a library's serialized modules (the VM executable with its weights) from.
 _LIBRARY_BIN = "__tvm_ffi__library_bin"
+_EM_X86_64, _SHF_X86_64_LARGE = 62, 0x10000000
 
 
 def _elf_object(path: Path, symbol: str, blob, like: Path) -> bool:
@@ -104,13 +105,17 @@ def _elf_object(path: Path, symbol: str, blob, like: Path) -> bool:
     machine, = struct.unpack(end + "H", header[18:20])
     flags, = struct.unpack(end + "I", header[48:52])
     size = len(memoryview(blob).cast("B"))
-    names = b"\0.rodata\0.note.GNU-stack\0.symtab\0.strtab\0.shstrtab\0"
+    # x86-64: a large-data section, which the linker places after the code and the small data, so that a blob
+    # over 2 GB (M2M100's weights) does not push their 32-bit PC-relative references out of range
+    large = machine == _EM_X86_64
+    data_name = b".lrodata" if large else b".rodata"
+    names = b"\0" + data_name + b"\0.note.GNU-stack\0.symtab\0.strtab\0.shstrtab\0"
     strtab = b"\0" + symbol.encode() + b"\0"
     # the null symbol, then `symbol`: global object in section 1 at offset 0
     symtab = bytes(24) + struct.pack(end + "IBBHQQ", 1, 0x11, 0, 1, 0, size)
     offset = 64 + size  # .rodata right after the header (64-byte aligned)
     sections = [(0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-                (names.index(b".rodata"), 1, 2, 0, 64, size, 0, 0, 64, 0),  # PROGBITS, ALLOC
+                (names.index(data_name), 1, 2 | (_SHF_X86_64_LARGE if large else 0), 0, 64, size, 0, 0, 64, 0),
                 (names.index(b".note.GNU-stack"), 1, 0, 0, offset, 0, 0, 0, 1, 0),  # a non-executable stack
                 (names.index(b".symtab"), 2, 0, 0, offset, len(symtab), 4, 1, 8, 24),
                 (names.index(b".strtab"), 3, 0, 0, offset + len(symtab), len(strtab), 0, 0, 1, 0),

@@ -59,7 +59,8 @@ def load(path: str | Path) -> onnx.ModelProto:
         serialized = path.read_bytes()
         model = onnx.load_model_from_string(serialized)
         if _has_external_data(model.graph):
-            serialized = None  # the checker must see the weights' data, not their file names
+            # the checker reads the file with its weights' data (a model over 2 GB cannot be serialised again)
+            serialized = str(path)
             onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
     except (DecodeError, ValueError, RuntimeError, OSError) as e:
         raise InputError(f"{path} is not an ONNX model (cannot parse it: {_first_line(e)}); "
@@ -78,8 +79,9 @@ def _has_external_data(graph: onnx.GraphProto) -> bool:
     return any(t.data_location == TensorProto.EXTERNAL for t in tensors)
 
 
-def validate(model: onnx.ModelProto, where: str, serialized: Optional[bytes] = None) -> None:
-    """Checks that give the user a clear error; `serialized`: the model's bytes, when at hand (the checker's input)."""
+def validate(model: onnx.ModelProto, where: str, serialized: Optional[bytes | str] = None) -> None:
+    """Checks that give the user a clear error; `serialized`: the model's bytes, or its file's path, when at hand
+    (the checker's input)."""
     if not model.graph.node:
         raise InputError(f"{where} has an empty graph (no nodes); export the model again")
     if not model.graph.output:
