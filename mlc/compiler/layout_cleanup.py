@@ -6,6 +6,8 @@ with q after p the identity to op(x), for elementwise ops of one tensor input. I
 
 from __future__ import annotations
 
+from mlc.compiler.mutators import rewrite_functions
+
 ELEMENTWISE = ("relax.clip", "relax.nn.relu", "relax.sigmoid", "relax.tanh", "relax.nn.silu", "relax.nn.gelu",
                "relax.nn.gelu_tanh", "relax.exp", "relax.erf", "relax.negative", "relax.abs", "relax.sqrt")
 
@@ -48,8 +50,4 @@ def cancel_transposes(mod):
                 return call
             return relax.Call(inner.op, [source.args[0], *inner.args[1:]], inner.attrs)
 
-    rewrite = Rewrite(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            rewrite.builder_.update_func(gv, rewrite.visit_expr(func))
-    return relax.transform.DeadCodeElimination()(rewrite.builder_.get())
+    return relax.transform.DeadCodeElimination()(rewrite_functions(Rewrite(mod), mod))

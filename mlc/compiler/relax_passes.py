@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from mlc.passes.onnx import changes
 from mlc.passes.registry import REGISTRY
+from mlc.compiler.mutators import rewrite_functions
 
 
 def _lift_matmul_weights(func):
@@ -79,11 +80,7 @@ def _concat_constants(mod):
                 return call
             return relax.const(np.concatenate([p.value.numpy() for p in parts], axis=int(call.attrs.axis)))
 
-    fold = Fold(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            fold.builder_.update_func(gv, fold.visit_expr(func))
-    return fold.builder_.get()
+    return rewrite_functions(Fold(mod), mod)
 
 
 def combine_parallel_matmul(mod, config: dict, target):
@@ -150,11 +147,7 @@ def bf16_matmul(mod):
             return call
 
     mod = relax.transform.FoldConstant()(mod)  # weights as constants (transposes folded)
-    rewrite = Rewrite(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            rewrite.builder_.update_func(gv, rewrite.visit_expr(func))
-    return relax.transform.FoldConstant()(rewrite.builder_.get())
+    return relax.transform.FoldConstant()(rewrite_functions(Rewrite(mod), mod))
 
 
 def reduce_precision(mod, precision: str, target_json: dict):
@@ -223,11 +216,7 @@ def quantize_as_elementwise(mod):
             clipped = relax.op.minimum(relax.op.maximum(shifted, relax.const(low, xdt)), relax.const(high, xdt))
             return relax.op.astype(clipped, dtype)
 
-    rewrite = Rewrite(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            rewrite.builder_.update_func(gv, rewrite.visit_expr(func))
-    return rewrite.builder_.get()
+    return rewrite_functions(Rewrite(mod), mod)
 
 
 def _keep_nan(fn):
@@ -346,7 +335,7 @@ def fast_math(mod, config: dict, target):
     error 4e-6 (libm 6e-8). inf gives libm's results; NaN is passed through (the polynomials clamp their
     input, and a clamp turns NaN into the bound), and a softmax row holding a NaN is NaN."""
     import tvm
-    from tvm import relax, topi
+    from tvm import topi
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
     unary = {"relax.erf": _keep_nan(topi.fast_erf), "relax.tanh": _keep_nan(topi.fast_tanh),
@@ -370,11 +359,7 @@ def fast_math(mod, config: dict, target):
                                              primfunc_name_hint="fast_softmax_norm")
             return call
 
-    rewrite = Rewrite(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            rewrite.builder_.update_func(gv, rewrite.visit_expr(func))
-    return rewrite.builder_.get()
+    return rewrite_functions(Rewrite(mod), mod)
 
 
 def fold_constant(mod, config: dict, target):

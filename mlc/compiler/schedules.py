@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from mlc.compiler import dynamic_records
 from mlc.compiler.schedule_rules import SCHEDULED
+from mlc.compiler.mutators import rewrite_functions
 
 
 # conv2d in NHWC with HWIO weights: output channels become the contiguous axis that the default
@@ -42,11 +43,7 @@ def _positive_squeeze_axes(mod):
                 return call
             return relax.op.squeeze(call.args[0], [a + ndim if a < 0 else a for a in axes])
 
-    rewrite = Rewrite(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            rewrite.builder_.update_func(gv, rewrite.visit_expr(func))
-    return rewrite.builder_.get()
+    return rewrite_functions(Rewrite(mod), mod)
 
 
 def _convert_layout(mod, notes: list[str]):

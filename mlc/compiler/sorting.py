@@ -8,6 +8,7 @@ keep their input order, as ONNX Runtime does (and as the extern's stable sort di
 from __future__ import annotations
 
 import contextlib
+from mlc.compiler.mutators import rewrite_functions
 
 
 def _topk_te(data, k: int, axis: int, ret_type: str, largest: bool, dtype: str):
@@ -75,7 +76,6 @@ def _topk_te(data, k: int, axis: int, ret_type: str, largest: bool, dtype: str):
 def portable_topk(mod, target):
     """`mod` with every relax.topk on a CPU (llvm) target computed by plain TIR (see the module doc)."""
     import tvm
-    from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
     if target.kind.name != "llvm":
@@ -92,11 +92,7 @@ def portable_topk(mod, target):
             return self.builder_.call_te(_topk_te, call.args[0], int(a.k), int(a.axis), str(a.ret_type),
                                          bool(a.largest), str(a.dtype), primfunc_name_hint="topk")
 
-    rewrite = Rewrite(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            rewrite.builder_.update_func(gv, rewrite.visit_expr(func))
-    return rewrite.builder_.get()
+    return rewrite_functions(Rewrite(mod), mod)
 
 
 @contextlib.contextmanager
