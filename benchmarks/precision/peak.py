@@ -20,21 +20,25 @@ PEAK_C = Path(__file__).resolve().parents[1] / "int8-kernels" / "peak.c"
 INSTRUCTION = {"fp32": "vfmadd231ps", "bf16": "vdpbf16ps", "int8": "vpdpbusd"}
 
 
-def instruction_peak() -> dict[str, float]:
-    """GFLOP/s (GOP/s for int8) of one core per precision."""
+def instruction_peaks(runs: int) -> list[dict[str, float]]:
+    """`runs` readings of one core's GFLOP/s (GOP/s for int8) per precision, peak.c compiled once."""
     with tempfile.TemporaryDirectory() as folder:
         binary = Path(folder) / "peak"
         subprocess.run(["gcc", "-O2", "-mavx512f", str(PEAK_C), "-o", str(binary)], check=True)
-        out = subprocess.run([str(binary)], capture_output=True, text=True, check=True).stdout
-    ops = {line.split()[0]: float(line.split()[1]) for line in out.splitlines()}
-    return {precision: round(ops[name] / 1e9, 1) for precision, name in INSTRUCTION.items()}
+        outputs = [subprocess.run([str(binary)], capture_output=True, text=True, check=True).stdout
+                   for _ in range(runs)]
+    readings = []
+    for out in outputs:
+        ops = {line.split()[0]: float(line.split()[1]) for line in out.splitlines()}
+        readings.append({precision: round(ops[name] / 1e9, 1) for precision, name in INSTRUCTION.items()})
+    return readings
 
 
 OPS_PER_INSTRUCTION = {"fp32": 16 * 2, "bf16": 16 * 2 * 2, "int8": 16 * 4 * 2}
 
 
 def one_clock(readings: list[dict[str, float]]) -> dict[str, float]:
-    """The peaks of several instruction_peak() readings, each precision from the best reading of any of the three
+    """The peaks of several instruction_peaks() readings, each precision from the best reading of any of the three
     instructions: they issue at one per cycle each on this core (peak.c measured exactly 1:2:4 when quiet), so each
     measures the same clock, and under load any one reading may be slowed where another is not."""
     clock = max(r[p] / OPS_PER_INSTRUCTION[p] for r in readings for p in OPS_PER_INSTRUCTION)

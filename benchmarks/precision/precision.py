@@ -106,9 +106,9 @@ def main() -> None:
 def _shares(samples: dict, ran_at: dict, onnx_path: Path, feeds: dict) -> dict:
     """Each backend's model GFLOP/s at its fastest round over the core's peak at its precision."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from peak import instruction_peak, model_flops, one_clock
+    from peak import instruction_peaks, model_flops, one_clock
 
-    readings = [instruction_peak() for _ in range(3)]  # a loaded machine reads low: the best of all
+    readings = instruction_peaks(3)  # a loaded machine reads low: the best of all
     peak = one_clock(readings)
     flops = model_flops(onnx_path, {k: v.shape for k, v in feeds.items()})
     share = {}
