@@ -68,11 +68,11 @@ PASSING = [
     "test_shape_start_1_end_negative_1",
     # mlc/compiler/onnx_ops.py: OneHot with run-time values, EyeLike's dtype, MaxPool's Indices, OptionalHasElement
     # of nothing, ReverseSequence, Det, ConvInteger, QLinearConv, Col2Im, DeformConv, TfIdfVectorizer,
-    # ConvTranspose's output_shape
+    # ConvTranspose's output_shape, Einsum as matmul
     "test_onehot_negative_indices", "test_eyelike_with_dtype", "test_maxpool_with_argmax_2d_precomputed_strides",
     "test_optional_has_element_empty_no_input_optional_input", "test_reversesequence_batch", "test_det_nd",
     "test_convinteger_with_padding", "test_qlinearconv", "test_col2im_pads", "test_deform_conv_with_mask_bias",
-    "test_tfidfvectorizer_tf_batch_uniandbigrams_skip5", "test_convtranspose_output_shape",
+    "test_tfidfvectorizer_tf_batch_uniandbigrams_skip5", "test_convtranspose_output_shape", "test_einsum_batch_matmul",
     # ai.onnx.ml: ArrayFeatureExtractor, Binarizer, TreeEnsemble
     "test_ai_onnx_ml_array_feature_extractor", "test_ai_onnx_ml_binarizer",
     "test_ai_onnx_ml_tree_ensemble_set_membership",
