@@ -144,3 +144,28 @@ def test_einsum_as_matmul_matches_onnxruntime(tmp_path):
     naive = [gv.name_hint for gv, f in mod.functions_items() if gv.name_hint.startswith("einsum")]
     assert naive == ["einsum"], naive  # the diagonal's alone
     _compiled_matches_onnxruntime(model, [feeds], tmp_path, rtol=1e-4)
+
+
+def test_conv1d_as_conv2d_matches_onnxruntime(tmp_path):
+    """1-D Convs (strides, pads, dilations, groups, auto_pad, with and without a bias) import as 2-D ones over a
+    height of 1, which mlc's conv schedules tile."""
+    from mlc.compiler import importer
+
+    cases = [dict(pads=[1, 1], strides=[2]), dict(dilations=[2], group=2), dict(auto_pad="SAME_UPPER", strides=[3])]
+    nodes, outputs, inits = [], [], []
+    for k, attrs in enumerate(cases):
+        inits.append(numpy_helper.from_array(RNG.standard_normal((6, 4 // attrs.get("group", 1), 3))
+                                             .astype(np.float32), f"w{k}"))
+        inputs = ["x", f"w{k}"]
+        if k != 1:
+            inits.append(numpy_helper.from_array(RNG.standard_normal(6).astype(np.float32), f"b{k}"))
+            inputs.append(f"b{k}")
+        nodes.append(helper.make_node("Conv", inputs, [f"y{k}"], kernel_shape=[3], **attrs))
+        outputs.append(helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 11])],
+                              outputs, inits)
+    model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    script = importer.to_relax(model).script()
+    assert "conv1d" not in script and script.count("R.nn.conv2d(") == 3
+    _compiled_matches_onnxruntime(model, [{"x": RNG.standard_normal((1, 4, 11)).astype(np.float32)}], tmp_path,
+                                  rtol=1e-4)
