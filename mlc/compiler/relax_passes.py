@@ -327,6 +327,24 @@ def nan_preserving_legalizations() -> dict:
             "relax.maximum": binary_op(topi.maximum, "maximum"), "relax.minimum": binary_op(topi.minimum, "minimum")}
 
 
+def _power_as_products(call):
+    """x ** 2 and x ** 3 (GPT-2's tanh GELU, T5's RMS norm) as products: TVM lowers power to a scalar powf call per
+    element, which keeps the loop from vectorizing."""
+    import tvm
+    from tvm import relax
+
+    x, exponent = call.args
+    if not isinstance(exponent, tvm.ir.GenericConst) or exponent.value.numpy().size != 1 \
+            or len(exponent.ty.shape) > len(x.ty.shape):
+        return call
+    value = float(exponent.value.numpy().reshape(()))
+    if value == 2:
+        return relax.op.multiply(x, x)
+    if value == 3:
+        return relax.op.multiply(relax.op.multiply(x, x), x)
+    return call
+
+
 def fast_math(mod, config: dict, target):
     """erf, tanh, sigmoid, exp and softmax on float32 -> TVM's polynomial versions (topi.fast_*).
     TVM's LLVM codegen calls libm's scalar erff/expf for these (tanh and sigmoid through expf),
@@ -350,6 +368,8 @@ def fast_math(mod, config: dict, target):
             name = call.op.name
             if name in unary:
                 return self.builder_.call_te(unary[name], call.args[0], primfunc_name_hint=f"fast_{name[6:]}")
+            if name == "relax.power":
+                return _power_as_products(call)
             if name == "relax.nn.softmax":
                 # two kernels: in one, the default schedule inlines the exp polynomial into the sum (a scalar
                 # reduction) and again into the normalisation; apart, exp is computed once, vectorized

@@ -120,8 +120,8 @@ PASSES: tuple[Pass, ...] = (
          3, f"{_RELAX}:convert_layout", devices=GPU_DEVICES,
          config={"layout": Option(str, "NHWC", "conv2d data layout", ("NHWC", "NCHW"))}),
     Pass("fast_math", "relax",
-         "erf (GELU), tanh, sigmoid, exp and softmax -> polynomials that vectorize (topi.fast_*): libm's are "
-         "scalar calls (17-50x slower per element on CPU); max abs error 3.9e-7, exp relative 4e-6",
+         "erf (GELU), tanh, sigmoid, exp and softmax -> polynomials that vectorize (topi.fast_*), x**2 and x**3 -> "
+         "products: libm's are scalar calls (17-50x slower per element); max abs error 3.9e-7, exp relative 4e-6",
          2, f"{_RELAX}:fast_math", devices=("cpu",)),
     Pass("fold_constant", "relax",
          "evaluate Relax expressions whose inputs are all constants (relax.transform.FoldConstant)",
