@@ -231,3 +231,32 @@ def test_quantize_option_errors():
     proc = run_mlc("compile", "zoo:mlp", "--target", "x86-avx2", "--quantize", "int8")
     assert_clean_error(proc, 1, "no int8 dot-product instructions", "--emulated")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_each_conv_and_its_requantise_are_one_kernel():
+    """The activation quantise after a conv (divide, round, add zero point, clamp, cast to uint8) fuses into the
+    conv's kernel: the clamp's scalar bounds are immediates, so it is elementwise (read from 0-d buffers it was a
+    broadcast, which FuseOps does not put after a conv's epilogue). A NaN still passes through maximum."""
+    tvm = pytest.importorskip("tvm")
+    from tvm import relax
+
+    from mlc.compiler import importer, schedules
+
+    model = conv_net(1)
+    quantized, _ = quantize.quantize(model, "int8", _feeds(model, range(1, 9)), "seeded")
+    target = tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4", "num-cores": 1})
+    fused = schedules._legalize_and_fuse(importer.to_relax(quantized), target)
+    calls = [(b.value.args[0].name_hint, str(b.value.ty.dtype)) for b in fused["main"].body.blocks[0].bindings]
+    # the image's quantise, conv1 + requantise (uint8 out), conv2 (fp32 out), depthwise, mean, quantise, Gemm
+    assert len(calls) == 7, calls
+    first_conv = next(c for c in calls if "conv2d" in c[0])
+    assert first_conv[1] == "uint8" and first_conv[0].endswith("maximum1_minimum1_cast2"), calls
+    assert not [name for name, _ in calls if name.startswith(("fused_maximum", "fused_minimum", "fused_cast"))]
+
+    x = relax.Var("x", relax.TensorType((4,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        bb.emit_func_output(relax.op.minimum(relax.op.maximum(x, relax.const(0.0)), relax.const(np.float32(6.0))))
+    vm = relax.VirtualMachine(tvm.compile(schedules._legalize_and_fuse(bb.get(), target), target), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(np.array([np.nan, -1.0, 3.0, 9.0], np.float32))).numpy()
+    assert np.isnan(got[0]) and (got[1:] == [0.0, 3.0, 6.0]).all(), got
