@@ -96,6 +96,9 @@ def test_rewrite_keeps_fp32_outputs_in_onnxruntime_and_pads_with_the_zero_point(
         assert info.to_json()["calibration"] == {"source": "seeded", "count": 8}
         ops = [n.op_type for n in quantized.graph.node]
         assert ops.count("ConvInteger") == 2 and ops.count("Pad") == 1 and "Conv" in ops  # the depthwise conv
+        weights = {i.name: i for i in quantized.graph.initializer}
+        shapes = [list(weights[n.input[1]].dims) for n in quantized.graph.node if n.op_type == "ConvInteger"]
+        assert shapes == [[8, 4, 3, 3], [16, 8, 3, 3]]  # the image's 3 channels padded to a quad (a zero weight)
     else:  # matmuls only, scales at run time
         assert info.quantized == {"Gemm": 1} and info.to_json()["calibration"] == {"source": None, "count": 0}
     test = _feeds(model, [100])[0]
