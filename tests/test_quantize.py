@@ -96,6 +96,9 @@ def test_rewrite_keeps_fp32_outputs_in_onnxruntime_and_pads_with_the_zero_point(
         assert info.to_json()["calibration"] == {"source": "seeded", "count": 8}
         ops = [n.op_type for n in quantized.graph.node]
         assert ops.count("ConvInteger") == 2 and ops.count("Pad") == 1 and "Conv" in ops  # the depthwise conv
+        weights = {i.name: i for i in quantized.graph.initializer}
+        shapes = [list(weights[n.input[1]].dims) for n in quantized.graph.node if n.op_type == "ConvInteger"]
+        assert shapes == [[8, 4, 3, 3], [16, 8, 3, 3]]  # the image's 3 channels padded to a quad (a zero weight)
     else:  # matmuls only, scales at run time
         assert info.quantized == {"Gemm": 1} and info.to_json()["calibration"] == {"source": None, "count": 0}
     test = _feeds(model, [100])[0]
@@ -231,3 +234,64 @@ def test_quantize_option_errors():
     proc = run_mlc("compile", "zoo:mlp", "--target", "x86-avx2", "--quantize", "int8")
     assert_clean_error(proc, 1, "no int8 dot-product instructions", "--emulated")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_each_conv_and_its_requantise_are_one_kernel():
+    """The activation quantise after a conv (divide, round, add zero point, clamp, cast to uint8) fuses into the
+    conv's kernel: the clamp's scalar bounds are immediates, so it is elementwise (read from 0-d buffers it was a
+    broadcast, which FuseOps does not put after a conv's epilogue). A NaN still passes through maximum."""
+    tvm = pytest.importorskip("tvm")
+    from tvm import relax
+
+    from mlc.compiler import importer, schedules
+
+    model = conv_net(1)
+    quantized, _ = quantize.quantize(model, "int8", _feeds(model, range(1, 9)), "seeded")
+    target = tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4", "num-cores": 1})
+    fused = schedules._legalize_and_fuse(importer.to_relax(quantized), target)
+    calls = [(b.value.args[0].name_hint, str(b.value.ty.dtype)) for b in fused["main"].body.blocks[0].bindings]
+    # the image's quantise, conv1 + requantise (uint8 out), conv2 (fp32 out), depthwise, mean, quantise, Gemm
+    assert len(calls) == 7, calls
+    first_conv = next(c for c in calls if "conv2d" in c[0])
+    assert first_conv[1] == "uint8" and first_conv[0].endswith("maximum1_minimum1_cast2"), calls
+    assert not [name for name, _ in calls if name.startswith(("fused_maximum", "fused_minimum", "fused_cast"))]
+
+    x = relax.Var("x", relax.TensorType((4,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        bb.emit_func_output(relax.op.minimum(relax.op.maximum(x, relax.const(0.0)), relax.const(np.float32(6.0))))
+    vm = relax.VirtualMachine(tvm.compile(schedules._legalize_and_fuse(bb.get(), target), target), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(np.array([np.nan, -1.0, 3.0, 9.0], np.float32))).numpy()
+    assert np.isnan(got[0]) and (got[1:] == [0.0, 3.0, 6.0]).all(), got
+
+
+def test_quantise_kernel_is_vectorized():
+    """round (nearbyint) and the NaN checks of the clamp are vectorized: TVM's vectorizer scalarized loops holding
+    them, and LLVM then gathered and scattered each element through the fused loop's div/mod indices."""
+    tvm = pytest.importorskip("tvm")
+    from tvm import relax
+
+    from mlc.compiler import schedules
+
+    op = relax.op
+    x = relax.Var("x", relax.TensorType((1, 14, 14, 64), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = op.add(op.round(op.divide(x, relax.const(np.float32(0.02)))), relax.const(np.float32(3.0)))
+            y = op.astype(op.minimum(op.maximum(y, relax.const(np.float32(0))), relax.const(np.float32(255))), "uint8")
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    target = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4", "num-cores": 1}
+    executable, _ = schedules.build(bb.get(), target, None, True)
+    asm = executable.mod.imports[0].inspect_source("asm")
+    assert "vrndscaleps" in asm and "vcmpunordps" in asm
+    assert "vgather" not in asm and "vpextrb" not in asm
+    if targets.HOST_ARCH == "x86_64" and "avx512f" in open("/proc/cpuinfo").read():
+        data = np.random.default_rng(0).standard_normal((1, 14, 14, 64)).astype(np.float32) * 2
+        data[0, 0, 0, :3] = [np.nan, 0.01, 0.03]  # NaN; ties round to even: 0.5 -> 0, 1.5 -> 2
+        vm = relax.VirtualMachine(executable, tvm.cpu())
+        got = vm["main"](tvm.runtime.tensor(data)).numpy()
+        want = np.clip(np.rint(data / np.float32(0.02)) + 3, 0, 255)
+        keep = ~np.isnan(want)
+        assert (got[keep] == want[keep].astype(np.uint8)).all()

@@ -295,6 +295,22 @@ def _extremum(pick):
     return fn
 
 
+def _scalar_constant(expr):
+    """A 0-d constant that is not NaN as a TIR immediate (as TVM's own legalization of binary ops does), else
+    `expr`: read from a 0-d buffer, a max/min is a broadcast kernel, and FuseOps fuses only elementwise kernels
+    into a conv's epilogue (--quantize's clamp after every conv was a kernel of its own)."""
+    import math
+
+    import tvm
+
+    if not isinstance(expr, tvm.ir.GenericConst) or expr.ty.ndim != 0:
+        return expr
+    value, dtype = expr.value.numpy()[()].item(), str(expr.ty.dtype)
+    if isinstance(value, float) and math.isnan(value):
+        return expr
+    return tvm.tirx.const(value, dtype)
+
+
 def _is_float(expr) -> bool:
     return str(getattr(expr.ty, "dtype", "")).startswith(("float", "bfloat"))
 
@@ -317,9 +333,12 @@ def nan_preserving_legalizations() -> dict:
 
     def binary_op(pick, name):
         def legalize(bb, call):
+            a, b = call.args[0], _scalar_constant(call.args[1])
+            if b is call.args[1]:
+                a = _scalar_constant(a)
             if not _is_float(call):
-                return bb.call_te(pick, call.args[0], call.args[1])
-            return bb.call_te(_extremum(pick), call.args[0], call.args[1], primfunc_name_hint=name)
+                return bb.call_te(pick, a, b)
+            return bb.call_te(_extremum(pick), a, b, primfunc_name_hint=name)
 
         return legalize
 

@@ -661,8 +661,22 @@ def _rule():
     return CPUDefault()
 
 
+def vectorizable_intrinsics() -> None:
+    """Mark TIR's nearbyint (round half to even: --quantize's rounding) and isnan (the NaN-preserving max/min)
+    vectorizable, as TVM marks round, floor and exp: without it TVM's vectorizer scalarizes every loop holding
+    one, and LLVM re-vectorizes the fused index arithmetic as gathers and scatters (an int8 resnet50's quantise
+    of a 56x56x256 tensor took 3.7 ms, 0.3 ms vectorized). LLVM lowers both for vectors (llvm.nearbyint, fcmp
+    uno). Process-wide; idempotent."""
+    import tvm
+
+    for name in ("tirx.nearbyint", "tirx.isnan"):
+        if tvm.ir.Op.get(name).get_attr("TVectorizable") is None:
+            tvm.ir.register_op_attr(name, "TVectorizable", True)
+
+
 def default_rule():
     """The rule as a dlight ScheduleRule: `.apply(func, target, False)` -> Schedule or None."""
+    vectorizable_intrinsics()
     return _SafeRule(_rule())
 
 

@@ -163,5 +163,6 @@ def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool
             mod = rules.fold_weight_packing(mod, target)
             return tvm.transform.Sequential(cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target))(mod)
 
+    rules.vectorizable_intrinsics()  # tuned kernels too, and builds without the default schedules
     executable = tvm.compile(mod, target=target, relax_pipeline=pipeline, tir_pipeline=tir_pipeline.register())
     return executable, report

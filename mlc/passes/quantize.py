@@ -12,6 +12,7 @@ Each quantised node becomes plain ONNX that TVM imports as the int8 kernel and e
 
 A conv whose input has a zero point and padding gets an explicit Pad with the zero point (the padded input
 then dequantises to 0, as the fp32 conv's zeros), so the correction term is the same at every position.
+A conv's input channels are padded to a multiple of 4 (with zero weights), the depth int8 dot products take.
 Matmuls of two activations (attention), depthwise/grouped convs and ops on other types stay fp32."""
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from mlc.passes.onnx import constant_values, prune_initializers
 MODES = ("int8", "int8-dynamic")
 SEEDED_CALIBRATION = 8  # seeded calibration inputs when the user gives none
 MIN_OPSET = 11  # Round, Clip with inputs, Pad with a value input
+QUAD = 4  # int8 dot products (VNNI's vpdpbusd, ARM's sdot/udot) reduce 4 values per lane
 
 
 @dataclass
@@ -252,11 +254,16 @@ def rewrite(model: onnx.ModelProto, mode: str, ranges: Optional[dict] = None) ->
             attrs = _attrs(node)
             pads = [int(p) for p in attrs.get("pads", [0] * 4)]
             conv = {k: attrs[k] for k in ("strides", "dilations", "kernel_shape") if k in attrs}
-            if zp and any(pads):  # padding must be the zero point, which dequantises to 0
-                x_in = e.op("Pad", [x_u8, e.const(f"{base}/pads", np.array([0, 0, pads[0], pads[1], 0, 0, pads[2],
-                                                                                pads[3]], np.int64)),
+            # input channels padded to a multiple of 4 (zero weights): the int8 dot-product instructions take the
+            # depth in quads, and a 3-channel stem conv otherwise runs on plain int32 multiplies (3x its time)
+            extra = -w_q.shape[1] % QUAD
+            w_q = np.pad(w_q, ((0, 0), (0, extra), (0, 0), (0, 0)))
+            if zp and any(pads) or extra:  # padding must be the zero point, which dequantises to 0
+                spatial = pads if zp else [0] * 4
+                x_in = e.op("Pad", [x_u8, e.const(f"{base}/pads", np.array(
+                    [0, 0, spatial[0], spatial[1], 0, extra, spatial[2], spatial[3]], np.int64)),
                                     e.const(f"{base}/pad_value", np.uint8(zp))], base, mode="constant")
-                pads = [0] * 4
+                pads = [p - q for p, q in zip(pads, spatial)]
             else:
                 x_in = x_u8
             acc = e.op("ConvInteger", [x_in, e.const(f"{base}/weight", w_q)], base, pads=pads, group=1, **conv)
