@@ -188,6 +188,41 @@ def _split_row_tail(loop):
     return tirx.SeqStmt(tails)
 
 
+def _split_col_tail(loop):
+    """The marked loop over ceil(cols / tile) column tiles of a zero-padded symbolic J -> whole tiles, whose
+    `col < cols` branches are proven true and removed, then one tail tile (`cols % tile != 0`) that keeps them.
+    Row-tile loops inside are split in turn."""
+    import tvm
+    from tvm import tirx
+
+    from mlc.compiler.schedule_rules import COL_TAIL, ROW_COUNT
+
+    tile, name = int(loop.annotations[COL_TAIL]), str(loop.annotations[ROW_COUNT])
+    cols = next((v for v in _undefined_vars(loop.extent) if v.name == name), None)
+    if cols is None:
+        return _map_bodies(loop, _row_tails)
+    dtype = str(cols.ty.dtype)
+    tile_ = tirx.IntImm(dtype, tile)
+    if not tvm.sym.Analyzer().can_prove_equal(loop.extent, tirx.FloorDiv(cols + tirx.IntImm(dtype, tile - 1), tile_)):
+        return _map_bodies(loop, _row_tails)
+    whole = tirx.FloorDiv(cols, tile_)
+    slack = tirx.Var("slack", dtype)
+    analyzer = tvm.sym.Analyzer()
+    analyzer.bind(slack, tvm.ir.Range.from_min_extent(tirx.IntImm(dtype, 0), tirx.IntImm(dtype, 1 << 40)))
+    bound = {cols: loop.loop_var * tile_ + tile_ + slack}
+
+    def in_whole_tile(cond):
+        if cols not in _undefined_vars(cond):
+            return cond
+        return tirx.IntImm("bool", 1) if analyzer.can_prove(_substitute(cond, bound)) else cond
+
+    annotations = {k: v for k, v in loop.annotations.items() if k not in (COL_TAIL, ROW_COUNT)}
+    main = tirx.For(loop.loop_var, tirx.IntImm(dtype, 0), whole, tirx.ForKind.SERIAL,
+                    _row_tails(_rewrite_conditions(loop.body, in_whole_tile, analyzer)), None, annotations)
+    tail = _row_tails(_renew(_substitute(loop.body, {loop.loop_var: whole})))
+    return tirx.SeqStmt([main, tirx.IfThenElse(tirx.FloorMod(cols, tile_) != 0, tail, None)])
+
+
 def _undefined_vars(expr) -> list:
     from tvm.tirx.analysis import undefined_vars
 
@@ -197,8 +232,11 @@ def _undefined_vars(expr) -> list:
 def _row_tails(stmt):
     from tvm import tirx
 
-    from mlc.compiler.schedule_rules import ROW_COUNT, ROW_TAIL
+    from mlc.compiler.schedule_rules import COL_TAIL, ROW_COUNT, ROW_TAIL
 
+    if isinstance(stmt, tirx.For) and stmt.annotations and COL_TAIL in stmt.annotations \
+            and ROW_COUNT in stmt.annotations:
+        return _split_col_tail(stmt)
     if isinstance(stmt, tirx.For) and stmt.annotations and ROW_TAIL in stmt.annotations \
             and ROW_COUNT in stmt.annotations:
         return _split_row_tail(stmt)
