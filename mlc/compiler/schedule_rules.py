@@ -74,12 +74,31 @@ def _schedule_symbolic_spatial(sch, loops, lanes: int) -> None:
             outer, inner = sch.split(fused, factors=[None, lanes])
             sch.vectorize(inner)
             outer = outer if width >= PARALLEL_MIN else None
+    elif _vector_columns(sch, middle[-1], lanes) and len(middle) == 1:
+        middle = []  # its tiles are split in tir_pipeline: not a parallel loop
     if lead and math.prod(extents[:first]) > 1:
         sch.parallel(sch.fuse(*lead) if len(lead) > 1 else lead[0])
     elif outer is not None:
         sch.parallel(outer)
-    else:
+    elif middle:
         sch.parallel(middle[0])
+
+
+def _vector_columns(sch, loop, lanes: int):
+    """A loop over a symbolic innermost axis (softmax's exp and division over seq x seq): vectors of `lanes`,
+    whole ones without the per-element `col < cols` branch (tir_pipeline splits the loop marked COL_TAIL), the
+    tail branched; TVM left it a scalar loop (1.5-2.8x the static kernels' time). Returns the loop over vectors,
+    or None where the extent is not a plain Var."""
+    from tvm import tirx
+
+    columns = sch.get(loop).extent
+    if not isinstance(columns, tirx.Var):
+        return None
+    outer, inner = sch.split(loop, factors=[None, lanes])
+    sch.vectorize(inner)
+    sch.annotate(outer, COL_TAIL, lanes)
+    sch.annotate(outer, ROW_COUNT, columns.name)
+    return outer
 
 
 def _schedule_spatial(sch, block, lanes: int) -> None:
@@ -255,6 +274,7 @@ def _pad_symbolic_width(sch, block, spatial, reduction, lanes: int) -> bool:
         return False
     if any(str(r.source.dtype) != "float32" for r in [*stmt.reads, *stmt.writes]):
         return False
+    columns = sch.get(spatial[-1]).extent
     factors = [1] * (len(spatial) + len(reduction))
     factors[len(spatial) - 1] = 2 * lanes
     row_tile = _row_tile(2 * lanes, _extent(sch, spatial[-2]), lanes, [_extent(sch, r) for r in reduction])
@@ -269,8 +289,26 @@ def _pad_symbolic_width(sch, block, spatial, reduction, lanes: int) -> bool:
         return False
     for pad in sch.get_producers(block):
         if not any(sch.get(pad).same_as(b) for b in before):
-            _schedule_spatial(sch, pad, lanes)
+            _schedule_padding(sch, pad, lanes, columns)
     return True
+
+
+def _schedule_padding(sch, pad, lanes: int, columns) -> None:
+    """A zero-padding copy whose last loop is the padded symbolic J (K^T's): vectors of `lanes` columns, whole
+    tiles without the `col < cols` branch (tir_pipeline splits the loop marked COL_TAIL), the tail branched."""
+    from tvm import tirx
+
+    loops = sch.get_loops(pad)
+    if not isinstance(columns, tirx.Var) or _extent(sch, loops[-1]) is not None or None in [
+            _extent(sch, loop) for loop in loops[:-1]]:
+        _schedule_spatial(sch, pad, lanes)
+        return
+    outer, _, inner = sch.split(loops[-1], factors=[None, 2, lanes])  # J was padded to 2 vectors
+    sch.vectorize(inner)
+    sch.annotate(outer, COL_TAIL, 2 * lanes)
+    sch.annotate(outer, ROW_COUNT, columns.name)
+    if len(loops) > 1:
+        sch.parallel(sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0])
 
 
 def _narrow_lanes(j_extent, lanes: int):
@@ -582,9 +620,13 @@ def _vector_partial_sums(sch, block, spatial, reduction, lanes: int) -> bool:
     dependent adds (one per 4 cycles); rows in parallel. Layer norm + softmax over 197 x 192: 0.66x the time,
     128 x 768: 0.74x; over symbolic rows (a sequence), bert-base's layer norm had kept the scalar chain: 3x the
     static kernel's time. False (nothing changed) where it does not fit."""
+    from tvm import tirx
+
     depth = _extent(sch, reduction[-1]) if len(reduction) == 1 else None
+    columns = sch.get(reduction[0]).extent if len(reduction) == 1 else None
+    symbolic = depth is None and isinstance(columns, tirx.Var)  # softmax's max and sum over seq x seq
     stmt = sch.get(block)
-    if (depth is None or depth % lanes or depth < 2 * lanes
+    if ((not symbolic and (depth is None or depth % lanes or depth < 2 * lanes))
             or not _unit_stride_last(stmt, stmt.iter_vars[len(spatial)].var)):
         return False
     _, inner = sch.split(reduction[0], factors=[None, lanes])
@@ -602,6 +644,9 @@ def _vector_partial_sums(sch, block, spatial, reduction, lanes: int) -> bool:
     sch.vectorize(loops[-1])
     init = sch.decompose_reduction(partial, loops[-2])
     sch.vectorize(sch.get_loops(init)[-1])
+    if symbolic:  # whole vectors without the `k < depth` branch, then one branched tail (tir_pipeline)
+        sch.annotate(loops[-2], COL_TAIL, lanes)
+        sch.annotate(loops[-2], ROW_COUNT, columns.name)
     return True
 
 
