@@ -554,7 +554,7 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None) -> 
         int8 = int8 and int8_dot.depth_padding(sch, reduction) == 1
         _schedule_register_tile(sch, block, spatial, reduction, last, lanes, bf16, int8)
         return
-    if j_extent is None and contiguous and target is not None and n_spatial > 1:
+    if j_extent is None and contiguous and n_spatial > 1:
         columns, row_count = sch.get(spatial[-1]).extent, sch.get(spatial[-2]).extent
         if _pad_symbolic_width(sch, block, spatial, reduction, lanes):
             loops = sch.get_loops(block)
