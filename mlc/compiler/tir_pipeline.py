@@ -15,6 +15,8 @@ accumulators (min(seq, 12) rows) were a heap buffer (the rule now indexes it row
 layers took 2.7-3.4x the static ones' time (benchmarks/dynamic-kernels). `split_row_tails` turns the loop
 the rule marks (schedule_rules.ROW_TAIL) into `for tile in range(seq // 12)` without the branches, then
 `if seq % 12 == c` for c = 1..11, each a copy whose branches fold to constants once the tile is unrolled.
+A loop the rule marks schedule_rules.COL_TAIL (column tiles or vectors over a zero-padded symbolic J: attention
+scores, softmax) becomes whole tiles without their `col < seq` branches, then one branched tail.
 Imports tvm."""
 
 from __future__ import annotations
