@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -65,6 +66,12 @@ def _compile(onnx_path: str, out: Path, args: list[str]) -> float:
     return time.perf_counter() - start
 
 
+def _kernel_key(name: str) -> str:
+    """A kernel's name without the numbers TVM appends per build (fused_matmul1_multiply_add5 in one build is
+    fused_matmul1_multiply_add2 in another): kernels of one key are summed."""
+    return re.sub(r"\d+(?=_|$)", "", name.removesuffix("_prepacked"))
+
+
 def _cpu_time(runner, feeds, number: int) -> float:
     start = time.process_time()
     for _ in range(number):
@@ -82,6 +89,9 @@ def main() -> None:
     parser.add_argument("--workdir", default="/tmp/mlc-symbolic-vs-static")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--min-time", type=float, default=0.3)
+    parser.add_argument("--kernels", type=int, default=0, help="also profile each kernel (the VM's instrument, "
+                        "wall time): the minimum of this many profiles of 3 runs, matched by kernel name")
+    parser.add_argument("--keep", action="store_true", help="keep the static artifacts")
     parser.add_argument("-o", "--output")
     args = parser.parse_args()
     from mlc.bench import machine
@@ -114,17 +124,34 @@ def main() -> None:
         for _ in range(args.rounds):
             for label, runner in (("symbolic", symbolic), ("static", static)):
                 times[label].append(_cpu_time(runner, feeds, number))
+        kernels: dict[str, dict[str, float]] = {"symbolic": {}, "static": {}}
+        for _ in range(args.kernels):
+            for label, runner in (("symbolic", symbolic), ("static", static)):
+                summed: dict[str, float] = {}
+                for entry in runner.profile(feeds, runs=3):
+                    summed[_kernel_key(entry["name"])] = summed.get(_kernel_key(entry["name"]), 0.0) + entry["ms"]
+                for name, ms in summed.items():
+                    kernels[label][name] = min(kernels[label].get(name, float("inf")), ms)
         s, t = min(times["symbolic"]), min(times["static"])
         row = {"size": size, "symbolic_ms": s * 1e3, "static_ms": t * 1e3, "ratio": s / t,
                "symbolic_median_ms": float(np.median(times["symbolic"])) * 1e3,
                "static_median_ms": float(np.median(times["static"])) * 1e3, "static_compile_s": compile_s,
                "max_abs_diff": error, "number": number, "rounds": args.rounds,
                "load_average": machine.load_average()}
+        if args.kernels:
+            names = sorted(set(kernels["symbolic"]) | set(kernels["static"]),
+                           key=lambda n: -kernels["symbolic"].get(n, 0.0))
+            row["kernels_ms"] = {n: {"symbolic": kernels["symbolic"].get(n), "static": kernels["static"].get(n)}
+                                 for n in names}
         doc["results"].append(row)
         print(f"{args.dim} {size:4d}: symbolic {s * 1e3:8.3f} ms static {t * 1e3:8.3f} ms ratio {s / t:5.3f} "
               f"(max diff {error:.1e}, static compile {compile_s:.0f} s)", flush=True)
+        for name, k in list(row.get("kernels_ms", {}).items())[:12]:
+            ratio = f"{k['symbolic'] / k['static']:6.2f}" if k["symbolic"] and k["static"] else "     -"
+            print(f"    {name:50s} {k['symbolic'] or 0:8.4f} {k['static'] or 0:8.4f} {ratio}", flush=True)
         del static
-        shutil.rmtree(static_dir, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(static_dir, ignore_errors=True)
         if args.output:
             Path(args.output).parent.mkdir(parents=True, exist_ok=True)
             Path(args.output).write_text(json.dumps(doc, indent=1))

@@ -32,6 +32,8 @@ PARALLEL_MIN = 2048  # below this many output elements a thread pool launch cost
 ROW_TILE = 4
 # A loop over the row tiles of a symbolic row count: rows per tile, and the row count (a Var's name)
 ROW_TAIL, ROW_COUNT = "mlc.row_tail", "mlc.row_count"
+# A loop over the column tiles of a symbolic J (zero-padded to the tile): columns per tile; ROW_COUNT names J's Var
+COL_TAIL = "mlc.col_tail"
 L1_WAYS = 8  # set associativity of the L1 data cache (x86 and Neoverse cores: 8 or more)
 PANEL_BLOCK_BYTES = 256 * 1024  # L2 is 512 KB to 2 MB on the x86 and ARM cores we target
 
@@ -72,12 +74,31 @@ def _schedule_symbolic_spatial(sch, loops, lanes: int) -> None:
             outer, inner = sch.split(fused, factors=[None, lanes])
             sch.vectorize(inner)
             outer = outer if width >= PARALLEL_MIN else None
+    elif _vector_columns(sch, middle[-1], lanes) and len(middle) == 1:
+        middle = []  # its tiles are split in tir_pipeline: not a parallel loop
     if lead and math.prod(extents[:first]) > 1:
         sch.parallel(sch.fuse(*lead) if len(lead) > 1 else lead[0])
     elif outer is not None:
         sch.parallel(outer)
-    else:
+    elif middle:
         sch.parallel(middle[0])
+
+
+def _vector_columns(sch, loop, lanes: int):
+    """A loop over a symbolic innermost axis (softmax's exp and division over seq x seq): vectors of `lanes`,
+    whole ones without the per-element `col < cols` branch (tir_pipeline splits the loop marked COL_TAIL), the
+    tail branched; TVM left it a scalar loop (1.5-2.8x the static kernels' time). Returns the loop over vectors,
+    or None where the extent is not a plain Var."""
+    from tvm import tirx
+
+    columns = sch.get(loop).extent
+    if not isinstance(columns, tirx.Var):
+        return None
+    outer, inner = sch.split(loop, factors=[None, lanes])
+    sch.vectorize(inner)
+    sch.annotate(outer, COL_TAIL, lanes)
+    sch.annotate(outer, ROW_COUNT, columns.name)
+    return outer
 
 
 def _schedule_spatial(sch, block, lanes: int) -> None:
@@ -193,15 +214,18 @@ def _pack_weights(sch, block, last, width: int, pairs: int = 0) -> None:
                                  lambda *idx: [idx[-1] // width, *idx[:-1], idx[-1] % width])
 
 
-def _tile_shape(j_extent: int, row_extent, lanes: int, registers=None) -> tuple[int, int]:
-    """(vectors, rows) of the register tile for a J that is a multiple of `lanes`."""
-    vectors = 2 if j_extent % (2 * lanes) == 0 else 1
+def _tile_shape(j_extent: int, row_extent, lanes: int, registers=None, depths=()) -> tuple[int, int]:
+    """(vectors, rows) of the register tile for a J that is a multiple of `lanes`. A symbolic depth is (in
+    attention's P x V) a symbolic row stride: each row of the tile then needs an address register of its own,
+    and 12 rows spilled them (1.4-1.5x the static kernel's time); 4 vectors x 6 rows need half as many."""
+    wide = None in depths and j_extent % (4 * lanes) == 0
+    vectors = 4 if wide else 2 if j_extent % (2 * lanes) == 0 else 1
     return vectors, _divisor_at_most(row_extent, (registers or _registers(lanes)) // vectors)
 
 
 def _row_tile(j_extent: int, row_extent, lanes: int, depths, registers=None) -> int:
     """The register tile's rows (`_tile_shape`), fewer where symbolic rows would alias in L1 (below)."""
-    _, row_tile = _tile_shape(j_extent, row_extent, lanes, registers)
+    _, row_tile = _tile_shape(j_extent, row_extent, lanes, registers, depths)
     if row_extent is None and None not in depths and math.prod(depths) * 4 % 4096 == 0:
         # Symbolic rows read `depth` floats apart: at a multiple of 4 KB every row of the tile maps to one
         # L1 set, and more rows than the L1's ways (8) evict each other (bert-base's 3072 -> 768 layer:
@@ -238,6 +262,53 @@ def _pad_width(sch, block, spatial, n_reduction: int, lanes: int, depth: int = 0
         return True
     except Exception:  # noqa: BLE001 - not an einsum
         return False
+
+
+def _pad_symbolic_width(sch, block, spatial, reduction, lanes: int) -> bool:
+    """Zero-pad a symbolic J (attention scores over seq x seq) to a multiple of 2 vectors, so the register tile
+    runs on it: without, the kernel was a scalar loop reading K^T a row apart per step (bert-base at seq 128:
+    30-60x the static kernel's time). J and rows are padded (copies of K^T and Q, 64 x seq floats each); the
+    row and column tiles are split into whole tiles and tails in tir_pipeline. Floats only."""
+    stmt = sch.get(block)
+    if len(spatial) < 2 or None in [_extent(sch, r) for r in reduction]:
+        return False
+    if any(str(r.source.dtype) != "float32" for r in [*stmt.reads, *stmt.writes]):
+        return False
+    columns = sch.get(spatial[-1]).extent
+    factors = [1] * (len(spatial) + len(reduction))
+    factors[len(spatial) - 1] = 2 * lanes
+    row_tile = _row_tile(2 * lanes, _extent(sch, spatial[-2]), lanes, [_extent(sch, r) for r in reduction])
+    row_extent = _extent(sch, spatial[-2])
+    if row_extent is None or row_extent % row_tile:
+        # TVM 0.27's reverse_compute_inline of the unpadding block drops the write-back's row bound (`_pad_width`)
+        factors[len(spatial) - 2] = row_tile
+    before = [sch.get(p) for p in sch.get_producers(block)]
+    try:
+        sch.pad_einsum(block, factors)
+    except Exception:  # noqa: BLE001 - not an einsum
+        return False
+    for pad in sch.get_producers(block):
+        if not any(sch.get(pad).same_as(b) for b in before):
+            _schedule_padding(sch, pad, lanes, columns)
+    return True
+
+
+def _schedule_padding(sch, pad, lanes: int, columns) -> None:
+    """A zero-padding copy whose last loop is the padded symbolic J (K^T's): vectors of `lanes` columns, whole
+    tiles without the `col < cols` branch (tir_pipeline splits the loop marked COL_TAIL), the tail branched."""
+    from tvm import tirx
+
+    loops = sch.get_loops(pad)
+    if not isinstance(columns, tirx.Var) or _extent(sch, loops[-1]) is not None or None in [
+            _extent(sch, loop) for loop in loops[:-1]]:
+        _schedule_spatial(sch, pad, lanes)
+        return
+    outer, _, inner = sch.split(loops[-1], factors=[None, 2, lanes])  # J was padded to 2 vectors
+    sch.vectorize(inner)
+    sch.annotate(outer, COL_TAIL, 2 * lanes)
+    sch.annotate(outer, ROW_COUNT, columns.name)
+    if len(loops) > 1:
+        sch.parallel(sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0])
 
 
 def _narrow_lanes(j_extent, lanes: int):
@@ -359,7 +430,7 @@ def _bf16_dot_block(sch, block, reduction, lanes: int, target) -> bool:
 
 
 def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf16: bool = False,
-                            int8: bool = False, registers=None) -> None:
+                            int8: bool = False, registers=None, columns=None, row_count=None) -> None:
     """out[M, J] += ... with J contiguous: a (rows x vectors) accumulator tile in registers,
     the reduction loops around it, blocks of J tiles outermost so their weight slices stay in
     cache while the rows stream past (each row tile visits the block's tiles in turn), epilogue
@@ -367,10 +438,13 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     from tvm import tirx
 
     row_extent = _extent(sch, spatial[-2]) if len(spatial) > 1 else 1
-    row_count = sch.get(spatial[-2]).extent if len(spatial) > 1 else None
-    vectors, _ = _tile_shape(_extent(sch, spatial[-1]), row_extent, lanes, registers)
+    if row_count is None:  # (else the row count before `_pad_symbolic_width` padded it)
+        row_count = sch.get(spatial[-2]).extent if len(spatial) > 1 else None
+    # A symbolic J (attention scores, seq x seq) comes zero-padded to 2 vectors (`_pad_symbolic_width`)
+    j_extent = _extent(sch, spatial[-1]) if columns is None else 2 * lanes
     depths = [_extent(sch, r) for r in reduction]
-    row_tile = _row_tile(_extent(sch, spatial[-1]), row_extent, lanes, depths, registers)
+    vectors, _ = _tile_shape(j_extent, row_extent, lanes, registers, depths)
+    row_tile = _row_tile(j_extent, row_extent, lanes, depths, registers)
     jo, jv, ji = sch.split(spatial[-1], factors=[None, vectors, lanes])
     panels = _panels_per_block(_extent(sch, jo), None if None in depths else math.prod(depths), vectors * lanes)
     group = 2 if bf16 else int8_dot.QUAD if int8 else 0
@@ -380,7 +454,10 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     if panels > 1:
         jo, inner = sch.split(jo, factors=[None, panels])
         inner_panels = [inner]
-    head = [jo]
+    # A symbolic J's tiles get a serial loop (the other spatial loops run in parallel), which tir_pipeline splits
+    # into whole tiles, whose write-back needs no predicate, and one tail tile.
+    col_loop = jo if columns is not None and len(spatial) > 2 else None
+    head = [jo] if col_loop is None else []
     rows = None
     # Rows come from the innermost other spatial loop only (a conv's output width): a tile that
     # crossed into the next output row would make the accumulator a non-rectangular region,
@@ -402,6 +479,8 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     else:
         head += inner_panels
         serial = []
+    if col_loop is not None:
+        serial = [col_loop] + serial
     pair = []
     if group:  # the innermost reduction in pairs (quads), innermost: vdpbf16ps's (vpdpbusd's) operand layout
         ko, ki = sch.split(reduction[-1], factors=[None, group])
@@ -435,6 +514,9 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     if row_loop is not None and isinstance(row_count, tirx.Var):
         sch.annotate(row_loop, ROW_TAIL, row_tile)
         sch.annotate(row_loop, ROW_COUNT, row_count.name)  # a Var would be read as a schedule variable
+    if col_loop is not None and isinstance(columns, tirx.Var):
+        sch.annotate(col_loop, COL_TAIL, vectors * lanes)
+        sch.annotate(col_loop, ROW_COUNT, columns.name)
     # The dot-product tiles must have no predicate (TVM 0.27's tensorize rejects one): rows padded by `_pad_width`
     if bf16:
         sch.tensorize(ji, _bf16_intrinsic())
@@ -472,6 +554,14 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None) -> 
         int8 = int8 and int8_dot.depth_padding(sch, reduction) == 1
         _schedule_register_tile(sch, block, spatial, reduction, last, lanes, bf16, int8)
         return
+    if j_extent is None and contiguous and n_spatial > 1:
+        columns, row_count = sch.get(spatial[-1]).extent, sch.get(spatial[-2]).extent
+        if _pad_symbolic_width(sch, block, spatial, reduction, lanes):
+            loops = sch.get_loops(block)
+            spatial, reduction = loops[:n_spatial], loops[n_spatial:]
+            _schedule_register_tile(sch, block, spatial, reduction, sch.get(block).iter_vars[n_spatial - 1].var,
+                                    lanes, columns=columns, row_count=row_count)
+            return
     narrow = _narrow_lanes(j_extent, lanes) if contiguous else None
     if narrow is not None:
         _schedule_register_tile(sch, block, spatial, reduction, last, narrow, registers=_registers(lanes))
@@ -493,6 +583,8 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None) -> 
         sch.vectorize(ji)
         sch.decompose_reduction(block, reduction[0])
         return
+    if _vector_partial_sums(sch, block, spatial, reduction, lanes):
+        return
     extents = [_extent(sch, loop) for loop in spatial]
     if None in extents:  # fused, symbolic loops cost a division by a run-time value per output element
         first = extents.index(None)
@@ -501,8 +593,6 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None) -> 
             sch.parallel(sch.fuse(*lead) if len(lead) > 1 else lead[0])
         else:
             sch.parallel(spatial[first])
-        return
-    if _vector_partial_sums(sch, block, spatial, reduction, lanes):
         return
     fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
     extent = _extent(sch, fused)
@@ -528,10 +618,15 @@ def _vector_partial_sums(sch, block, spatial, reduction, lanes: int) -> bool:
     """A row reduction over a contiguous axis (layer norm's sums, softmax's max and sum over 768 or 128) as
     `lanes` partial results in a vector, combined at the end of the row (rfactor), instead of a scalar chain of
     dependent adds (one per 4 cycles); rows in parallel. Layer norm + softmax over 197 x 192: 0.66x the time,
-    128 x 768: 0.74x. False (nothing changed) where it does not fit."""
+    128 x 768: 0.74x; over symbolic rows (a sequence), bert-base's layer norm had kept the scalar chain: 3x the
+    static kernel's time. False (nothing changed) where it does not fit."""
+    from tvm import tirx
+
     depth = _extent(sch, reduction[-1]) if len(reduction) == 1 else None
+    columns = sch.get(reduction[0]).extent if len(reduction) == 1 else None
+    symbolic = depth is None and isinstance(columns, tirx.Var)  # softmax's max and sum over seq x seq
     stmt = sch.get(block)
-    if (depth is None or depth % lanes or depth < 2 * lanes or None in [_extent(sch, s) for s in spatial]
+    if ((not symbolic and (depth is None or depth % lanes or depth < 2 * lanes))
             or not _unit_stride_last(stmt, stmt.iter_vars[len(spatial)].var)):
         return False
     _, inner = sch.split(reduction[0], factors=[None, lanes])
@@ -542,13 +637,16 @@ def _vector_partial_sums(sch, block, spatial, reduction, lanes: int) -> bool:
     for target in (partial, block):  # each: rows (parallel), then its reduction loops
         loops = sch.get_loops(target)
         rows = loops[:len(spatial)]
-        row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
-        if _extent(sch, row) > 1:
+        row = sch.fuse(*rows) if len(rows) > 1 else rows[0]  # symbolic rows: a division per row, not per element
+        if (_extent(sch, row) or 2) > 1:
             sch.parallel(row)
     loops = sch.get_loops(partial)  # row, outer (reduction), lane
     sch.vectorize(loops[-1])
     init = sch.decompose_reduction(partial, loops[-2])
     sch.vectorize(sch.get_loops(init)[-1])
+    if symbolic:  # whole vectors without the `k < depth` branch, then one branched tail (tir_pipeline)
+        sch.annotate(loops[-2], COL_TAIL, lanes)
+        sch.annotate(loops[-2], ROW_COUNT, columns.name)
     return True
 
 

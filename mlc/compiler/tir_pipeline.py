@@ -15,6 +15,8 @@ accumulators (min(seq, 12) rows) were a heap buffer (the rule now indexes it row
 layers took 2.7-3.4x the static ones' time (benchmarks/dynamic-kernels). `split_row_tails` turns the loop
 the rule marks (schedule_rules.ROW_TAIL) into `for tile in range(seq // 12)` without the branches, then
 `if seq % 12 == c` for c = 1..11, each a copy whose branches fold to constants once the tile is unrolled.
+A loop the rule marks schedule_rules.COL_TAIL (column tiles or vectors over a zero-padded symbolic J: attention
+scores, softmax) becomes whole tiles without their `col < seq` branches, then one branched tail.
 Imports tvm."""
 
 from __future__ import annotations
@@ -126,6 +128,12 @@ def _rewrite_conditions(stmt, decide, analyzer):
         for part in parts[1:]:
             condition = tirx.And(condition, part)
         return tirx.IfThenElse(condition, then_case, else_case, stmt.span)
+    if isinstance(stmt, tirx.BufferStore) and _is_select(stmt.value) and getattr(stmt, "predicate", None) is None:
+        # a padding copy's value, `if_then_else(col < cols, load, 0)`: the load where the condition folds to true
+        parts = [analyzer.simplify(decide(c)) for c in _conjuncts(stmt.value.args[0])]
+        if all(isinstance(p, tirx.IntImm) and p.value for p in parts):
+            return tirx.BufferStore(stmt.buffer, stmt.value.args[1], stmt.indices, stmt.span)
+        return stmt
     if isinstance(stmt, tirx.SeqStmt):
         return tirx.SeqStmt([_rewrite_conditions(s, decide, analyzer) for s in stmt.seq], stmt.span)
     if isinstance(stmt, tirx.For):
@@ -139,6 +147,12 @@ def _rewrite_conditions(stmt, decide, analyzer):
     if isinstance(stmt, tirx.While):
         return tirx.While(stmt.condition, _rewrite_conditions(stmt.body, decide, analyzer), stmt.span)
     return stmt
+
+
+def _is_select(expr) -> bool:
+    import tvm
+
+    return isinstance(expr, tvm.ir.Call) and getattr(expr.op, "name", "").endswith("if_then_else")
 
 
 def _renew(stmt):
@@ -188,6 +202,49 @@ def _split_row_tail(loop):
     return tirx.SeqStmt(tails)
 
 
+def _split_col_tail(loop):
+    """The marked loop over ceil(cols / tile) column tiles of a zero-padded symbolic J -> whole tiles, whose
+    `col < cols` branches are proven true and removed, then one tail tile (`cols % tile != 0`) that keeps them
+    (over a longer padded extent: a loop over the remaining tiles). Row-tile loops inside are split in turn."""
+    import tvm
+    from tvm import tirx
+
+    from mlc.compiler.schedule_rules import COL_TAIL, ROW_COUNT
+
+    tile, name = int(loop.annotations[COL_TAIL]), str(loop.annotations[ROW_COUNT])
+    cols = next((v for v in _undefined_vars(loop.extent) if v.name == name), None)
+    if cols is None:
+        return _map_bodies(loop, _row_tails)
+    dtype = str(cols.ty.dtype)
+    tile_ = tirx.IntImm(dtype, tile)
+    whole = tirx.FloorDiv(cols, tile_)
+    one_tail = tvm.sym.Analyzer().can_prove_equal(loop.extent,
+                                                  tirx.FloorDiv(cols + tirx.IntImm(dtype, tile - 1), tile_))
+    if not one_tail and not tvm.sym.Analyzer().can_prove(whole <= loop.extent):
+        return _map_bodies(loop, _row_tails)
+    slack = tirx.Var("slack", dtype)
+    analyzer = tvm.sym.Analyzer()
+    analyzer.bind(slack, tvm.ir.Range.from_min_extent(tirx.IntImm(dtype, 0), tirx.IntImm(dtype, 1 << 40)))
+    bound = {cols: loop.loop_var * tile_ + tile_ + slack}
+
+    def in_whole_tile(cond):
+        if cols not in _undefined_vars(cond):
+            return cond
+        return tirx.IntImm("bool", 1) if analyzer.can_prove(_substitute(cond, bound)) else cond
+
+    annotations = {k: v for k, v in loop.annotations.items() if k not in (COL_TAIL, ROW_COUNT)}
+    main = tirx.For(loop.loop_var, tirx.IntImm(dtype, 0), whole, tirx.ForKind.SERIAL,
+                    _row_tails(_rewrite_conditions(loop.body, in_whole_tile, analyzer)), None, annotations)
+    if one_tail:
+        tail = _row_tails(_renew(_substitute(loop.body, {loop.loop_var: whole})))
+        return tirx.SeqStmt([main, tirx.IfThenElse(tirx.FloorMod(cols, tile_) != 0, tail, None)])
+    # a loop over a padded extent (a padding copy's columns): the tiles past the whole ones keep their branches
+    rest = tirx.Var("rest", dtype)
+    tail = tirx.For(rest, tirx.IntImm(dtype, 0), loop.extent - whole, tirx.ForKind.SERIAL,
+                    _row_tails(_renew(_substitute(loop.body, {loop.loop_var: whole + rest}))), None, annotations)
+    return tirx.SeqStmt([main, tail])
+
+
 def _undefined_vars(expr) -> list:
     from tvm.tirx.analysis import undefined_vars
 
@@ -197,8 +254,11 @@ def _undefined_vars(expr) -> list:
 def _row_tails(stmt):
     from tvm import tirx
 
-    from mlc.compiler.schedule_rules import ROW_COUNT, ROW_TAIL
+    from mlc.compiler.schedule_rules import COL_TAIL, ROW_COUNT, ROW_TAIL
 
+    if isinstance(stmt, tirx.For) and stmt.annotations and COL_TAIL in stmt.annotations \
+            and ROW_COUNT in stmt.annotations:
+        return _split_col_tail(stmt)
     if isinstance(stmt, tirx.For) and stmt.annotations and ROW_TAIL in stmt.annotations \
             and ROW_COUNT in stmt.annotations:
         return _split_row_tail(stmt)
