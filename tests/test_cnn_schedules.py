@@ -206,6 +206,41 @@ def test_row_reductions_keep_a_vector_of_partial_results(tvm_tools):
                                atol=1e-6)
 
 
+def test_softmax_rows_of_an_odd_length_are_vector_partial_sums_in_one_row_loop(tvm_tools):
+    """Softmax over rows of 197 (a ViT's scores; dinov2's 1370): the max and the sum run as 16 partial results
+    with a predicated last vector, and the exp (the divide) runs in the same parallel row loop, while the row is
+    in L1. Rows of 49 (a Swin window) keep the scalar reduction. A row holding a NaN stays NaN."""
+    tvm, relax, rules, schedules, target_json = tvm_tools
+    from mlc.compiler import relax_passes
+
+    def softmax(shape):
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType(shape, "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                e = bb.emit(bb.call_te(relax_passes._softmax_exp, x, -1, primfunc_name_hint="fast_softmax_exp"))
+                out = bb.emit_output(bb.call_te(relax_passes._softmax_normalize, e, -1,
+                                                primfunc_name_hint="fast_softmax_norm"))
+            bb.emit_func_output(out)
+        return bb.get()
+
+    for shape, partial in (((3, 5, 197), True), ((4, 49), False)):
+        mod = softmax(shape)
+        kernels = _kernels(tvm, rules, schedules, mod, target_json)
+        for name, kernel in kernels.items():
+            script = kernel.script()
+            assert ("_rf" in script) == partial, (shape, name)
+            if partial:
+                assert script.count("T.parallel(") == 1, (name, script)
+        values = (RNG.standard_normal(shape) * 4).astype(np.float32)
+        values[0, 1] = np.nan
+        executable, report = schedules.build(mod, target_json, None, True)
+        assert not report["unscheduled"], report
+        e = np.exp(values - values.max(-1, keepdims=True))
+        np.testing.assert_allclose(_run(tvm, relax, executable, values), e / e.sum(-1, keepdims=True), rtol=1e-5,
+                                   atol=1e-6)
+
+
 def test_depthwise_conv_reads_its_padding_inline(tvm_tools):
     """A depthwise conv (stride 2, 48 channels) has no padded copy of its input (the padding is a select inside
     the conv), a regular conv keeps its padding block, and both match TVM's unscheduled build."""

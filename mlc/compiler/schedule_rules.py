@@ -443,7 +443,7 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
         sch.tensorize(ji, int8_dot.vnni_intrinsic())
 
 
-def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None) -> None:
+def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None, deferred=None) -> None:
     stmt = sch.get(block)
     loops = sch.get_loops(block)
     spatial, reduction = loops[:n_spatial], loops[n_spatial:]
@@ -502,7 +502,7 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None) -> 
         else:
             sch.parallel(spatial[first])
         return
-    if _vector_partial_sums(sch, block, spatial, reduction, lanes):
+    if _vector_partial_sums(sch, block, spatial, reduction, lanes, deferred):
         return
     fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
     extent = _extent(sch, fused)
@@ -524,32 +524,86 @@ def _unit_stride_last(stmt, var) -> bool:
     return True
 
 
-def _vector_partial_sums(sch, block, spatial, reduction, lanes: int) -> bool:
+TAIL_MIN_VECTORS = 4  # a Swin window's rows of 49 (3 vectors and 1 float) ran 1.15x slower as partial sums
+
+
+def _vector_partial_sums(sch, block, spatial, reduction, lanes: int, deferred=None) -> bool:
     """A row reduction over a contiguous axis (layer norm's sums, softmax's max and sum over 768 or 128) as
     `lanes` partial results in a vector, combined at the end of the row (rfactor), instead of a scalar chain of
     dependent adds (one per 4 cycles); rows in parallel. Layer norm + softmax over 197 x 192: 0.66x the time,
-    128 x 768: 0.74x. False (nothing changed) where it does not fit."""
+    128 x 768: 0.74x. A row length no multiple of `lanes` (a ViT's 197 or 1370 tokens) gets a predicated last
+    vector, which LoopPartition splits off (rows of 4 vectors or more; softmax over 12 x 197 x 197: 0.76x the
+    time). With `deferred` (a list), the block waits there for `_finish_partial_sums`. False (nothing changed)
+    where it does not fit."""
     depth = _extent(sch, reduction[-1]) if len(reduction) == 1 else None
     stmt = sch.get(block)
-    if (depth is None or depth % lanes or depth < 2 * lanes or None in [_extent(sch, s) for s in spatial]
+    if (depth is None or depth < 2 * lanes or depth % lanes and depth < TAIL_MIN_VECTORS * lanes
+            or None in [_extent(sch, s) for s in spatial]
             or not _unit_stride_last(stmt, stmt.iter_vars[len(spatial)].var)):
         return False
-    _, inner = sch.split(reduction[0], factors=[None, lanes])
+    rows = math.prod(_extent(sch, s) for s in spatial)
+    if deferred is not None:
+        deferred.append((block, rows, lanes))
+        return True
+    return _partial_sums(sch, block, lanes) is not None
+
+
+def _row_consumer(sch, block, rows: int):
+    """The one consumer of `block` (a row reduction over `rows` rows) where it is elementwise with one loop per
+    row outermost (the elementwise schedule of rows no multiple of the vector width), else None."""
+    consumers = sch.get_consumers(block)
+    if len(consumers) != 1:
+        return None
+    loops = sch.get_loops(consumers[0])
+    return consumers[0] if len(loops) == 2 and _extent(sch, loops[0]) == rows else None
+
+
+def _partial_sums(sch, block, lanes: int):
+    """`_vector_partial_sums`'s rfactor, rows in parallel; the partial block, or None where rfactor fails."""
+    loops = sch.get_loops(block)
+    _, inner = sch.split(loops[-1], factors=[None, lanes])
     try:  # partial[.., lane] (lanes last: one vector per row)
-        partial = sch.rfactor(inner, factor_axis=len(stmt.writes[0].region))
+        partial = sch.rfactor(inner, factor_axis=len(sch.get(block).writes[0].region))
     except Exception:  # noqa: BLE001 - not a reduction rfactor knows: the split alone changes nothing
-        return False
-    for target in (partial, block):  # each: rows (parallel), then its reduction loops
+        return None
+    for target, reduction_loops in ((partial, 2), (block, 1)):  # each: rows (parallel), then its reduction
         loops = sch.get_loops(target)
-        rows = loops[:len(spatial)]
-        row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+        head = loops[:len(loops) - reduction_loops]
+        row = sch.fuse(*head) if len(head) > 1 else head[0]
         if _extent(sch, row) > 1:
             sch.parallel(row)
     loops = sch.get_loops(partial)  # row, outer (reduction), lane
     sch.vectorize(loops[-1])
     init = sch.decompose_reduction(partial, loops[-2])
     sch.vectorize(sch.get_loops(init)[-1])
-    return True
+    return partial
+
+
+def _finish_partial_sums(sch, block, rows: int, lanes: int) -> None:
+    """A deferred `_vector_partial_sums` reduction; where its consumer is elementwise row by row, the consumer
+    runs inside the reduction's row loop (softmax's max then exp, sum then divide: the row is still in L1 when
+    it is read again; over 12 x 1370 x 1370 scores that saves two passes through memory)."""
+    consumer = _row_consumer(sch, block, rows)
+    partial = _partial_sums(sch, block, lanes)
+    if partial is None:
+        loops = sch.get_loops(block)
+        row = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+        if _extent(sch, row) > 1:
+            sch.parallel(row)
+        return
+    if consumer is None:
+        return
+    row = sch.get_loops(partial)[0]
+    try:
+        sch.reverse_compute_at(block, row)
+        sch.reverse_compute_at(consumer, row)
+    except Exception:  # noqa: BLE001 - not movable: the consumer keeps its own loops (a pass of its own)
+        return
+    inner = sch.get_loops(consumer)[-1]
+    width = _narrow_lanes(_extent(sch, inner), lanes)
+    if width is not None:
+        _, vec = sch.split(inner, factors=[None, width])
+        sch.vectorize(vec)
 
 
 # A depthwise conv reads its padding inline (a select on h/w, uniform across the channel vector) instead of from a
@@ -645,6 +699,7 @@ def _rule():
                     sch.compute_inline(info.block_rv)
             infos = pads + concat_inputs + (infos or [])
             lanes = _lanes(target)
+            deferred = []  # row reductions whose rows wait for their consumer's schedule
             for info in infos:
                 try:
                     sch.get(info.block_rv)
@@ -655,7 +710,10 @@ def _rule():
                 if info.is_injective():
                     _schedule_spatial(sch, info.block_rv, lanes)
                 elif n_spatial and set(kinds[n_spatial:]) == {"R"}:
-                    _schedule_reduction(sch, info.block_rv, n_spatial, lanes, target if bf16_dot else None)
+                    _schedule_reduction(sch, info.block_rv, n_spatial, lanes, target if bf16_dot else None,
+                                        deferred)
+            for block, rows, row_lanes in deferred:
+                _finish_partial_sums(sch, block, rows, row_lanes)
             return sch
 
     return CPUDefault()
