@@ -125,6 +125,19 @@ def test_static_rows_are_padded_to_the_register_tile_and_not_written_past(tvm_to
     assert (written[13:] == 7.0).all(), "the kernel wrote past its output"
 
 
+def test_padded_rows_take_whole_blocks_of_j_tiles(tvm_tools):
+    """inception_v3's 1x1 conv 768 -> 160 channels at 17 x 17: rows padded to the tile (17 -> 24) and 5 J tiles
+    in L2-sized blocks of 2 (a partial last block) made TVM write wrong values (max error 10); the blocks now
+    divide the J tiles. Results match TVM's unscheduled build."""
+    tvm, relax, rules, schedules, target_json = tvm_tools
+    mod = _conv_module(relax, (1, 768, 17, 17), 160, 1)
+    x = RNG.standard_normal((1, 768, 17, 17)).astype(np.float32)
+    executable, report = schedules.build(mod, target_json, None, True)
+    assert not report["unscheduled"], report
+    np.testing.assert_allclose(_run(tvm, relax, executable, x), _run(tvm, relax, tvm.compile(mod, target="llvm"), x),
+                               rtol=1e-4, atol=1e-4)
+
+
 def test_elementwise_rows_of_an_odd_width_are_vectorized_per_row(tvm_tools):
     """exp over rows of 197 (a ViT's attention scores): rows in parallel, no division per element and no
     predicated vector (which TVM scalarizes); results match numpy."""

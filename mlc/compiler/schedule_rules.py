@@ -359,7 +359,7 @@ def _bf16_dot_block(sch, block, reduction, lanes: int, target) -> bool:
 
 
 def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf16: bool = False,
-                            int8: bool = False, registers=None) -> None:
+                            int8: bool = False, registers=None, padded_rows: bool = False) -> None:
     """out[M, J] += ... with J contiguous: a (rows x vectors) accumulator tile in registers,
     the reduction loops around it, blocks of J tiles outermost so their weight slices stay in
     cache while the rows stream past (each row tile visits the block's tiles in turn), epilogue
@@ -374,7 +374,9 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     jo, jv, ji = sch.split(spatial[-1], factors=[None, vectors, lanes])
     panels = _panels_per_block(_extent(sch, jo), None if None in depths else math.prod(depths), vectors * lanes)
     group = 2 if bf16 else int8_dot.QUAD if int8 else 0
-    if group and _extent(sch, jo) % panels:  # a partial last block puts a predicate on the tile: no tensorize
+    # A partial last block puts a predicate on the tile: no tensorize; and with padded rows TVM 0.27 wrote wrong
+    # values (inception_v3's 1x1 conv 768 -> 160 channels at 17 x 17 rows: 5 panels in blocks of 2)
+    if (group or padded_rows) and _extent(sch, jo) % panels:
         panels = max(d for d in range(1, panels + 1) if _extent(sch, jo) % d == 0)
     inner_panels = []
     if panels > 1:
@@ -455,6 +457,7 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None, def
     int8 = int8 and depth > 0
     if target is not None and contiguous and not int8 and _bf16_dot_block(sch, block, reduction, lanes, target):
         depth = 1  # vdpbf16ps: rows padded (an odd depth has no bf16 tile)
+    rows_before = _extent(sch, spatial[-2]) if len(spatial) > 1 else None
     if (contiguous and j_extent is not None and (j_extent % lanes and j_extent >= 2 * lanes or depth)
             and _pad_width(sch, block, spatial, len(reduction), lanes, depth)):
         loops = sch.get_loops(block)
@@ -470,7 +473,8 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None, def
             last = sch.get(block).iter_vars[n_spatial - 1].var
         bf16 = target is not None and _bf16_dot_block(sch, block, reduction, lanes, target)
         int8 = int8 and int8_dot.depth_padding(sch, reduction) == 1
-        _schedule_register_tile(sch, block, spatial, reduction, last, lanes, bf16, int8)
+        padded = len(spatial) > 1 and _extent(sch, spatial[-2]) != rows_before
+        _schedule_register_tile(sch, block, spatial, reduction, last, lanes, bf16, int8, padded_rows=padded)
         return
     narrow = _narrow_lanes(j_extent, lanes) if contiguous else None
     if narrow is not None:
