@@ -528,17 +528,19 @@ def _unit_stride_last(stmt, var) -> bool:
     return True
 
 
-TAIL_MIN_VECTORS = 4  # a Swin window's rows of 49 (3 vectors and 1 float) ran 1.15x slower as partial sums
+# A Swin window's rows of 49 ran 1.15x slower as partial sums; rows of 197 gained 1.3x on a kernel that is ~1 % of
+# deit/beit, while the changed summation order moved visformer_small's logits (~300, chaotic with random
+# weights) past the suite's fp64 rule (RMSE 8.7e-4 vs 6.5e-4): only long rows (dinov2's 1370: 2.5x) take it.
+TAIL_MIN_VECTORS = 32
 
 
 def _vector_partial_sums(sch, block, spatial, reduction, lanes: int, deferred=None) -> bool:
     """A row reduction over a contiguous axis (layer norm's sums, softmax's max and sum over 768 or 128) as
     `lanes` partial results in a vector, combined at the end of the row (rfactor), instead of a scalar chain of
     dependent adds (one per 4 cycles); rows in parallel. Layer norm + softmax over 197 x 192: 0.66x the time,
-    128 x 768: 0.74x. A row length no multiple of `lanes` (a ViT's 197 or 1370 tokens) gets a predicated last
-    vector, which LoopPartition splits off (rows of 4 vectors or more; softmax over 12 x 197 x 197: 0.76x the
-    time). With `deferred` (a list), the block waits there for `_finish_partial_sums`. False (nothing changed)
-    where it does not fit."""
+    128 x 768: 0.74x. A long row no multiple of `lanes` (dinov2's 1370 tokens) gets a predicated last vector,
+    which LoopPartition splits off (softmax over 12 x 1370 x 1370: 0.4x the time). With `deferred` (a list), the
+    block waits there for `_finish_partial_sums`. False (nothing changed) where it does not fit."""
     depth = _extent(sch, reduction[-1]) if len(reduction) == 1 else None
     stmt = sch.get(block)
     if (depth is None or depth < 2 * lanes or depth % lanes and depth < TAIL_MIN_VECTORS * lanes
