@@ -125,6 +125,19 @@ def test_static_rows_are_padded_to_the_register_tile_and_not_written_past(tvm_to
     assert (written[13:] == 7.0).all(), "the kernel wrote past its output"
 
 
+def test_padded_rows_take_whole_blocks_of_j_tiles(tvm_tools):
+    """inception_v3's 1x1 conv 768 -> 160 channels at 17 x 17: rows padded to the tile (17 -> 24) and 5 J tiles
+    in L2-sized blocks of 2 (a partial last block) made TVM write wrong values (max error 10); the blocks now
+    divide the J tiles. Results match TVM's unscheduled build."""
+    tvm, relax, rules, schedules, target_json = tvm_tools
+    mod = _conv_module(relax, (1, 768, 17, 17), 160, 1)
+    x = RNG.standard_normal((1, 768, 17, 17)).astype(np.float32)
+    executable, report = schedules.build(mod, target_json, None, True)
+    assert not report["unscheduled"], report
+    np.testing.assert_allclose(_run(tvm, relax, executable, x), _run(tvm, relax, tvm.compile(mod, target="llvm"), x),
+                               rtol=1e-4, atol=1e-4)
+
+
 def test_elementwise_rows_of_an_odd_width_are_vectorized_per_row(tvm_tools):
     """exp over rows of 197 (a ViT's attention scores): rows in parallel, no division per element and no
     predicated vector (which TVM scalarizes); results match numpy."""
@@ -204,6 +217,41 @@ def test_row_reductions_keep_a_vector_of_partial_results(tvm_tools):
     e = np.exp(normed - normed.max(-1, keepdims=True))
     np.testing.assert_allclose(_run(tvm, relax, executable, values), e / e.sum(-1, keepdims=True), rtol=1e-5,
                                atol=1e-6)
+
+
+def test_softmax_rows_of_an_odd_length_are_vector_partial_sums_in_one_row_loop(tvm_tools):
+    """Softmax over rows of 1370 (dinov2's scores): the max and the sum run as 16 partial results with a
+    predicated last vector, and the exp (the divide) runs in the same parallel row loop, while the row is in L1.
+    Rows of 197 and 49 (deit, a Swin window) keep the scalar reduction. A row holding a NaN stays NaN."""
+    tvm, relax, rules, schedules, target_json = tvm_tools
+    from mlc.compiler import relax_passes
+
+    def softmax(shape):
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType(shape, "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                e = bb.emit(bb.call_te(relax_passes._softmax_exp, x, -1, primfunc_name_hint="fast_softmax_exp"))
+                out = bb.emit_output(bb.call_te(relax_passes._softmax_normalize, e, -1,
+                                                primfunc_name_hint="fast_softmax_norm"))
+            bb.emit_func_output(out)
+        return bb.get()
+
+    for shape, partial in (((2, 3, 1370), True), ((3, 197), False), ((4, 49), False)):
+        mod = softmax(shape)
+        kernels = _kernels(tvm, rules, schedules, mod, target_json)
+        for name, kernel in kernels.items():
+            script = kernel.script()
+            assert ("_rf" in script) == partial, (shape, name)
+            if partial:
+                assert script.count("T.parallel(") == 1, (name, script)
+        values = (RNG.standard_normal(shape) * 4).astype(np.float32)
+        values[0, 1] = np.nan
+        executable, report = schedules.build(mod, target_json, None, True)
+        assert not report["unscheduled"], report
+        e = np.exp(values - values.max(-1, keepdims=True))
+        np.testing.assert_allclose(_run(tvm, relax, executable, values), e / e.sum(-1, keepdims=True), rtol=1e-5,
+                                   atol=1e-6)
 
 
 def test_depthwise_conv_reads_its_padding_inline(tvm_tools):

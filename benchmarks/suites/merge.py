@@ -2,12 +2,16 @@
 document lists the re-runs (their commands and load) under "reruns".
 
     python benchmarks/suites/merge.py results/timm-1t.json results/timm-1t-rerun.json -o results/timm-1t-merged.json
+
+With --parts, the files are parts of one run (a suite split across processes): the merged document's command is
+theirs in turn, and its models are in the suite's order.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 
@@ -30,8 +34,21 @@ def main() -> None:
     parser.add_argument("first", type=Path)
     parser.add_argument("reruns", type=Path, nargs="+")
     parser.add_argument("-o", "--output", type=Path, required=True)
+    parser.add_argument("--parts", action="store_true", help="the files are parts of one run")
     args = parser.parse_args()
-    doc = merge(json.loads(args.first.read_text()), [json.loads(p.read_text()) for p in args.reruns])
+    parts = [json.loads(args.first.read_text())] + [json.loads(p.read_text()) for p in args.reruns]
+    doc = merge(parts[0], parts[1:])
+    if args.parts:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
+        from mlc.bench import suites
+
+        listed = suites.names(doc["config"]["suite"] if isinstance(doc["config"].get("suite"), str) else "timm")
+        order = [n for n in listed if n in doc["suite"]["models"]]
+        order += [n for n in doc["suite"]["models"] if n not in order]
+        doc["suite"]["models"] = {n: doc["suite"]["models"][n] for n in order}
+        doc["cells"].sort(key=lambda c: order.index(c["model"]))
+        doc["config"]["command"] = " ; then ".join(p["config"]["command"] for p in parts)
+        doc["config"]["models"] = order
     args.output.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {args.output}")
 

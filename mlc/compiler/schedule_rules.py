@@ -430,7 +430,8 @@ def _bf16_dot_block(sch, block, reduction, lanes: int, target) -> bool:
 
 
 def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf16: bool = False,
-                            int8: bool = False, registers=None, columns=None, row_count=None) -> None:
+                            int8: bool = False, registers=None, columns=None, row_count=None,
+                            padded_rows: bool = False) -> None:
     """out[M, J] += ... with J contiguous: a (rows x vectors) accumulator tile in registers,
     the reduction loops around it, blocks of J tiles outermost so their weight slices stay in
     cache while the rows stream past (each row tile visits the block's tiles in turn), epilogue
@@ -448,7 +449,9 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     jo, jv, ji = sch.split(spatial[-1], factors=[None, vectors, lanes])
     panels = _panels_per_block(_extent(sch, jo), None if None in depths else math.prod(depths), vectors * lanes)
     group = 2 if bf16 else int8_dot.QUAD if int8 else 0
-    if group and _extent(sch, jo) % panels:  # a partial last block puts a predicate on the tile: no tensorize
+    # A partial last block puts a predicate on the tile: no tensorize; and with padded rows TVM 0.27 wrote wrong
+    # values (inception_v3's 1x1 conv 768 -> 160 channels at 17 x 17 rows: 5 panels in blocks of 2)
+    if (group or padded_rows) and _extent(sch, jo) % panels:
         panels = max(d for d in range(1, panels + 1) if _extent(sch, jo) % d == 0)
     inner_panels = []
     if panels > 1:
@@ -525,7 +528,7 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
         sch.tensorize(ji, int8_dot.vnni_intrinsic())
 
 
-def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None) -> None:
+def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None, deferred=None) -> None:
     stmt = sch.get(block)
     loops = sch.get_loops(block)
     spatial, reduction = loops[:n_spatial], loops[n_spatial:]
@@ -537,6 +540,7 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None) -> 
     int8 = int8 and depth > 0
     if target is not None and contiguous and not int8 and _bf16_dot_block(sch, block, reduction, lanes, target):
         depth = 1  # vdpbf16ps: rows padded (an odd depth has no bf16 tile)
+    rows_before = _extent(sch, spatial[-2]) if len(spatial) > 1 else None
     if (contiguous and j_extent is not None and (j_extent % lanes and j_extent >= 2 * lanes or depth)
             and _pad_width(sch, block, spatial, len(reduction), lanes, depth)):
         loops = sch.get_loops(block)
@@ -552,7 +556,8 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None) -> 
             last = sch.get(block).iter_vars[n_spatial - 1].var
         bf16 = target is not None and _bf16_dot_block(sch, block, reduction, lanes, target)
         int8 = int8 and int8_dot.depth_padding(sch, reduction) == 1
-        _schedule_register_tile(sch, block, spatial, reduction, last, lanes, bf16, int8)
+        padded = len(spatial) > 1 and _extent(sch, spatial[-2]) != rows_before
+        _schedule_register_tile(sch, block, spatial, reduction, last, lanes, bf16, int8, padded_rows=padded)
         return
     if j_extent is None and contiguous and n_spatial > 1:
         columns, row_count = sch.get(spatial[-1]).extent, sch.get(spatial[-2]).extent
@@ -583,7 +588,7 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None) -> 
         sch.vectorize(ji)
         sch.decompose_reduction(block, reduction[0])
         return
-    if _vector_partial_sums(sch, block, spatial, reduction, lanes):
+    if _vector_partial_sums(sch, block, spatial, reduction, lanes, deferred):
         return
     extents = [_extent(sch, loop) for loop in spatial]
     if None in extents:  # fused, symbolic loops cost a division by a run-time value per output element
@@ -614,40 +619,99 @@ def _unit_stride_last(stmt, var) -> bool:
     return True
 
 
-def _vector_partial_sums(sch, block, spatial, reduction, lanes: int) -> bool:
+# A Swin window's rows of 49 ran 1.15x slower as partial sums; rows of 197 gained 1.3x on a kernel that is ~1 % of
+# deit/beit, while the changed summation order moved visformer_small's logits (~300, chaotic with random
+# weights) past the suite's fp64 rule (RMSE 8.7e-4 vs 6.5e-4): only long rows (dinov2's 1370: 2.5x) take it.
+TAIL_MIN_VECTORS = 32
+
+
+def _vector_partial_sums(sch, block, spatial, reduction, lanes: int, deferred=None) -> bool:
     """A row reduction over a contiguous axis (layer norm's sums, softmax's max and sum over 768 or 128) as
     `lanes` partial results in a vector, combined at the end of the row (rfactor), instead of a scalar chain of
     dependent adds (one per 4 cycles); rows in parallel. Layer norm + softmax over 197 x 192: 0.66x the time,
     128 x 768: 0.74x; over symbolic rows (a sequence), bert-base's layer norm had kept the scalar chain: 3x the
-    static kernel's time. False (nothing changed) where it does not fit."""
+    static kernel's time. A long row no multiple of `lanes` (dinov2's 1370 tokens) gets a predicated last vector,
+    which LoopPartition splits off (softmax over 12 x 1370 x 1370: 0.4x the time). With `deferred` (a list), a
+    reduction over static rows waits there for `_finish_partial_sums`. False (nothing changed) where it does not
+    fit."""
     from tvm import tirx
 
     depth = _extent(sch, reduction[-1]) if len(reduction) == 1 else None
     columns = sch.get(reduction[0]).extent if len(reduction) == 1 else None
     symbolic = depth is None and isinstance(columns, tirx.Var)  # softmax's max and sum over seq x seq
     stmt = sch.get(block)
-    if ((not symbolic and (depth is None or depth % lanes or depth < 2 * lanes))
+    if ((not symbolic and (depth is None or depth < 2 * lanes or depth % lanes and depth < TAIL_MIN_VECTORS * lanes))
             or not _unit_stride_last(stmt, stmt.iter_vars[len(spatial)].var)):
         return False
-    _, inner = sch.split(reduction[0], factors=[None, lanes])
+    extents = [_extent(sch, s) for s in spatial]
+    if deferred is not None and not symbolic and None not in extents:
+        deferred.append((block, math.prod(extents), lanes))
+        return True
+    return _partial_sums(sch, block, lanes, columns) is not None
+
+
+def _row_consumer(sch, block, rows: int):
+    """The one consumer of `block` (a row reduction over `rows` rows) where it is elementwise with one loop per
+    row outermost (the elementwise schedule of rows no multiple of the vector width), else None."""
+    consumers = sch.get_consumers(block)
+    if len(consumers) != 1:
+        return None
+    loops = sch.get_loops(consumers[0])
+    return consumers[0] if len(loops) == 2 and _extent(sch, loops[0]) == rows else None
+
+
+def _partial_sums(sch, block, lanes: int, columns=None):
+    """`_vector_partial_sums`'s rfactor, rows in parallel; the partial block, or None where rfactor fails.
+    `columns`: the reduction's extent, split into whole vectors and a tail (tir_pipeline) when it is a Var."""
+    from tvm import tirx
+
+    loops = sch.get_loops(block)
+    _, inner = sch.split(loops[-1], factors=[None, lanes])
     try:  # partial[.., lane] (lanes last: one vector per row)
-        partial = sch.rfactor(inner, factor_axis=len(stmt.writes[0].region))
+        partial = sch.rfactor(inner, factor_axis=len(sch.get(block).writes[0].region))
     except Exception:  # noqa: BLE001 - not a reduction rfactor knows: the split alone changes nothing
-        return False
-    for target in (partial, block):  # each: rows (parallel), then its reduction loops
+        return None
+    for target, reduction_loops in ((partial, 2), (block, 1)):  # each: rows (parallel), then its reduction
         loops = sch.get_loops(target)
-        rows = loops[:len(spatial)]
-        row = sch.fuse(*rows) if len(rows) > 1 else rows[0]  # symbolic rows: a division per row, not per element
+        head = loops[:len(loops) - reduction_loops]
+        row = sch.fuse(*head) if len(head) > 1 else head[0]  # symbolic rows: a division per row, not per element
         if (_extent(sch, row) or 2) > 1:
             sch.parallel(row)
     loops = sch.get_loops(partial)  # row, outer (reduction), lane
     sch.vectorize(loops[-1])
     init = sch.decompose_reduction(partial, loops[-2])
     sch.vectorize(sch.get_loops(init)[-1])
-    if symbolic:  # whole vectors without the `k < depth` branch, then one branched tail (tir_pipeline)
+    if isinstance(columns, tirx.Var):  # whole vectors without the `k < depth` branch, then one branched tail
         sch.annotate(loops[-2], COL_TAIL, lanes)
         sch.annotate(loops[-2], ROW_COUNT, columns.name)
-    return True
+    return partial
+
+
+def _finish_partial_sums(sch, block, rows: int, lanes: int) -> None:
+    """A deferred `_vector_partial_sums` reduction; where its consumer is elementwise row by row, the consumer
+    runs inside the reduction's row loop (softmax's max then exp, sum then divide: the row is still in L1 when
+    it is read again; over 12 x 1370 x 1370 scores that saves two passes through memory)."""
+    consumer = _row_consumer(sch, block, rows)
+    partial = _partial_sums(sch, block, lanes)
+    if partial is None:
+        loops = sch.get_loops(block)
+        row = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+        if _extent(sch, row) > 1:
+            sch.parallel(row)
+        return
+    if consumer is None:
+        return
+    row = sch.get_loops(partial)[0]
+    try:
+        sch.reverse_compute_at(block, row)
+        sch.reverse_compute_at(consumer, row)
+    except Exception:  # noqa: BLE001 - not movable: the consumer keeps its own loops (a pass of its own)
+        return
+    inner = sch.get_loops(consumer)[-1]
+    width = _narrow_lanes(_extent(sch, inner), lanes)
+    if width is not None:
+        _, vec = sch.split(inner, factors=[None, width])
+        sch.vectorize(vec)
 
 
 # A depthwise conv reads its padding inline (a select on h/w, uniform across the channel vector) instead of from a
@@ -743,6 +807,7 @@ def _rule():
                     sch.compute_inline(info.block_rv)
             infos = pads + concat_inputs + (infos or [])
             lanes = _lanes(target)
+            deferred = []  # row reductions whose rows wait for their consumer's schedule
             for info in infos:
                 try:
                     sch.get(info.block_rv)
@@ -753,7 +818,10 @@ def _rule():
                 if info.is_injective():
                     _schedule_spatial(sch, info.block_rv, lanes)
                 elif n_spatial and set(kinds[n_spatial:]) == {"R"}:
-                    _schedule_reduction(sch, info.block_rv, n_spatial, lanes, target if bf16_dot else None)
+                    _schedule_reduction(sch, info.block_rv, n_spatial, lanes, target if bf16_dot else None,
+                                        deferred)
+            for block, rows, row_lanes in deferred:
+                _finish_partial_sums(sch, block, rows, row_lanes)
             return sch
 
     return CPUDefault()
