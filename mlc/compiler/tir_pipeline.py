@@ -178,16 +178,7 @@ def _split_row_tail(loop):
     if not tvm.sym.Analyzer().can_prove_equal(loop.extent, tirx.FloorDiv(rows + tirx.IntImm(dtype, tile - 1), tile_)):
         return loop
     whole = tirx.FloorDiv(rows, tile_)
-    slack = tirx.Var("slack", dtype)
-    analyzer = tvm.sym.Analyzer()
-    analyzer.bind(slack, tvm.ir.Range.from_min_extent(tirx.IntImm(dtype, 0), tirx.IntImm(dtype, 1 << 40)))
-    bound = {rows: loop.loop_var * tile_ + tile_ + slack}  # a whole tile ends at or before `rows`
-
-    def in_whole_tile(cond):
-        if rows not in _undefined_vars(cond):
-            return cond
-        return tirx.IntImm("bool", 1) if analyzer.can_prove(_substitute(cond, bound)) else cond
-
+    analyzer, in_whole_tile = _whole_tile_conditions(rows, loop, tile_)
     annotations = {k: v for k, v in loop.annotations.items() if k not in (ROW_TAIL, ROW_COUNT)}
     main = tirx.For(loop.loop_var, tirx.IntImm(dtype, 0), whole, tirx.ForKind.SERIAL,
                     _rewrite_conditions(loop.body, in_whole_tile, analyzer), None, annotations)
@@ -200,6 +191,26 @@ def _split_row_tail(loop):
                                    else c, tail_analyzer)
         tails.append(tirx.IfThenElse(tirx.FloorMod(rows, tile_) == remainder, _renew(body), None))
     return tirx.SeqStmt(tails)
+
+
+def _whole_tile_conditions(count, loop, tile_):
+    """An analyzer and a condition rewriter for the body of `loop` over tiles of `tile_` along a symbolic `count`:
+    in a whole tile (one that ends at or before `count`) the `< count` branches are proven true."""
+    import tvm
+    from tvm import tirx
+
+    dtype = str(count.ty.dtype)
+    slack = tirx.Var("slack", dtype)
+    analyzer = tvm.sym.Analyzer()
+    analyzer.bind(slack, tvm.ir.Range.from_min_extent(tirx.IntImm(dtype, 0), tirx.IntImm(dtype, 1 << 40)))
+    bound = {count: loop.loop_var * tile_ + tile_ + slack}
+
+    def in_whole_tile(cond):
+        if count not in _undefined_vars(cond):
+            return cond
+        return tirx.IntImm("bool", 1) if analyzer.can_prove(_substitute(cond, bound)) else cond
+
+    return analyzer, in_whole_tile
 
 
 def _split_col_tail(loop):
@@ -222,16 +233,7 @@ def _split_col_tail(loop):
                                                   tirx.FloorDiv(cols + tirx.IntImm(dtype, tile - 1), tile_))
     if not one_tail and not tvm.sym.Analyzer().can_prove(whole <= loop.extent):
         return _map_bodies(loop, _row_tails)
-    slack = tirx.Var("slack", dtype)
-    analyzer = tvm.sym.Analyzer()
-    analyzer.bind(slack, tvm.ir.Range.from_min_extent(tirx.IntImm(dtype, 0), tirx.IntImm(dtype, 1 << 40)))
-    bound = {cols: loop.loop_var * tile_ + tile_ + slack}
-
-    def in_whole_tile(cond):
-        if cols not in _undefined_vars(cond):
-            return cond
-        return tirx.IntImm("bool", 1) if analyzer.can_prove(_substitute(cond, bound)) else cond
-
+    analyzer, in_whole_tile = _whole_tile_conditions(cols, loop, tile_)
     annotations = {k: v for k, v in loop.annotations.items() if k not in (COL_TAIL, ROW_COUNT)}
     main = tirx.For(loop.loop_var, tirx.IntImm(dtype, 0), whole, tirx.ForKind.SERIAL,
                     _row_tails(_rewrite_conditions(loop.body, in_whole_tile, analyzer)), None, annotations)
