@@ -205,7 +205,8 @@ def _rss_mib() -> float:
 
 
 def test_soak_compile_run_check_cycles(tmp_path, monkeypatch):
-    """200 compile/run/check cycles in one process: bounded memory, no leaked temporary files."""
+    """50 compile/run/check cycles in one process: memory grows by under 1 MiB a cycle after warm-up (measured:
+    3 MiB over 40 cycles), no leaked temporary files. (200 cycles took 20 minutes of CI.)"""
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setenv("TMPDIR", str(scratch))
@@ -216,14 +217,14 @@ def test_soak_compile_run_check_cycles(tmp_path, monkeypatch):
     out = tmp_path / "art"
     x = np.ones((3, 16), np.float32)
     rss = []
-    for cycle in range(200):
+    for cycle in range(50):
         result = api.compile(str(model), output=out, isolate=False)
         assert result.check.passed
         assert api.run(out, {"x": x}, warmup=0, repeat=1).outputs["y"].shape == (3, 4)
         assert api.check(out).passed
-        if cycle in (19, 199):
+        if cycle in (9, 49):
             rss.append(_rss_mib())
-    assert rss[1] - rss[0] < 150, f"memory grew from {rss[0]:.0f} to {rss[1]:.0f} MiB over 180 cycles"
+    assert rss[1] - rss[0] < 40, f"memory grew from {rss[0]:.0f} to {rss[1]:.0f} MiB over 40 cycles"
     assert list(scratch.iterdir()) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["art", "mlp.onnx", "tmp"]
 
