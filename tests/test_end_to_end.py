@@ -123,7 +123,7 @@ def test_zoo_models_compile_and_pass(tmp_path):
 
 def test_manifest_records_what_the_issue_asks(mlp_artifact, mlp_model):
     manifest = json.loads((mlp_artifact / "manifest.json").read_text())
-    assert manifest["schema_version"] == 2
+    assert manifest["schema_version"] == 3
     assert manifest["tvm_version"].startswith("0.27")
     assert manifest["target"]["tvm"]["kind"] == "llvm" and manifest["target"]["tvm"]["num-cores"] >= 1
     from mlc.runtime.runner import sha256_file
@@ -135,6 +135,26 @@ def test_manifest_records_what_the_issue_asks(mlp_artifact, mlp_model):
                                       "reference/inputs.npz", "reference/outputs.npz"}
     assert {"load", "reference", "onnx_passes", "tvm", "tvm_build"} <= set(manifest["compile"]["timings_s"])
     assert manifest["compile"]["recipe"].startswith("mlc compile")
+
+
+def test_weights_live_beside_the_library(tmp_path):
+    """The weights are in model.weights, not in model.so, and both runtimes read them from there."""
+    import mlc.api as api
+    from mlc.runtime.runner import NativeRunner
+
+    art = api.compile("zoo:mlp", output=tmp_path / "mlp").path
+    info = json.loads((art / "manifest.json").read_text())["weights"]["model.so"]
+    data = (art / info["file"]).read_bytes()
+    assert sum(t["nbytes"] for t in info["tensors"]) >= 64 * 128 * 4  # the mlp's first layer, at least
+    library = (art / "model.so").read_bytes()
+    for tensor in info["tensors"]:
+        assert data[tensor["offset"]:tensor["offset"] + tensor["nbytes"]] not in library
+    x = {"x": np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)}
+    expected = Runner(art).run(x)["logits"]
+    np.testing.assert_array_equal(NativeRunner(art).run(x)["logits"], expected)
+    (art / info["file"]).write_bytes(bytes(len(data)))  # zeroed weights must change the outputs
+    for runner in (Runner(art, verify=False), NativeRunner(art, verify=False)):
+        assert not np.array_equal(runner.run(x)["logits"], expected)
 
 
 def test_version_targets_help():

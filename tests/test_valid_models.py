@@ -153,7 +153,7 @@ def test_build_retries_without_optional_steps(monkeypatch) -> None:
         calls.append((mod, default_schedules))
         if default_schedules or mod == "passed" and request.get("passes_fail"):
             raise RuntimeError("Traceback:\n  File x\nInternalError: Check failed: rule blew up")
-        return f"exe({mod})", {"default": []}
+        return f"exe({mod})", {"default": []}, []
 
     monkeypatch.setattr(worker, "_build", fake_build)
     request = {"target": {}, "schedules": {"db": None, "default": True}}

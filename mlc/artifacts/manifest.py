@@ -95,6 +95,20 @@ class CompileInfo(_Strict):
     passes: list[PassRecord] = Field(default_factory=list)  # in the order they ran
 
 
+class WeightTensor(_Strict):
+    dtype: str
+    shape: list[int]
+    offset: int  # bytes from the start of the file, a multiple of 64
+    nbytes: int
+
+
+class WeightsInfo(_Strict):
+    """The weights a library's `main` takes after the model's inputs, in order, stored raw in `file`."""
+
+    file: str
+    tensors: list[WeightTensor]
+
+
 class BucketCheck(_Strict):
     """Reference inputs/outputs at one length that pads up to a bucket (checked by `mlc check`)."""
 
@@ -133,6 +147,7 @@ class Manifest(_Strict):
     dynamic_ranges: dict[str, tuple[int, int]] = Field(default_factory=dict)
     files: dict[str, str] = Field(default_factory=dict)  # path -> sha256, every file but the manifest
     buckets: Optional[BucketInfo] = None  # --buckets: then `library` is the largest bucket's
+    weights: dict[str, WeightsInfo] = Field(default_factory=dict)  # library -> its weights (schema 3)
     # --precision: what matmul/conv compute in (fp32, bf16, fp16); a reduced-precision artifact is judged by the
     # accuracy gate against the fp32 reference, and `gate` holds its figures from the compile's check
     precision: str = "fp32"

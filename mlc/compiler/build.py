@@ -5,15 +5,26 @@ from __future__ import annotations
 from typing import Any
 
 
-def build(mod, target_json: dict[str, Any]):
+def build(mod, target_json: dict[str, Any], lifted: list):
+    """TVM's default pipeline for the target (GPU: with DLight schedules), then the weights lifted out of the
+    executable into `lifted` (mlc.compiler.weights)."""
     import tvm
+    from tvm import relax
 
+    from mlc.compiler import weights
     from mlc.compiler.sorting import portable_topk
 
     target = tvm.target.Target(target_json)
     with target:
         mod = portable_topk(mod, target)
-    return tvm.compile(mod, target=target)
+    default = relax.get_pipeline("default")  # what tvm.compile picks for relax_pipeline="default"
+    if "gpu" in target.keys:
+        try:
+            default = relax.get_default_pipeline(target)
+        except (ValueError, AttributeError):
+            pass
+    return tvm.compile(mod, target=target, relax_pipeline=tvm.transform.Sequential([default,
+                                                                                    weights.lift_constants(lifted)]))
 
 
 def _dim(value) -> int | str:

@@ -121,18 +121,19 @@ def _dynamic_notes(notes: list[str], withheld: dict[str, str], failed: dict[str,
         notes.append(f"kernel {name} keeps the default schedule: {why}")
 
 
-def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool,
+def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool, lifted: list,
           notes: Optional[list[str]] = None) -> tuple[Any, dict[str, list[str]]]:
     """Compile `mod`; returns the executable and which kernels were {tuned, default, unscheduled}, and with a
     database of `mlc tune --dynamic` "tuned_at": ["kernel: seq=128"], the symbolic kernels among the tuned ones
-    and the length of the static twin whose record each took.
+    and the length of the static twin whose record each took. The weights `main` takes after its inputs are
+    appended to `lifted` (mlc.compiler.weights).
     Optional steps skipped because TVM failed on them are appended to `notes`."""
     import tvm
     from tvm import relax
     from tvm.relax.backend.cpu_generic import pipeline as cpu
     from tvm.s_tir import meta_schedule as ms
 
-    from mlc.compiler import tir_pipeline
+    from mlc.compiler import tir_pipeline, weights
     from mlc.compiler import schedule_rules as rules
 
     target = tvm.target.Target(target_json)
@@ -161,7 +162,8 @@ def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool
                 kind = "tuned" if name in tuned else ("default" if scheduled else "unscheduled")
                 report[kind].append(name)
             mod = rules.fold_weight_packing(mod, target)
-            return tvm.transform.Sequential(cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target))(mod)
+            return tvm.transform.Sequential(cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target)
+                                            + [weights.lift_constants(lifted)])(mod)
 
     rules.vectorizable_intrinsics()  # tuned kernels too, and builds without the default schedules
     executable = tvm.compile(mod, target=target, relax_pipeline=pipeline, tir_pipeline=tir_pipeline.register())

@@ -26,8 +26,8 @@ def summarize(error: BaseException) -> str:
     return type(error).__name__
 
 
-def _run(executable, inputs_path: str, outputs_path: str) -> None:
-    """Run the compiled model on in_0, in_1, ... of an .npz (graph input order); save out_0, ...
+def _run(executable, weights: list, inputs_path: str, outputs_path: str) -> None:
+    """Run the compiled model on in_0, in_1, ... of an .npz (graph input order) and its `weights`; save out_0, ...
     (flattened output order). Positional keys: tensor names may hold '/' or ':'."""
     import numpy as np
     import tvm
@@ -36,7 +36,7 @@ def _run(executable, inputs_path: str, outputs_path: str) -> None:
         # tvm.runtime.tensor copies into TVM-allocated (aligned) memory.
         args = [tvm.runtime.tensor(data[f"in_{i}"]) for i in range(len(data.files))]
     vm = tvm.relax.VirtualMachine(executable, tvm.cpu())
-    result = vm["main"](*args)
+    result = vm["main"](*args, *weights)
     flat = [result] if hasattr(result, "numpy") else list(result)
     np.savez(outputs_path, **{f"out_{i}": t.numpy() for i, t in enumerate(flat)})
 
@@ -88,7 +88,7 @@ def _export_objects(executable, folder: Path) -> None:
             tar.extractall(folder, filter="data")
 
 
-# The symbol tvm-ffi reads a library's serialized modules (the VM executable with its weights) from.
+# The symbol tvm-ffi reads a library's serialized modules (the VM executable) from.
 _LIBRARY_BIN = "__tvm_ffi__library_bin"
 _EM_X86_64, _SHF_X86_64_LARGE = 62, 0x10000000
 
@@ -135,10 +135,10 @@ def _elf_object(path: Path, symbol: str, blob, like: Path) -> bool:
 
 
 def _pack_imports(module, is_system_lib: bool, prefix: str, workspace_dir: str) -> str:
-    """export_library's fpack_imports: the serialized imports (weights included) written straight into an ELF
-    object (else an assembler `.incbin` of them). TVM's default builds an LLVM module holding them as one constant,
-    which held the weights three times over (bert-base: +1.3 GB peak) and took 5 s. The library is the same: one
-    read-only symbol."""
+    """export_library's fpack_imports: the serialized imports (the VM executable; its weights are lifted out, see
+    mlc.compiler.weights, unless that step was skipped) written straight into an ELF object (else an assembler
+    `.incbin` of them). TVM's default builds an LLVM module holding them as one constant, which held weights three
+    times over (bert-base: +1.3 GB peak) and took 5 s. The library is the same: one read-only symbol."""
     import numpy as np
     from tvm.runtime import _ffi_api
 
@@ -174,13 +174,17 @@ def _pack_imports(module, is_system_lib: bool, prefix: str, workspace_dir: str) 
 
 
 def _build(mod, request: dict, default_schedules: bool, notes: list[str]):
+    """The executable, the schedule report, and the weights its `main` takes after the inputs."""
     from mlc.compiler import build
 
+    lifted: list = []
     if request.get("schedules"):  # CPU: tuning records and/or default schedules (mlc.tuning)
         from mlc.compiler import schedules
 
-        return schedules.build(mod, request["target"], request["schedules"].get("db"), default_schedules, notes)
-    return build.build(mod, request["target"]), None
+        executable, report = schedules.build(mod, request["target"], request["schedules"].get("db"),
+                                             default_schedules, lifted, notes)
+        return executable, report, lifted
+    return build.build(mod, request["target"], lifted), None, lifted
 
 
 def _build_with_fallbacks(imported, passed, request: dict, notes: list[str]):
@@ -198,7 +202,7 @@ def _build_with_fallbacks(imported, passed, request: dict, notes: list[str]):
     for mod, default_schedules, skipped in attempts:
         tried: list[str] = []
         try:
-            executable, report = _build(mod, request, default_schedules, tried)
+            executable, report, lifted = _build(mod, request, default_schedules, tried)
         except Exception as e:  # noqa: BLE001 - TVM raises many kinds; the last try re-raises the first
             traceback.print_exc()  # into the log file
             first = first or e
@@ -206,7 +210,7 @@ def _build_with_fallbacks(imported, passed, request: dict, notes: list[str]):
         notes.extend(n for n in tried if n not in notes)
         if skipped:
             notes.append(f"built without {skipped}: TVM failed with them: {summarize(first)}")
-        return executable, report
+        return executable, report, lifted
     raise first
 
 
@@ -214,7 +218,7 @@ def compile_request(request: dict) -> dict:
     import onnx
 
     from mlc import _proc
-    from mlc.compiler import build, importer, reproducer
+    from mlc.compiler import build, importer, reproducer, weights
 
     timings: dict[str, float] = {}
     _proc.large_blocks_mapped()
@@ -269,11 +273,12 @@ def compile_request(request: dict) -> dict:
             passes["records"].append(precision_record)
         stage = "build"
         start = time.perf_counter()
-        executable, schedule_report = _build_with_fallbacks(imported, mod if applied else None, request,
-                                                            passes["notes"])
+        executable, schedule_report, lifted = _build_with_fallbacks(imported, mod if applied else None, request,
+                                                                    passes["notes"])
         timings["build"] = time.perf_counter() - start
-        del imported, mod  # the executable holds the weights it needs (packed ones replace the originals)
+        del imported, mod  # `lifted` holds the weights main needs (packed ones replace the originals)
         _proc.release_memory()
+        written = None
         if request.get("library"):
             stage = "export"
             start = time.perf_counter()
@@ -286,15 +291,17 @@ def compile_request(request: dict) -> dict:
                 _export_objects(executable, Path(request["object_dir"]))
             else:
                 executable.export_library(request["library"], fcompile=fcompile, fpack_imports=_pack_imports)
+            path = Path(request["library"]).with_suffix(weights.SUFFIX)
+            written = {"file": path.name, "tensors": weights.write(lifted, path)} if lifted else None
             timings["export"] = time.perf_counter() - start
         if request.get("run"):
             stage = "run"
             start = time.perf_counter()
-            _run(executable, request["run"]["inputs"], request["run"]["outputs"])
+            _run(executable, lifted, request["run"]["inputs"], request["run"]["outputs"])
             timings["run"] = time.perf_counter() - start
         kernels = _write_device_sources(executable, request["kernels_dir"]) if request.get("kernels_dir") else {}
         return {"ok": True, "tvm_version": tvm.__version__, "outputs": outputs, "timings": timings, "kernels": kernels,
-                "schedules": schedule_report, "passes": passes}
+                "schedules": schedule_report, "passes": passes, "weights": written}
     except importer.ConversionError as e:  # a valid model TVM cannot import: exit 1 naming the op, not 70
         return {"ok": False, "kind": "unsupported_node", "message": str(e)}
     except Exception as e:

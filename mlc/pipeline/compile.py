@@ -251,7 +251,8 @@ def _package(plan: CompilePlan, prepared: Prepared, refs: References, bucket_pla
         manifest = package(staged, runtime=plan.runtime, preset=plan.preset, prepared=prepared, references=refs,
                            result=result, pass_records=prepared.pass_records + result["passes"]["records"],
                            timings=timed.timings, recipe=recipe(plan.model, plan.options), buckets=bucket_info,
-                           bucket_axes=bucket_axes, ranges=plan.ranges)
+                           bucket_axes=bucket_axes, ranges=plan.ranges,
+                           weights={lib: r["weights"] for lib, r in results.items() if r.get("weights")})
         artifacts.publish(staged, plan.output)
     return manifest, result
 

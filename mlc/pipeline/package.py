@@ -12,8 +12,9 @@ from typing import Optional, Sequence
 
 from mlc import __version__, artifacts, targets
 from mlc.artifacts.manifest import (BucketInfo, CompileInfo, Manifest, ReferenceInfo, RuntimeInfo, TargetInfo,
-                                    TensorSpec)
+                                    TensorSpec, WeightsInfo)
 from mlc.compiler import runtimes
+from mlc.compiler.weights import SUFFIX as WEIGHTS_SUFFIX
 from mlc.errors import CompilerError, UnsupportedModelError
 from mlc.pipeline.options import Recipe
 from mlc.pipeline.prepare import Prepared, References
@@ -39,9 +40,10 @@ def default_output(model_name: str, target_name: str, root: Path = DEFAULT_OUTPU
 def package(staged: Path, *, runtime: runtimes.RuntimeFiles, preset: targets.Target, prepared: Prepared,
             references: References, result: dict, pass_records: list[dict], timings: dict, recipe: Recipe,
             buckets: Optional[BucketInfo] = None, bucket_axes: Sequence[list[int]] = (),
-            ranges: Optional[dict] = None) -> Manifest:
+            ranges: Optional[dict] = None, weights: Optional[dict[str, dict]] = None) -> Manifest:
     """Write the runtime and the reference next to the compiled library in `staged`, and seal the manifest.
-    `result`: the TVM worker's (merged) result; `bucket_axes`: per output, the axes carrying the bucketed dim."""
+    `result`: the TVM worker's (merged) result; `bucket_axes`: per output, the axes carrying the bucketed dim;
+    `weights`: library -> the weights file the worker wrote beside it."""
     runtime_info, library = _copy_runtime(staged, runtime, preset)
     _check_runtime_functions(staged, runtime_info)
     reference_info = _write_reference(staged, references)
@@ -81,6 +83,7 @@ def package(staged: Path, *, runtime: runtimes.RuntimeFiles, preset: targets.Tar
         dynamic_ranges=ranges or {},
         precision=recipe.options.get("precision", "fp32"),
         quantization=prepared.quantization,
+        weights={library: WeightsInfo(**info) for library, info in (weights or {}).items()},
     )
     return artifacts.seal(staged, manifest)
 
@@ -159,7 +162,7 @@ def _check_runtime_functions(staged: Path, runtime: RuntimeInfo) -> None:
     """A one-line error (exit 1) when the compiled code calls a packed function the shipped runtime lacks and the
     thin Python runtime does not provide (its HOST_FUNCTIONS, recorded in the manifest)."""
     shipped = b"".join((staged / lib).read_bytes() for lib in [runtime.library, *runtime.device_libraries])
-    compiled = [p for p in staged.rglob("model*") if p.is_file()]
+    compiled = [p for p in staged.rglob("model*") if p.is_file() and p.suffix != WEIGHTS_SUFFIX]  # code only
     called = {m for p in compiled for m in _packed_calls(p) if m not in shipped}
     runtime.host_functions = sorted(m.decode() for m in called if m.decode() in thin_runtime.HOST_FUNCTIONS)
     missing = sorted(m for m in called if m.decode() not in thin_runtime.HOST_FUNCTIONS)

@@ -27,7 +27,8 @@ import numpy as np
 
 # Newest manifest schema this runtime understands; bump together with mlc.artifacts.manifest.
 # 2: bucketed artifacts (manifest "buckets": one static library per length, inputs padded).
-SCHEMA_VERSION = 2
+# 3: weights in a file beside each library (manifest "weights"), passed to `main` after the inputs.
+SCHEMA_VERSION = 3
 MANIFEST = "manifest.json"
 # DLDeviceType codes the VM is initialised with.
 _DEVICE_TYPES = {"cpu": 1, "cuda": 2, "metal": 8}
@@ -457,9 +458,10 @@ class Runner(_ArtifactRunner):
         libraries = {None: self.manifest["library"]}
         if self.buckets:  # one static library per bucket
             libraries = {int(size): rel for size, rel in self.buckets["libraries"].items()}
-        self._vms = {bucket: self._load_vm(rel, runtime, _DEVICE_TYPES[device]) for bucket, rel in libraries.items()}
-        self._mains = {bucket: vm["main"] for bucket, vm in self._vms.items()}
         self.device = tvm_ffi.device(device, 0)
+        self._vms = {bucket: self._load_vm(rel, runtime, _DEVICE_TYPES[device]) for bucket, rel in libraries.items()}
+        self._mains = {bucket: self._main(self._vms[bucket], self._load_weights(rel))
+                       for bucket, rel in libraries.items()}
 
     def _load_vm(self, rel: str, runtime: Mapping[str, Any], code: int) -> Any:
         library_path = safe_member(self.root, rel)
@@ -469,6 +471,29 @@ class Runner(_ArtifactRunner):
         # (device type, id, allocator) for the compute device, then the same for the host.
         vm["vm_initialization"](code, 0, _POOLED_ALLOCATOR, 1, 0, _POOLED_ALLOCATOR)
         return vm
+
+    def _load_weights(self, library: str) -> list[Any]:
+        """The weights `library`'s main takes after the inputs: views of the mapped file on CPU (copy-on-write, so
+        DLPack can export them; the kernels never write them), copied once to a GPU."""
+        info = self.manifest.get("weights", {}).get(library)
+        if not info:
+            return []
+        data = np.memmap(safe_member(self.root, info["file"]), dtype=np.uint8, mode="c")
+        view = self._tvm_ffi.get_global_func("runtime.TVMTensorCreateView")
+        tensors = []
+        for spec in info["tensors"]:
+            start = spec["offset"]
+            raw = self._tvm_ffi.from_dlpack(data[start:start + spec["nbytes"]])
+            tensor = view(raw, self._tvm_ffi.Shape(spec["shape"]), spec["dtype"], 0)
+            tensors.append(tensor if self.device.dlpack_device_type() == 1 else copy_tensor(tensor, self.device))
+        return tensors
+
+    @staticmethod
+    def _main(vm: Any, weights: list[Any]) -> Any:
+        main = vm["main"]
+        if not weights:
+            return main
+        return lambda *inputs: main(*inputs, *weights)
 
     def profile(self, feeds: Mapping[str, np.ndarray], runs: int = 3) -> list[dict[str, Any]]:
         """Where the time goes: every call the model makes (kernels, the VM's allocations), timed

@@ -3,11 +3,19 @@
 //
 //   mlc_runner ARTIFACT_DIR INPUT_DIR OUTPUT_DIR [REPEAT]
 //
-// Reads INPUT_DIR/in_0.npy, in_1.npy, ... (the model's inputs in order), runs the model once,
+// Reads INPUT_DIR/in_0.npy, in_1.npy, ... (the model's inputs in order) and maps the weights file the
+// manifest names beside model.so, runs the model once,
 // writes OUTPUT_DIR/out_0.npy, ... (its outputs in order), then runs it REPEAT more times and
 // prints one JSON line: {"outputs": N, "times_ms": [...]}. Errors go to stderr, exit code 1.
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <tvm/ffi/container/array.h>
+#include <tvm/ffi/container/map.h>
+#include <tvm/ffi/dtype.h>
+#include <tvm/ffi/extra/json.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/extra/module.h>
 #include <tvm/ffi/function.h>
@@ -133,6 +141,53 @@ void Flatten(const ffi::Any& value, std::vector<ffi::Tensor>* out) {
 
 bool Exists(const std::string& path) { return std::ifstream(path).good(); }
 
+// A tensor over bytes of the mapped weights file (which outlives every tensor: it is never unmapped).
+struct MappedAlloc {
+  char* data;
+  void AllocData(DLTensor* tensor) { tensor->data = data; }
+  void FreeData(DLTensor*) {}
+};
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The weights `library`'s main takes after the inputs (manifest "weights", schema 3): views of the mapped file.
+std::vector<ffi::Tensor> LoadWeights(const std::string& artifact, const std::string& library) {
+  namespace json = ffi::json;
+  json::Object manifest = json::Parse(ReadText(artifact + "/manifest.json")).cast<json::Object>();
+  auto all = manifest.Get("weights");
+  if (!all.has_value()) return {};
+  auto entry = all->cast<json::Object>().Get(library);
+  if (!entry.has_value()) return {};
+  json::Object info = entry->cast<json::Object>();
+  std::string file = info.at("file").cast<ffi::String>();
+  if (file.find('/') != std::string::npos) throw std::runtime_error("manifest names a weights file outside the artifact");
+  std::string path = artifact + "/" + file;
+  int fd = open(path.c_str(), O_RDONLY);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) throw std::runtime_error("cannot open " + path);
+  void* base = st.st_size ? mmap(nullptr, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0) : nullptr;
+  close(fd);
+  if (base == MAP_FAILED) throw std::runtime_error("cannot map " + path);
+  std::vector<ffi::Tensor> weights;
+  for (const ffi::Any& item : info.at("tensors").cast<json::Array>()) {
+    json::Object spec = item.cast<json::Object>();
+    int64_t offset = spec.at("offset").cast<int64_t>(), nbytes = spec.at("nbytes").cast<int64_t>();
+    if (offset < 0 || nbytes < 0 || offset + nbytes > st.st_size) throw std::runtime_error(path + " is truncated");
+    std::vector<int64_t> shape;
+    for (const ffi::Any& d : spec.at("shape").cast<json::Array>()) shape.push_back(d.cast<int64_t>());
+    DLDataType dtype = ffi::StringToDLDataType(spec.at("dtype").cast<ffi::String>());
+    weights.push_back(ffi::Tensor::FromNDAlloc(MappedAlloc{static_cast<char*>(base) + offset},
+                                               ffi::ShapeView(shape.data(), shape.size()), dtype, DLDevice{kDLCPU, 0}));
+  }
+  return weights;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -153,7 +208,9 @@ int main(int argc, char** argv) {
     std::vector<ffi::Tensor> inputs;
     for (int i = 0; Exists(input_dir + "/in_" + std::to_string(i) + ".npy"); ++i)
       inputs.push_back(ReadNpy(input_dir + "/in_" + std::to_string(i) + ".npy"));
+    std::vector<ffi::Tensor> weights = LoadWeights(artifact, "model.so");
     std::vector<ffi::AnyView> args(inputs.begin(), inputs.end());
+    args.insert(args.end(), weights.begin(), weights.end());
     auto call = [&]() {
       ffi::Any result;
       run.CallPacked(args.data(), static_cast<int32_t>(args.size()), &result);
