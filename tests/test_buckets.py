@@ -38,6 +38,11 @@ def test_manifest_and_check(bucketed):
     for library in buckets["libraries"].values():
         assert (bucketed.path / library).is_file() and library in manifest["files"]
     assert [c["length"] for c in buckets["checks"]] == [1, 9, 17]
+    # one weights file for the three libraries, each distinct tensor in it once
+    assert set(manifest["weights"]) == set(buckets["libraries"].values())
+    files = {info["file"] for info in manifest["weights"].values()}
+    one_bucket = sum(t["nbytes"] for t in manifest["weights"][buckets["libraries"]["8"]]["tensors"])
+    assert len(files) == 1 and (bucketed.path / files.pop()).stat().st_size < 1.1 * one_bucket
     assert manifest["outputs"][0]["shape"] == [2, "seq", 128] and manifest["outputs"][1]["shape"] == [2, 128]
     assert bucketed.check.passed
     # every bucket was checked, at its most padded length

@@ -122,6 +122,41 @@ def builds(plan: Plan, prepared: Prepared, steps: list, workdir: Path, timed: Ti
     return result
 
 
+SHARED_WEIGHTS = "model.weights"
+
+
+def share_weights(staged: Path, weights: dict[str, dict]) -> dict[str, dict]:
+    """One weights file for every bucket's library, each distinct tensor in it once (byte-identical ones, which
+    are most: the buckets build one model; what differs are constants folded at each length, such as position
+    embeddings cut to it). `weights`: library -> its weights file and index, as the worker wrote them; returns them
+    pointing into the shared file, and deletes the per-library files."""
+    import hashlib
+    import mmap
+
+    alignment = 64  # what mlc.compiler.weights writes: TVM's kernels declare 64-byte aligned buffers
+    offsets: dict[tuple, int] = {}
+    shared: dict[str, dict] = {}
+    temporary = staged / f".{SHARED_WEIGHTS}.tmp"
+    with open(temporary, "wb") as out:
+        for library, info in weights.items():
+            path = staged / info["file"]
+            tensors = []
+            with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                for spec in info["tensors"]:
+                    raw = memoryview(data)[spec["offset"]:spec["offset"] + spec["nbytes"]]
+                    key = (spec["dtype"], tuple(spec["shape"]), hashlib.sha256(raw).digest())
+                    if key not in offsets:
+                        out.write(bytes(-out.tell() % alignment))
+                        offsets[key] = out.tell()
+                        out.write(raw)
+                    raw.release()
+                    tensors.append({**spec, "offset": offsets[key]})
+            path.unlink()
+            shared[library] = {"file": SHARED_WEIGHTS, "tensors": tensors}
+    temporary.replace(staged / SHARED_WEIGHTS)
+    return shared
+
+
 def merge_results(results: list[dict]) -> dict:
     """One worker result for several builds (buckets): timings summed, kernel lists united."""
     merged = dict(results[0])

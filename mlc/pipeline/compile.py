@@ -247,12 +247,15 @@ def _package(plan: CompilePlan, prepared: Prepared, refs: References, bucket_pla
     if bucket_plan:
         bucket_info, bucket_axes = bucketing.manifest_info(bucket_plan, prepared, results, staged)
     timed.timings.update({f"tvm_{k}": round(v, 4) for k, v in result["timings"].items()})
+    weights = {library: r["weights"] for library, r in results.items() if r.get("weights")}
+    if bucket_plan and weights:
+        weights = bucketing.share_weights(staged, weights)
     with timed("package", "Packaging the artifact"):
         manifest = package(staged, runtime=plan.runtime, preset=plan.preset, prepared=prepared, references=refs,
                            result=result, pass_records=prepared.pass_records + result["passes"]["records"],
                            timings=timed.timings, recipe=recipe(plan.model, plan.options), buckets=bucket_info,
                            bucket_axes=bucket_axes, ranges=plan.ranges,
-                           weights={lib: r["weights"] for lib, r in results.items() if r.get("weights")})
+                           weights=weights)
         artifacts.publish(staged, plan.output)
     return manifest, result
 

@@ -459,6 +459,7 @@ class Runner(_ArtifactRunner):
         if self.buckets:  # one static library per bucket
             libraries = {int(size): rel for size, rel in self.buckets["libraries"].items()}
         self.device = tvm_ffi.device(device, 0)
+        self._mapped: dict[str, np.memmap] = {}
         self._vms = {bucket: self._load_vm(rel, runtime, _DEVICE_TYPES[device]) for bucket, rel in libraries.items()}
         self._mains = {bucket: self._main(self._vms[bucket], self._load_weights(rel))
                        for bucket, rel in libraries.items()}
@@ -478,7 +479,9 @@ class Runner(_ArtifactRunner):
         info = self.manifest.get("weights", {}).get(library)
         if not info:
             return []
-        data = np.memmap(safe_member(self.root, info["file"]), dtype=np.uint8, mode="c")
+        if info["file"] not in self._mapped:  # buckets share one file
+            self._mapped[info["file"]] = np.memmap(safe_member(self.root, info["file"]), dtype=np.uint8, mode="c")
+        data = self._mapped[info["file"]]
         view = self._tvm_ffi.get_global_func("runtime.TVMTensorCreateView")
         tensors = []
         for spec in info["tensors"]:
