@@ -1,5 +1,6 @@
 """Issue #23's faster, leaner compile keeps what it replaced: the cleaned graph's weights written beside it, the
-library's weights as their own ELF object, the packed-call search, the combined matmul weights."""
+library's serialized executable as its own ELF object, the packed-call search, the combined matmul weights, and
+the weights lifted out of the library, a shared one once."""
 
 from __future__ import annotations
 
@@ -104,3 +105,35 @@ def test_combined_weights_concatenated_in_numpy_match_fold_constant(monkeypatch)
     theirs = relax_passes.combine_parallel_matmul(mod, {}, None)
     tvm.ir.assert_structural_equal(ours, theirs)
     assert "concat" not in ours.script()  # folded: one combined weight constant
+
+
+def test_a_weight_shared_by_layers_is_lifted_once_and_runs():
+    """ALBERT's layers share their weights: the build repacks a shared weight once and lifts that one copy out of
+    the executable (mlc.compiler.weights); main takes it after the inputs."""
+    tvm = pytest.importorskip("tvm")
+    from tvm import relax
+
+    from mlc.compiler import schedules
+
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((256, 256)).astype(np.float32)
+    x = relax.Var("x", relax.TensorType((4, 256), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = x
+            for _ in range(3):  # the same constant in three layers
+                h = bb.emit(relax.op.nn.relu(relax.op.matmul(h, relax.const(weight))))
+            out = bb.emit_output(h)
+        bb.emit_func_output(out)
+    lifted: list = []
+    target = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4", "num-cores": 1}
+    executable, report = schedules.build(bb.get(), target, None, True, lifted=lifted)
+    assert report["default"] == ["fused_matmul_relu"]
+    assert len(lifted) == 1 and np.prod(lifted[0].shape) >= weight.size  # one repacked copy
+    data = rng.standard_normal((4, 256)).astype(np.float32)
+    got = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(data), *lifted).numpy()
+    want = data
+    for _ in range(3):
+        want = np.maximum(want @ weight, 0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

@@ -115,15 +115,14 @@ def test_bf16_kernels_run_on_vdpbf16ps_and_match_fp32():
     feeds = [rng.standard_normal((8, 64)).astype(np.float32), rng.standard_normal((1, 16, 8, 8)).astype(np.float32)]
     for mcpu, dot in (("znver4", True), ("skylake-avx512", False)):
         target = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": mcpu, "num-cores": 1}
-        weights: list = []  # the bf16 weights main takes after the inputs
-        executable, report = schedules.build(mod, target, None, True, weights)
+        executable, report = schedules.build(mod, target, None, True, [])
         assert not report["unscheduled"], report
         asm = executable.mod.imports[0].inspect_source("asm")
         assert ("vdpbf16ps" in asm) is dot, mcpu
         if dot and not targets.has_bf16_dot(targets.resolve("x86")):
             continue
         vm = relax.VirtualMachine(executable, tvm.cpu())
-        dense, conv = (t.numpy() for t in vm["main"](*(tvm.runtime.tensor(f) for f in feeds), *weights))
+        dense, conv = (t.numpy() for t in vm["main"](*(tvm.runtime.tensor(f) for f in feeds)))
         windows = np.lib.stride_tricks.sliding_window_view(np.pad(feeds[1], ((0, 0), (0, 0), (1, 1), (1, 1))),
                                                            (3, 3), axis=(2, 3))  # [1, 16, 8, 8, 3, 3]
         expected = {"dense": feeds[0] @ w, "conv": np.einsum("nchwij,ocij->nohw", windows, k)}

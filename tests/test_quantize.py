@@ -283,7 +283,7 @@ def test_quantise_kernel_is_vectorized():
             out = bb.emit_output(y)
         bb.emit_func_output(out)
     target = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4", "num-cores": 1}
-    executable, _ = schedules.build(bb.get(), target, None, True, [])  # no weights: only scalar constants
+    executable, _ = schedules.build(bb.get(), target, None, True)
     asm = executable.mod.imports[0].inspect_source("asm")
     assert "vrndscaleps" in asm and "vcmpunordps" in asm
     assert "vgather" not in asm and "vpextrb" not in asm

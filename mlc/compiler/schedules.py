@@ -121,12 +121,12 @@ def _dynamic_notes(notes: list[str], withheld: dict[str, str], failed: dict[str,
         notes.append(f"kernel {name} keeps the default schedule: {why}")
 
 
-def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool, lifted: list,
-          notes: Optional[list[str]] = None) -> tuple[Any, dict[str, list[str]]]:
+def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool,
+          notes: Optional[list[str]] = None, lifted: Optional[list] = None) -> tuple[Any, dict[str, list[str]]]:
     """Compile `mod`; returns the executable and which kernels were {tuned, default, unscheduled}, and with a
     database of `mlc tune --dynamic` "tuned_at": ["kernel: seq=128"], the symbolic kernels among the tuned ones
-    and the length of the static twin whose record each took. The weights `main` takes after its inputs are
-    appended to `lifted` (mlc.compiler.weights).
+    and the length of the static twin whose record each took. Given `lifted`, the weights are lifted out of the
+    executable into it: `main` takes them after its inputs (mlc.compiler.weights).
     Optional steps skipped because TVM failed on them are appended to `notes`."""
     import tvm
     from tvm import relax
@@ -162,8 +162,9 @@ def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool
                 kind = "tuned" if name in tuned else ("default" if scheduled else "unscheduled")
                 report[kind].append(name)
             mod = rules.fold_weight_packing(mod, target)
+            lift = [weights.lift_constants(lifted)] if lifted is not None else []
             return tvm.transform.Sequential(cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target)
-                                            + [weights.lift_constants(lifted)])(mod)
+                                            + lift)(mod)
 
     rules.vectorizable_intrinsics()  # tuned kernels too, and builds without the default schedules
     executable = tvm.compile(mod, target=target, relax_pipeline=pipeline, tir_pipeline=tir_pipeline.register())

@@ -182,7 +182,7 @@ def _build(mod, request: dict, default_schedules: bool, notes: list[str]):
         from mlc.compiler import schedules
 
         executable, report = schedules.build(mod, request["target"], request["schedules"].get("db"),
-                                             default_schedules, lifted, notes)
+                                             default_schedules, notes, lifted)
         return executable, report, lifted
     return build.build(mod, request["target"], lifted), None, lifted
 
