@@ -512,13 +512,14 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     init = sch.decompose_reduction(block, reduction[0])
     if group:
         sch.vectorize(sch.get_loops(init)[-1])
-    if PREFETCH_WEIGHTS and panels == 1 and row_loop is None and row_extent is not None and not group \
-            and columns is None and len(reduction) == 1 and None not in depths \
-            and depths[0] * vectors * lanes * 4 > PANEL_BLOCK_BYTES:
-        # A panel over L2's share (bert-base's 3072 -> 768: 384 KB) streams from memory while the first row tile
-        # reads it, the hardware prefetcher behind (few rows: 0.57 ms cold at seq 8, 0.41 with these). Shallower
-        # panels, two to a block, ran slower with them (768 -> 3072 at seq 8: 0.38 -> 0.52 ms), and so did the
-        # symbolic-row tiles (bert-base --dynamic seq: 1.07x the time at seq 8)
+    if PREFETCH_WEIGHTS and panels == 1 and row_loop is None and row_extent is not None \
+            and row_extent <= row_tile and not group and columns is None and len(reduction) == 1 \
+            and None not in depths and depths[0] * vectors * lanes * 4 > PANEL_BLOCK_BYTES:
+        # One row tile reads each weight panel once, straight from memory: where a panel is over L2's share
+        # (bert-base's 3072 -> 768: 384 KB) the hardware prefetcher fell behind (seq 8: 0.55-0.58 ms cold,
+        # 0.41-0.45 with these). Not where more row tiles reread the panel (seq 32, swin's 49 rows: even or
+        # slower, the prefetches repeated per tile), nor on shallower panels (two to a block) or symbolic-row
+        # tiles (bert-base --dynamic seq: 1.07x the time at seq 8)
         sch.annotate(reduction[0], PREFETCH, depths[0] * vectors * lanes)
     if row_loop is not None:
         # The accumulator indexed by row % row_tile (injective within the tile, the only rows it holds at a
