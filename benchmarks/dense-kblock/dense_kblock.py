@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 HERE = Path(__file__).resolve().parent
 # name: (rows, K, N, epilogue)
 SHAPES = {
+    "bert s1 ffn-down 3072x768 +res": (1, 3072, 768, "residual"),
     "bert s8 ffn-up 768x3072 +gelu": (8, 768, 3072, "gelu"),
     "bert s8 ffn-down 3072x768 +res": (8, 3072, 768, "residual"),
     "bert s128 qkv 768x2304": (128, 768, 2304, "none"), "bert s128 out 768x768": (128, 768, 768, "bias"),

@@ -40,6 +40,7 @@ PANEL_BLOCK_BYTES = 256 * 1024  # L2 is 512 KB to 2 MB on the x86 and ARM cores 
 # tir_pipeline prefetches
 PREFETCH = "mlc.prefetch_ahead"
 PREFETCH_WEIGHTS = True
+PREFETCH_MIN_ROWS = 8
 
 
 def _lanes(target) -> int:
@@ -513,13 +514,13 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     if group:
         sch.vectorize(sch.get_loops(init)[-1])
     if PREFETCH_WEIGHTS and panels == 1 and row_loop is None and row_extent is not None \
-            and row_extent <= row_tile and not group and columns is None and len(reduction) == 1 \
-            and None not in depths and depths[0] * vectors * lanes * 4 > PANEL_BLOCK_BYTES:
-        # One row tile reads each weight panel once, straight from memory: where a panel is over L2's share
-        # (bert-base's 3072 -> 768: 384 KB) the hardware prefetcher fell behind (seq 8: 0.55-0.58 ms cold,
-        # 0.41-0.45 with these). Not where more row tiles reread the panel (seq 32, swin's 49 rows: even or
-        # slower, the prefetches repeated per tile), nor on shallower panels (two to a block) or symbolic-row
-        # tiles (bert-base --dynamic seq: 1.07x the time at seq 8)
+            and PREFETCH_MIN_ROWS <= row_extent <= row_tile and not group and columns is None \
+            and len(reduction) == 1 and None not in depths and depths[0] * vectors * lanes * 4 > PANEL_BLOCK_BYTES:
+        # One row tile of 8-12 rows reads each weight panel once, straight from memory: where a panel is over
+        # L2's share (bert-base's 3072 -> 768: 384 KB) the hardware prefetcher fell behind (seq 8: 0.54-0.58 ms
+        # cold, 0.41-0.45 with these; seq 12: 1.2 -> 0.78). Not on fewer rows (1-4: up to 1.7x slower, the
+        # loop is bound by memory alone), nor where more row tiles reread the panel (seq 32, swin's 49 rows: even
+        # or slower), on shallower panels (two to a block) or symbolic-row tiles (--dynamic seq: 1.07x at seq 8)
         sch.annotate(reduction[0], PREFETCH, depths[0] * vectors * lanes)
     if row_loop is not None:
         # The accumulator indexed by row % row_tile (injective within the tile, the only rows it holds at a
