@@ -518,8 +518,8 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
             and len(reduction) == 1 and None not in depths and depths[0] * vectors * lanes * 4 > PANEL_BLOCK_BYTES:
         # One row tile of 8-12 rows reads each weight panel once, straight from memory: where a panel is over
         # L2's share (bert-base's 3072 -> 768: 384 KB) the hardware prefetcher fell behind (seq 8: 0.54-0.58 ms
-        # cold, 0.41-0.45 with these; seq 12: 1.2 -> 0.78). Not on fewer rows (1-4: up to 1.7x slower, the
-        # loop is bound by memory alone), nor where more row tiles reread the panel (seq 32, swin's 49 rows: even
+        # cold, 0.39-0.45 with these; seq 12: 0.9-1.2 -> 0.6-0.8). Not on fewer rows (1-4: no gain measured, one
+        # run read them up to 1.7x slower), nor where more row tiles reread the panel (seq 32, swin's 49 rows: even
         # or slower), on shallower panels (two to a block) or symbolic-row tiles (--dynamic seq: 1.07x at seq 8)
         sch.annotate(reduction[0], PREFETCH, depths[0] * vectors * lanes)
     if row_loop is not None:
