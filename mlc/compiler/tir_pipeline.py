@@ -1,4 +1,4 @@
-"""TVM's TIR lowering for CPU targets, with three changes: small "local" buffers live on the stack, a
+"""TVM's TIR lowering for CPU targets, with these changes: small "local" buffers live on the stack, a
 loop over row tiles of a symbolic row count runs whole tiles without a predicate plus one tail kernel per
 remainder, and TVM's TIR CSE is left to LLVM (see lowering_passes).
 
@@ -15,8 +15,10 @@ accumulators (min(seq, 12) rows) were a heap buffer (the rule now indexes it row
 layers took 2.7-3.4x the static ones' time (benchmarks/dynamic-kernels). `split_row_tails` turns the loop
 the rule marks (schedule_rules.ROW_TAIL) into `for tile in range(seq // 12)` without the branches, then
 `if seq % 12 == c` for c = 1..11, each a copy whose branches fold to constants once the tile is unrolled.
-A loop the rule marks schedule_rules.COL_TAIL (column tiles or vectors over a zero-padded symbolic J: attention
-scores, softmax) becomes whole tiles without their `col < seq` branches, then one branched tail.
+A register tile's reduction loop marked schedule_rules.PREFETCH prefetches the next weight panel
+(`prefetch_weights`). A loop the rule marks schedule_rules.COL_TAIL (column tiles or vectors over a zero-padded
+symbolic J: attention scores, softmax) becomes whole tiles without their `col < seq` branches, then one branched
+tail.
 Imports tvm."""
 
 from __future__ import annotations
@@ -308,9 +310,9 @@ def _loop_vars(stmt) -> list:
 
 def _with_prefetches(loop):
     """The register tile's reduction loop (marked schedule_rules.PREFETCH with the distance in elements from
-    one block of weight panels to the next) with prefetches (into L2) of the next block's lines at the same
-    depth, one per cache line the step reads: the next block then streams from memory while this one is read
-    from L2 by its row tiles, instead of at the start of the next block's first row tile (see schedule_rules)."""
+    one packed weight panel to the next) with prefetches (into L2) of the next panel's lines at the same depth,
+    one per cache line the step reads (clamped to the buffer): the next panel streams from memory while this one
+    is computed, where the hardware prefetcher fell behind (bert-base's 3072-deep panels at seq 8-12)."""
     import tvm
     from tvm import tirx
 
@@ -363,7 +365,8 @@ def prefetch_weights():
 
 
 def lowering_passes(config) -> list:
-    """TVM 0.27's s_tir lowering (tvm/s_tir/pipeline.py) with split_row_tails after FlattenBuffer, without CSE."""
+    """TVM 0.27's s_tir lowering (tvm/s_tir/pipeline.py) with split_row_tails and prefetch_weights after
+    FlattenBuffer, without CSE."""
     from tvm import s_tir, tirx
 
     passes = [
