@@ -275,3 +275,23 @@ def test_symbolic_transpose_is_vectorized_without_a_division_per_element(tvm_too
     for length in (1, 7, 16):
         value = RNG.standard_normal((1, length, 4, 64)).astype(np.float32)
         np.testing.assert_allclose(_run(tvm, relax, executable, value), (value + value).transpose(0, 2, 1, 3))
+
+
+def test_deep_weight_panels_are_prefetched_a_panel_ahead(tvm_tools):
+    """A dense layer whose weight panel (2304 deep x 32 floats: 288 KB) exceeds its L2 share prefetches the next
+    panel while it computes this one (tir_pipeline.prefetch_weights; the last panel's prefetch is clamped to the
+    weight buffer), and still computes x @ w + b; 64 columns = two panels, so the second is a prefetched one."""
+    tvm, relax, rules, schedules, target_json = tvm_tools
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((8, 2304), "float32"))
+    w, b = (RNG.standard_normal(shape).astype(np.float32) * 0.05 for shape in [(2304, 64), (64,)])
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.add(relax.op.matmul(x, relax.const(w)), relax.const(b)))
+        bb.emit_func_output(out)
+    executable, report = schedules.build(bb.get(), target_json, None, True)
+    assert report["default"] and not report["unscheduled"], report
+    assert "prefetcht1" in _library_asm(executable.mod)
+    value = RNG.standard_normal((8, 2304)).astype(np.float32)
+    np.testing.assert_allclose(_run(tvm, relax, executable, value), value.astype(np.float64) @ w + b,
+                               rtol=1e-4, atol=1e-4)

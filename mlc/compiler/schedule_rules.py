@@ -36,6 +36,11 @@ ROW_TAIL, ROW_COUNT = "mlc.row_tail", "mlc.row_count"
 COL_TAIL = "mlc.col_tail"
 L1_WAYS = 8  # set associativity of the L1 data cache (x86 and Neoverse cores: 8 or more)
 PANEL_BLOCK_BYTES = 256 * 1024  # L2 is 512 KB to 2 MB on the x86 and ARM cores we target
+# On a register tile's reduction loop: elements from one packed weight panel to the next, which tir_pipeline
+# prefetches (`_schedule_register_tile` says where)
+PREFETCH = "mlc.prefetch_ahead"
+PREFETCH_WEIGHTS = True
+PREFETCH_MIN_ROWS = 8
 
 
 def _lanes(target) -> int:
@@ -508,6 +513,16 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     init = sch.decompose_reduction(block, reduction[0])
     if group:
         sch.vectorize(sch.get_loops(init)[-1])
+    if PREFETCH_WEIGHTS and panels == 1 and row_loop is None and row_extent is not None \
+            and PREFETCH_MIN_ROWS <= row_extent <= row_tile and not group and columns is None \
+            and len(reduction) == 1 and None not in depths and depths[0] * vectors * lanes * 4 > PANEL_BLOCK_BYTES:
+        # One row tile of 8-12 rows reads each weight panel once, straight from memory: where a panel is over
+        # L2's share (bert-base's 3072 -> 768: 384 KB) the hardware prefetcher fell behind (seq 8: 0.54-0.58 ms
+        # cold, 0.39-0.45 with these; seq 12: 0.9-1.2 -> 0.6-0.8). Not on fewer rows (1-4: no gain measured, one
+        # run read them up to 1.7x slower), nor where more row tiles reread the panel (seq 32: 0.95-1.21x the
+        # time, swin's 49 rows: 1.08x), on shallower panels (two to a block) or symbolic-row tiles (--dynamic
+        # seq: 1.07x at seq 8). benchmarks/dense-kblock
+        sch.annotate(reduction[0], PREFETCH, depths[0] * vectors * lanes)
     if row_loop is not None:
         # The accumulator indexed by row % row_tile (injective within the tile, the only rows it holds at a
         # time): its compacted size is then row_tile rows, not min(rows, row_tile), a size known only at run

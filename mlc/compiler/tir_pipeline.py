@@ -1,4 +1,4 @@
-"""TVM's TIR lowering for CPU targets, with three changes: small "local" buffers live on the stack, a
+"""TVM's TIR lowering for CPU targets, with these changes: small "local" buffers live on the stack, a
 loop over row tiles of a symbolic row count runs whole tiles without a predicate plus one tail kernel per
 remainder, and TVM's TIR CSE is left to LLVM (see lowering_passes).
 
@@ -15,8 +15,10 @@ accumulators (min(seq, 12) rows) were a heap buffer (the rule now indexes it row
 layers took 2.7-3.4x the static ones' time (benchmarks/dynamic-kernels). `split_row_tails` turns the loop
 the rule marks (schedule_rules.ROW_TAIL) into `for tile in range(seq // 12)` without the branches, then
 `if seq % 12 == c` for c = 1..11, each a copy whose branches fold to constants once the tile is unrolled.
-A loop the rule marks schedule_rules.COL_TAIL (column tiles or vectors over a zero-padded symbolic J: attention
-scores, softmax) becomes whole tiles without their `col < seq` branches, then one branched tail.
+A register tile's reduction loop marked schedule_rules.PREFETCH prefetches the next weight panel
+(`prefetch_weights`). A loop the rule marks schedule_rules.COL_TAIL (column tiles or vectors over a zero-padded
+symbolic J: attention scores, softmax) becomes whole tiles without their `col < seq` branches, then one branched
+tail.
 Imports tvm."""
 
 from __future__ import annotations
@@ -272,8 +274,99 @@ def split_row_tails():
     return _body_pass(_row_tails, "mlc.SplitRowTails")
 
 
+def _loads(node, found: list) -> list:
+    """The buffer loads in an expression or statement (appended to `found`)."""
+    import tvm
+    from tvm import tirx
+
+    if isinstance(node, tvm.ir.expr.TensorLoad):
+        found.append(node)
+    if isinstance(node, tirx.For):
+        return _loads(node.body, found)
+    if isinstance(node, tirx.SeqStmt):
+        for s in node.seq:
+            _loads(s, found)
+        return found
+    for field in ("a", "b", "value", "condition", "true_value", "false_value", "body", "then_case", "else_case"):
+        child = getattr(node, field, None)
+        if isinstance(child, (tvm.ir.Expr, tirx.Stmt)):
+            _loads(child, found)
+    for child in list(getattr(node, "args", None) or []) + list(getattr(node, "indices", None) or []):
+        if isinstance(child, tvm.ir.Expr):
+            _loads(child, found)
+    return found
+
+
+def _loop_vars(stmt) -> list:
+    from tvm import tirx
+
+    if isinstance(stmt, tirx.For):
+        return [(stmt.loop_var, str(stmt.loop_var.ty.dtype)), *_loop_vars(stmt.body)]
+    if isinstance(stmt, tirx.SeqStmt):
+        return [v for s in stmt.seq for v in _loop_vars(s)]
+    body = getattr(stmt, "body", None)
+    return _loop_vars(body) if isinstance(body, tirx.Stmt) else []
+
+
+def _with_prefetches(loop):
+    """The register tile's reduction loop (marked schedule_rules.PREFETCH with the distance in elements from
+    one packed weight panel to the next) with prefetches (into L2) of the next panel's lines at the same depth,
+    one per cache line the step reads (clamped to the buffer): the next panel streams from memory while this one
+    is computed, where the hardware prefetcher fell behind (bert-base's 3072-deep panels at seq 8-12)."""
+    import tvm
+    from tvm import tirx
+
+    from mlc.compiler.schedule_rules import PREFETCH
+
+    ahead, k = int(loop.annotations[PREFETCH]), loop.loop_var
+    inner = {v: tirx.IntImm(dtype, 0) for v, dtype in _loop_vars(loop.body)}
+    analyzer = tvm.sym.Analyzer()
+    prefetches, seen = [], set()
+    for load in _loads(loop.body, []):
+        size = load.source.shape[0] if len(load.source.shape) == 1 else None
+        if len(load.indices) != 1 or not isinstance(size, tirx.IntImm) or k not in _undefined_vars(load.indices[0]):
+            continue
+        index = load.indices[0]
+        step = analyzer.simplify(_substitute(index, {k: k + 1}) - index)
+        per_line = 64 // tvm.DataType(str(load.source.dtype)).itemsize
+        if not isinstance(step, tirx.IntImm) or step.value % per_line or step.value < per_line:
+            continue  # not a packed weight panel (whose K step is whole lines)
+        base = analyzer.simplify(_substitute(index, inner) if inner else index)
+        key = (str(load.source), str(base))
+        if key in seen:
+            continue
+        seen.add(key)
+        for line in range(step.value // per_line):
+            at = tirx.Min(base + (ahead + line * per_line), tirx.IntImm(str(index.ty.dtype), size.value - 1))
+            address = tirx.call_intrin("handle", "tirx.address_of", tirx.BufferLoad(load.source, [at]))
+            # TVM 0.27's tirx.prefetch finds no llvm.prefetch declaration (LLVM 22 overloads it by address space)
+            prefetches.append(tirx.Evaluate(tirx.call_llvm_intrin("void", "llvm.prefetch.p0", address, *[
+                tirx.IntImm("int32", v) for v in (0, 2, 1)])))  # read, into L2 (locality 2), data
+    if not prefetches:
+        return loop
+    annotations = {key: value for key, value in loop.annotations.items() if key != PREFETCH}
+    return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, tirx.SeqStmt([*prefetches, loop.body]),
+                    loop.thread_binding, annotations, loop.step, loop.span)
+
+
+def _prefetch(stmt):
+    from tvm import tirx
+
+    from mlc.compiler.schedule_rules import PREFETCH
+
+    if isinstance(stmt, tirx.For) and stmt.annotations and PREFETCH in stmt.annotations:
+        return _with_prefetches(stmt)
+    return _map_bodies(stmt, _prefetch)
+
+
+def prefetch_weights():
+    """A PrimFunc pass (on flattened TIR): see `_with_prefetches`."""
+    return _body_pass(_prefetch, "mlc.PrefetchWeights")
+
+
 def lowering_passes(config) -> list:
-    """TVM 0.27's s_tir lowering (tvm/s_tir/pipeline.py) with split_row_tails after FlattenBuffer, without CSE."""
+    """TVM 0.27's s_tir lowering (tvm/s_tir/pipeline.py) with split_row_tails and prefetch_weights after
+    FlattenBuffer, without CSE."""
     from tvm import s_tir, tirx
 
     passes = [
@@ -285,7 +378,7 @@ def lowering_passes(config) -> list:
         s_tir.transform.StmtSimplify(), s_tir.transform.InjectPermutedLayout(),
         s_tir.transform.AnnotateIrregularLoop(), s_tir.transform.InjectSoftwarePipeline(),
         s_tir.transform.TransformMmaBufferLayout(), s_tir.transform.LowerOpaqueBlock(),
-        tirx.transform.FlattenBuffer(), split_row_tails(), tirx.transform.BF16ComputeLegalize(),
+        tirx.transform.FlattenBuffer(), split_row_tails(), prefetch_weights(), tirx.transform.BF16ComputeLegalize(),
         tirx.transform.NarrowDataType(32), s_tir.transform.LoopPartition(),
         tirx.transform.VectorizeLoop(not bool(config.get("tirx.disable_vectorize", False))),
         s_tir.transform.InjectVirtualThread(), s_tir.transform.InjectDoubleBuffer(),
