@@ -50,7 +50,7 @@ def lift_constants(collected: list) -> Any:
     def lift(mod, _ctx):
         if collected:
             raise RuntimeError("lift_constants ran twice in one build")
-        main = mod.get_global_var("main") if any(gv.name_hint == "main" for gv in mod.get_global_vars()) else None
+        main = next((gv for gv in mod.get_global_vars() if gv.name_hint == "main"), None)
         if main is None or not isinstance(mod[main], relax.Function):
             return mod
         func = mod[main]

@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 
 
 from mlc.artifacts.manifest import BucketCheck, BucketInfo
+from mlc.compiler.weights import ALIGNMENT
 from mlc.errors import InputError, UnsupportedModelError
 from mlc.frontends import onnx as onnx_frontend
 from mlc.passes import onnx as onnx_passes
@@ -133,7 +134,6 @@ def share_weights(staged: Path, weights: dict[str, dict]) -> dict[str, dict]:
     import hashlib
     import mmap
 
-    alignment = 64  # what mlc.compiler.weights writes: TVM's kernels declare 64-byte aligned buffers
     offsets: dict[tuple, int] = {}
     shared: dict[str, dict] = {}
     temporary = staged / f".{SHARED_WEIGHTS}.tmp"
@@ -146,7 +146,7 @@ def share_weights(staged: Path, weights: dict[str, dict]) -> dict[str, dict]:
                     raw = memoryview(data)[spec["offset"]:spec["offset"] + spec["nbytes"]]
                     key = (spec["dtype"], tuple(spec["shape"]), hashlib.sha256(raw).digest())
                     if key not in offsets:
-                        out.write(bytes(-out.tell() % alignment))
+                        out.write(bytes(-out.tell() % ALIGNMENT))
                         offsets[key] = out.tell()
                         out.write(raw)
                     raw.release()
