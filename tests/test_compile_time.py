@@ -137,3 +137,29 @@ def test_a_weight_shared_by_layers_is_lifted_once_and_runs():
     for _ in range(3):
         want = np.maximum(want @ weight, 0)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_constant_folding_hands_onnxslim_only_the_large_weights_a_fold_reads(monkeypatch):
+    """A MatMul's large weight next to its activation never folds: onnxslim gets it as a graph input (its copies of
+    the model and its ONNX Runtime session then do not hold it); a large weight under a Transpose still folds, and
+    the model's weights all come back."""
+    import onnxslim
+
+    rng = np.random.default_rng(0)
+    big, folded = rng.standard_normal((512, 512)).astype(np.float32), rng.standard_normal((512, 512)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "big"], ["h"]), helper.make_node("Transpose", ["folded"], ["t"]),
+             helper.make_node("MatMul", ["h", "t"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 512])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 512])],
+                              [numpy_helper.from_array(big, "big"), numpy_helper.from_array(folded, "folded")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    seen, slim = [], onnxslim.slim
+    monkeypatch.setattr(onnxslim, "slim", lambda m, **kw: (seen.append({t.name for t in m.graph.initializer}),
+                                                              slim(m, **kw))[1])
+    out = onnx_passes.constant_folding(model, {})
+    assert seen and all("big" not in names and "folded" in names for names in seen)
+    assert [n.op_type for n in out.graph.node] == ["MatMul", "MatMul"]  # the Transpose folded
+    assert "x" in [i.name for i in out.graph.input] and "big" not in [i.name for i in out.graph.input]
+    values = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    np.testing.assert_array_equal(values["big"], big)
+    np.testing.assert_array_equal(next(v for k, v in values.items() if k != "big"), folded.T)

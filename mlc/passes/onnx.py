@@ -206,6 +206,7 @@ def fold_batchnorm(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
 
 
 _FOLDING_ROUNDS = 8
+_FOLDED_WEIGHT_BYTES = 1 << 20  # constant_folding hands onnxslim the initializers under this whatever reads them
 
 
 def constant_folding(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
@@ -222,16 +223,37 @@ def constant_folding(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
         # One round folds only what the shapes inferred before it make constant: while Shape nodes are left,
         # repeat as long as it shrinks the graph (AllenaiLongformerBase: 888, 302, 106, 90 nodes; its Pads' widths
         # become constants by round 3).
+        # onnxslim sees the large weights only where a fold can read them: the others (most: a MatMul's weight
+        # beside its activation) go in as graph inputs, so that its graph copies and ONNX Runtime session do not
+        # hold them. Small ones stay: onnxslim removes an Add of zeros and merges equal initializers.
         for _ in range(_FOLDING_ROUNDS):
-            slimmed = onnxslim.slim(with_inferred_shapes(model), skip_fusion_patterns=["FusionGemm"],
+            small = {t.name for t in model.graph.initializer if _nbytes(t) < _FOLDED_WEIGHT_BYTES}
+            light, weights = _weights_as_inputs(model, _read_by_constant_nodes(model) | small)
+            slimmed = onnxslim.slim(with_inferred_shapes(light), skip_fusion_patterns=["FusionGemm"],
                                     no_shape_infer=True)
+            del light
             if slimmed is None:
                 raise PassFailed("onnxslim returned no model")
             shrunk = len(slimmed.graph.node) < len(model.graph.node)
-            model = slimmed
+            model = _weights_back(slimmed, weights)
             if not shrunk or not any(n.op_type == "Shape" for n in model.graph.node):
                 break
     return model  # the inputs it drops (unread ones, e.g. CastLike's `like`) come back in run()
+
+
+def _read_by_constant_nodes(model: onnx.ModelProto) -> frozenset:
+    """Initializers that a node reading only constants (which constant folding may fold) reads, directly or
+    through other such nodes. Nodes with subgraphs count as reading everything."""
+    constant = {t.name for t in model.graph.initializer} | {""}
+    read: set[str] = set()
+    for node in model.graph.node:  # topologically sorted (checked on load)
+        subgraph = any(a.HasField("g") or a.graphs for a in node.attribute)
+        if subgraph:
+            read.update(node.input)
+        if not subgraph and all(i in constant for i in node.input):
+            constant.update(node.output)
+            read.update(node.input)
+    return frozenset(read)
 
 
 def shape_inference(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
@@ -719,11 +741,13 @@ def keep_symbolic_dims(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
 _WEIGHT_ELEMENTS = 64  # initializers larger than this hold weights, not shape constants
 
 
-def _weights_as_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, tuple[onnx.TensorProto, bool]]]:
-    """The model with its large initializers declared as graph inputs instead (same name, type and
-    shape): the rewrites clone the model and run shape inference many times, and on bert-base the
-    440 MB of weights made that minutes."""
-    weights = {t.name: t for t in model.graph.initializer if int(np.prod(t.dims, dtype=np.int64)) > _WEIGHT_ELEMENTS}
+def _weights_as_inputs(model: onnx.ModelProto, keep: frozenset = frozenset()
+                       ) -> tuple[onnx.ModelProto, dict[str, tuple[onnx.TensorProto, bool]]]:
+    """The model with its large initializers (but those in `keep`) declared as graph inputs instead (same name, type
+    and shape): the rewrites clone the model and run shape inference many times, and on bert-base the 440 MB of
+    weights made that minutes."""
+    weights = {t.name: t for t in model.graph.initializer
+               if int(np.prod(t.dims, dtype=np.int64)) > _WEIGHT_ELEMENTS and t.name not in keep}
     light = _copy_without_initializers(model)  # not CopyFrom and delete: protobuf frees only whole messages
     light.graph.initializer.extend(t for t in model.graph.initializer if t.name not in weights)
     if not weights:
