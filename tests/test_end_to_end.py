@@ -13,6 +13,7 @@ import pytest
 
 from helpers import assert_clean_error, reseal, run_mlc, torch_bert_onnx, torch_cnn_onnx
 from mlc.runtime import Runner
+from mlc.runtime.runner import ArtifactError
 
 
 @pytest.mark.parametrize("build", [torch_cnn_onnx, torch_bert_onnx], ids=["torch-cnn", "torch-bert-2layer"])
@@ -155,6 +156,9 @@ def test_weights_live_beside_the_library(tmp_path):
     (art / info["file"]).write_bytes(bytes(len(data)))  # zeroed weights must change the outputs
     for runner in (Runner(art, verify=False), NativeRunner(art, verify=False)):
         assert not np.array_equal(runner.run(x)["logits"], expected)
+    (art / info["file"]).write_bytes(data[:len(data) // 2])  # truncated: a clean error even unverified
+    with pytest.raises(ArtifactError, match="does not hold the weights"):
+        Runner(art, verify=False)
 
 
 def test_version_targets_help():

@@ -486,6 +486,9 @@ class Runner(_ArtifactRunner):
         tensors = []
         for spec in info["tensors"]:
             start = spec["offset"]
+            if start % _ALIGNMENT or start + spec["nbytes"] > data.size:
+                raise ArtifactError(f"{info['file']} does not hold the weights the manifest lists (truncated or "
+                                    "replaced); recompile the artifact")
             raw = self._tvm_ffi.from_dlpack(data[start:start + spec["nbytes"]])
             tensor = view(raw, self._tvm_ffi.Shape(spec["shape"]), spec["dtype"], 0)
             tensors.append(tensor if self.device.dlpack_device_type() == 1 else copy_tensor(tensor, self.device))
