@@ -163,3 +163,87 @@ def test_constant_folding_hands_onnxslim_only_the_large_weights_a_fold_reads(mon
     values = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
     np.testing.assert_array_equal(values["big"], big)
     np.testing.assert_array_equal(next(v for k, v in values.items() if k != "big"), folded.T)
+
+
+def _conv_bn_transpose_model(tmp_path, external: bool):
+    """A Conv + BatchNormalization (fold_batchnorm reads the conv weight), a weight under a Transpose (constant folding
+    reads it), a large MatMul weight nothing reads but TVM, and a Constant node; saved with its weights inside, or
+    with them (and the Constant's tensor) in a file beside it."""
+    rng = np.random.default_rng(0)
+    conv_w = rng.standard_normal((64, 3, 3, 3)).astype(np.float32) * 0.1
+    scale, bias, mean = (rng.standard_normal(64).astype(np.float32) for _ in range(3))
+    var = rng.uniform(0.5, 2, 64).astype(np.float32)
+    folded = rng.standard_normal((256, 64)).astype(np.float32) * 0.05
+    big = rng.standard_normal((4096, 64)).astype(np.float32) * 0.05
+    offset = rng.standard_normal((1, 256)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "conv_w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["bn"]),
+             helper.make_node("Flatten", ["bn"], ["f"]),  # 64 x 8 x 8 = 4096
+             helper.make_node("MatMul", ["f", "big"], ["h"]),
+             helper.make_node("Transpose", ["folded"], ["t"]),
+             helper.make_node("MatMul", ["h", "t"], ["g"]),
+             helper.make_node("Constant", [], ["offset"], value=numpy_helper.from_array(offset)),
+             helper.make_node("Add", ["g", "offset"], ["y"])]
+    inits = [numpy_helper.from_array(v, n) for n, v in
+             (("conv_w", conv_w), ("scale", scale), ("bias", bias), ("mean", mean), ("var", var), ("big", big),
+              ("folded", folded))]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    values = {t.name: numpy_helper.to_array(t) for t in inits}
+    path = tmp_path / "src" / "m.onnx"
+    path.parent.mkdir()
+    if external:
+        onnx.save(model, str(path), save_as_external_data=True, location="m.bin", size_threshold=1024)
+    else:
+        onnx.save(model, str(path))
+    return values, path
+
+
+@pytest.mark.parametrize("external", [False, True])
+def test_weights_stay_in_their_file_through_load_and_passes(tmp_path, external):
+    """Loaded for a compile, a model's weights stay in its file (or its external-data file): each large initializer
+    is a reference to it, read only where a pass needs its value; the cleaned graph computes what the model does."""
+    import onnxruntime as ort
+
+    from mlc import passes
+    from mlc.frontends import onnx as onnx_frontend
+    from mlc.frontends import onnx_weights
+
+    values, path = _conv_bn_transpose_model(tmp_path, external)
+    work = tmp_path / "work"
+    work.mkdir()
+    light = onnx_frontend.load(path, weights_dir=work)
+    assert light.ByteSize() < 8192  # 1.1 MB of weights left in the file
+    kept = {t.name for t in light.graph.initializer if onnx_weights.is_external(t)}
+    assert kept == {"conv_w", "big", "folded"}  # the BatchNormalization's vectors are small: inline
+    constant = next(n for n in light.graph.node if n.op_type == "Constant").attribute[0].t
+    assert not onnx_weights.is_external(constant)  # read now: TVM's Constant converter has no folder to read from
+    with onnx_weights.weights_in(work):
+        assert {t.name for t in light.graph.initializer} == set(values)
+        for tensor in light.graph.initializer:
+            np.testing.assert_array_equal(onnx_weights.array(tensor), values[tensor.name])
+    onnx_frontend.load(path, weights_dir=work)  # loaded again (bind_to_reference): the same links
+    assert len(list(work.glob("weights-*"))) == 1
+
+    cleaned, records, _ = onnx_passes.run(light, passes.plan(device="cpu"), weights_dir=work)
+    assert [r["name"] for r in records if r["status"] == "skipped"] == []  # no pass failed on a weight's value
+    applied = {r["name"] for r in records if r["ops_before"] != r["ops_after"]}
+    assert {"fold_batchnorm", "constant_folding"} <= applied
+    assert [n.op_type for n in cleaned.graph.node] == ["Conv", "Flatten", "MatMul", "MatMul", "Add"]  # both folded
+    assert "big" in {t.name for t in cleaned.graph.initializer if onnx_weights.is_external(t)}  # never read
+    onnx_passes.save(cleaned, work / "cleaned.onnx")
+    x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    want = ort.InferenceSession(str(path)).run(None, {"x": x})[0]
+    got = ort.InferenceSession(onnx.load(str(work / "cleaned.onnx")).SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_file_that_is_not_a_model_is_still_a_one_line_input_error(tmp_path):
+    from mlc.errors import InputError
+    from mlc.frontends import onnx as onnx_frontend
+
+    path = tmp_path / "junk.onnx"
+    path.write_bytes(b"\x0a\xff\xff\xff\xff\x0f not a model")
+    with pytest.raises(InputError, match="is not an ONNX model"):
+        onnx_frontend.load(path, weights_dir=tmp_path)

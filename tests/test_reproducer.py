@@ -98,10 +98,10 @@ def test_import_failure_writes_the_failing_node(monkeypatch, tmp_path):
 
     original = importer.to_relax
 
-    def to_relax(model, bounds=None):
+    def to_relax(model, bounds=None, weights_dir=None):
         if any(n.op_type == "Neg" for n in model.graph.node):
             raise RuntimeError("InternalError: Check failed: normalize (injected)")
-        return original(model, bounds)
+        return original(model, bounds, weights_dir)
 
     monkeypatch.setattr(importer, "to_relax", to_relax)
     with pytest.raises(CompilerError, match="TVM failed during import: .*injected") as caught:

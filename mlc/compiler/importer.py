@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import ast
+import contextvars
 import functools
 import math
 import re
+import warnings
 from collections import Counter
+from pathlib import Path
 from typing import Optional
 
 import onnx
@@ -59,11 +62,14 @@ def unsupported_ops(model: onnx.ModelProto) -> dict[str, dict]:
     return {op: {"count": n, "first_nodes": first[op]} for op, n in counts.most_common()}
 
 
-def to_relax(model: onnx.ModelProto, dim_upper_bounds: Optional[dict[str, int]] = None):
+def to_relax(model: onnx.ModelProto, dim_upper_bounds: Optional[dict[str, int]] = None,
+             weights_dir: Optional[Path] = None):
     """The Relax module; `dim_upper_bounds` ({symbolic dim: largest size}) lets TVM plan memory
-    for symbolic shapes once, at the largest size, instead of allocating per call."""
+    for symbolic shapes once, at the largest size, instead of allocating per call. `weights_dir`: where the
+    model's external data lies when it was loaded without it (each weight is then read as TVM takes it)."""
     from tvm.relax.frontend.onnx import from_onnx
 
+    _read_external_weights()
     _keep_symbolic_range_lengths()
     _shape_inputs_as_tensors()
     apply_conformance_overrides()
@@ -72,16 +78,47 @@ def to_relax(model: onnx.ModelProto, dim_upper_bounds: Optional[dict[str, int]] 
     if problem:
         raise ConversionError("Cast", problem)
     # Weights become constants of the module so the compiled library is self-contained.
+    token = _WEIGHTS_DIR.set(weights_dir)
     try:
-        mod = from_onnx(model, keep_params_in_input=False)
+        with warnings.catch_warnings():
+            # from_onnx runs onnx's checker, which cannot find the external data from the model alone; the parent
+            # checked the model (mlc.frontends.onnx.validate)
+            warnings.filterwarnings("ignore", message="Data of TensorProto")
+            mod = from_onnx(model, keep_params_in_input=False)
     except AssertionError as e:  # e.g. MaxPool's Indices output, which TVM's converter does not produce
         found = re.search(r"Missing outputs during conversion.* in (\w+)", str(e))
         if not found:
             raise
         raise ConversionError(found.group(1), "it computes fewer outputs than the node has") from None
+    finally:
+        _WEIGHTS_DIR.reset(token)
     if dim_upper_bounds:
         mod["main"] = mod["main"].with_attr("tir_var_upper_bound", dict(dim_upper_bounds))
     return mod
+
+
+_WEIGHTS_DIR: contextvars.ContextVar[Optional[Path]] = contextvars.ContextVar("weights_dir", default=None)
+
+
+@functools.lru_cache(maxsize=1)
+def _read_external_weights() -> None:
+    """TVM's importer converts a weight with onnx's to_array, which needs its bytes in the message: loaded so, the
+    model's weights and the module's constants were both in memory (bert-base's worker: 1.3 GB). A weight left in its
+    file is read from it now, one at a time."""
+    from tvm import runtime
+    from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
+
+    from mlc.frontends.onnx_weights import external_array
+
+    original = ONNXGraphImporter._parse_array
+
+    def parse_array(self, tensor_proto):
+        weights_dir = _WEIGHTS_DIR.get()
+        if weights_dir is not None and tensor_proto.data_location == onnx.TensorProto.EXTERNAL:
+            return runtime.tensor(external_array(tensor_proto, weights_dir))
+        return original(self, tensor_proto)
+
+    ONNXGraphImporter._parse_array = parse_array
 
 
 @functools.lru_cache(maxsize=1)

@@ -187,22 +187,22 @@ def _build(mod, request: dict, default_schedules: bool, notes: list[str]):
     return build.build(mod, request["target"], lifted), None, lifted
 
 
-def _build_with_fallbacks(imported, passed, request: dict, notes: list[str]):
-    """Build; where TVM fails, build again without the optional steps, the likeliest culprit first:
-    mlc's default CPU schedules, then the Relax passes (`passed`: the module after them, None when
-    none applied). A fallback that builds adds a note naming the step left out and TVM's reason;
+def _build_with_fallbacks(mod, passes_applied: bool, imported, request: dict, notes: list[str]):
+    """Build `mod`; where TVM fails, build again without the optional steps, the likeliest culprit first:
+    mlc's default CPU schedules, then the Relax passes (when `passes_applied`; `imported()` makes the module
+    without them). A fallback that builds adds a note naming the step left out and TVM's reason;
     when every try fails, the first error is raised (a mandatory step failed)."""
     default = bool(request.get("schedules") and request["schedules"].get("default", True))
-    attempts = [(passed if passed is not None else imported, default, None)]
+    attempts = [(lambda: mod, default, None)]
     if default:
-        attempts.append((attempts[0][0], False, "mlc's default CPU schedules"))
-    if passed is not None:
+        attempts.append((lambda: mod, False, "mlc's default CPU schedules"))
+    if passes_applied:
         attempts.append((imported, False, "the Relax passes" + (" and mlc's default CPU schedules" if default else "")))
     first = None
-    for mod, default_schedules, skipped in attempts:
+    for module, default_schedules, skipped in attempts:
         tried: list[str] = []
         try:
-            executable, report, lifted = _build(mod, request, default_schedules, tried)
+            executable, report, lifted = _build(module(), request, default_schedules, tried)
         except Exception as e:  # noqa: BLE001 - TVM raises many kinds; the last try re-raises the first
             traceback.print_exc()  # into the log file
             first = first or e
@@ -228,7 +228,9 @@ def compile_request(request: dict) -> dict:
         from mlc.runtime.runner import import_without_torch
 
         tvm = import_without_torch("tvm")  # TVM's ONNX import and build never use torch
-        model = onnx.load(request["onnx"])
+        # The weights stay in the file (the importer reads each as it converts it): in memory once, as TVM's.
+        weights_dir = Path(request["onnx"]).parent
+        model = onnx.load(request["onnx"], load_external_data=False)
         timings["tvm_import"] = time.perf_counter() - start
         stage = "target"
         try:
@@ -240,7 +242,7 @@ def compile_request(request: dict) -> dict:
         if missing:
             return {"ok": False, "kind": "unsupported", "ops": missing}
         start = time.perf_counter()
-        mod = importer.to_relax(model, request.get("dim_upper_bounds"))
+        mod = importer.to_relax(model, request.get("dim_upper_bounds"), weights_dir)
         timings["relax_import"] = time.perf_counter() - start
         model = None  # its weights are TVM's now; a reproducer search reads the file again
         _proc.release_memory()
@@ -256,7 +258,15 @@ def compile_request(request: dict) -> dict:
             stage = "precision"
             mod, precision_record = relax_passes.reduce_precision(mod, precision, request["target"])
             stage = "passes"
-        imported = mod
+
+        def imported():
+            """The module without the Relax passes, imported again: kept through the build, it held each weight a
+            pass replaced (the Q, K and V weights that combine_parallel_matmul concatenates) twice."""
+            again = importer.to_relax(onnx.load(request["onnx"], load_external_data=False),
+                                      request.get("dim_upper_bounds"), weights_dir)
+            return relax_passes.reduce_precision(again, precision, request["target"])[0] if precision != "fp32" \
+                else again
+
         # mlc.tuning's CPU build legalizes and fuses itself (its tuning keys are the kernels it fuses)
         mod, passes = relax_passes.run(mod, request.get("relax_passes") or [], request["target"],
                                        request.get("dump_ir"),
@@ -267,16 +277,13 @@ def compile_request(request: dict) -> dict:
         if precision == "bf16":  # after the passes (CPU builds fuse later); the fallback without them keeps it too
             stage = "precision"
             mod, precision_record = relax_passes.reduce_precision(mod, precision, request["target"])
-            imported = relax_passes.reduce_precision(imported, precision, request["target"])[0] if applied else mod
-            applied = True
         if precision_record:
             passes["records"].append(precision_record)
         stage = "build"
         start = time.perf_counter()
-        executable, schedule_report, lifted = _build_with_fallbacks(imported, mod if applied else None, request,
-                                                                    passes["notes"])
+        executable, schedule_report, lifted = _build_with_fallbacks(mod, applied, imported, request, passes["notes"])
         timings["build"] = time.perf_counter() - start
-        del imported, mod  # `lifted` holds the weights main needs (packed ones replace the originals)
+        del mod  # `lifted` holds the weights main needs (packed ones replace the originals)
         _proc.release_memory()
         written = None
         if request.get("library"):
@@ -308,7 +315,7 @@ def compile_request(request: dict) -> dict:
         traceback.print_exc()  # into the log file the parent points the user to
         failure = {"ok": False, "kind": "compile", "stage": stage, "message": summarize(e)}
         if request.get("reproducer") and stage in reproducer.STAGES:  # a mandatory step failed: exit 70
-            model = model if model is not None else onnx.load(request["onnx"])
+            model = onnx.load(request["onnx"])  # with its weights' data
             failure.update(reproducer.write(model, request, stage, failure["message"]))
         return failure
 

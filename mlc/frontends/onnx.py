@@ -46,13 +46,19 @@ class Reference:
     seed: int = REFERENCE_SEED
 
 
-def load(path: str | Path) -> onnx.ModelProto:
+def load(path: str | Path, weights_dir: Optional[Path] = None) -> onnx.ModelProto:
+    """The model at `path`, checked. With `weights_dir`, its weights stay in their files: each is an external-data
+    reference relative to `weights_dir` (mlc.frontends.onnx_weights), read where a pass needs its value."""
     path = Path(path)
     if not path.exists():
         raise InputError(f"model file not found: {path}")
     if path.is_dir():
         raise InputError(f"{path} is a folder but not a TensorFlow SavedModel (no saved_model.pb in it); pass a model "
                          "file (.onnx, .pt2, .pt, .keras, .h5), a SavedModel folder or a Paddle jit.save prefix")
+    if weights_dir is not None:
+        light = _load_light(path, Path(weights_dir))
+        if light is not None:
+            return light
     try:
         # onnx.load, keeping the file's bytes for the checker, which otherwise serialises the model again (2 s on
         # bert-base)
@@ -66,6 +72,25 @@ def load(path: str | Path) -> onnx.ModelProto:
         raise InputError(f"{path} is not an ONNX model (cannot parse it: {_first_line(e)}); "
                          "pass a valid .onnx file") from None
     validate(model, str(path), serialized)
+    return model
+
+
+def _load_light(path: Path, weights_dir: Path) -> Optional[onnx.ModelProto]:
+    """The model with its weights left in their files, checked; None where that fails to parse (onnx.load decides
+    whether the file is a model)."""
+    from mlc.frontends import onnx_weights
+
+    try:
+        model = onnx_weights.load_light(path, weights_dir)
+    except (DecodeError, ValueError, IndexError, RuntimeError, OSError):
+        return None
+    # The checker reads a model's external data from the model's folder: it checks this copy, beside the links.
+    checked = weights_dir / f"{path.stem}.checked.onnx"
+    checked.write_bytes(model.SerializeToString())
+    try:
+        validate(model, str(path), str(checked))
+    finally:
+        checked.unlink()
     return model
 
 

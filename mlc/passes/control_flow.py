@@ -11,6 +11,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from mlc.frontends.onnx_weights import Values, loaded
+
 
 def _static_shapes(graph: onnx.GraphProto) -> dict[str, list[int]]:
     shapes = {}
@@ -55,7 +57,7 @@ def _condition(name: str, model: onnx.ModelProto, producers: dict) -> Optional[b
     cone = sorted({id(n): n for n in cone}.values(), key=lambda n: order[id(n)])
     outputs = [helper.make_value_info(name, onnx.TypeProto())]
     sub = helper.make_graph(cone, "condition", [inputs[n] for n in feeds], outputs,
-                            [weights[n] for n in needed if n in weights])
+                            [loaded(weights[n]) for n in needed if n in weights])
     try:
         evaluator = ReferenceEvaluator(helper.make_model(sub, opset_imports=model.opset_import,
                                                          ir_version=model.ir_version))
@@ -101,7 +103,7 @@ def _folded(model: onnx.ModelProto) -> onnx.ModelProto:
     from onnx.reference import ReferenceEvaluator
 
     graph = model.graph
-    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    values = Values(graph.initializer)
     shapes = _static_shapes(graph)
     opsets = {o.domain: o.version for o in model.opset_import}
     kept, added = [], []
@@ -321,10 +323,9 @@ def _unrolled_scan(node, model, values, shapes, unroller: _Unroller, opset: int)
 
 
 def _unrolled(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
-    from onnx import numpy_helper
 
     graph = model.graph
-    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    values = Values(graph.initializer)
     shapes = _static_shapes(graph)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 18)
     nodes, weights, count = [], [], 0

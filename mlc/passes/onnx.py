@@ -19,6 +19,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from mlc import _proc
+from mlc.frontends.onnx_weights import Values, materialized, nbytes, weights_in
 from mlc.passes.registry import REGISTRY, PassFailed, Step
 from mlc.errors import UnsupportedModelError
 
@@ -60,12 +61,6 @@ def prune_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
 _WEIGHT_BYTES = 4096
 
 
-def _nbytes(tensor: onnx.TensorProto) -> int:
-    if tensor.data_type == TensorProto.STRING:
-        return 0
-    return int(np.prod(tensor.dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-
-
 def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model with the data of its weights left out (name, type and dims kept). ONNX shape inference
     serialises the whole model on every call: with bert-base's 440 MB of weights a call took seconds."""
@@ -77,7 +72,7 @@ def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     for field in ("node", "input", "output", "value_info", "sparse_initializer"):
         getattr(graph, field).extend(getattr(source, field))
     for t in source.initializer:
-        if _nbytes(t) > _WEIGHT_BYTES:
+        if nbytes(t) > _WEIGHT_BYTES:
             graph.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims)
         else:
             graph.initializer.append(t)
@@ -99,10 +94,10 @@ def with_inferred_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def constant_values(model: onnx.ModelProto, max_bytes: Optional[int] = None) -> dict[str, np.ndarray]:
-    """Initializers and Constant-node values by name (with max_bytes: only those up to that size)."""
-    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
-              if max_bytes is None or _nbytes(t) <= max_bytes}
+def constant_values(model: onnx.ModelProto, max_bytes: Optional[int] = None) -> Values:
+    """Initializers and Constant-node values by name (with max_bytes: only those up to that size); a weight left in
+    its file (mlc.frontends.onnx_weights) is read when asked for."""
+    values = Values(model.graph.initializer, max_bytes)
     for node in model.graph.node:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
             values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
@@ -227,8 +222,9 @@ def constant_folding(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
         # beside its activation) go in as graph inputs, so that its graph copies and ONNX Runtime session do not
         # hold them. Small ones stay: onnxslim removes an Add of zeros and merges equal initializers.
         for _ in range(_FOLDING_ROUNDS):
-            small = {t.name for t in model.graph.initializer if _nbytes(t) < _FOLDED_WEIGHT_BYTES}
+            small = {t.name for t in model.graph.initializer if nbytes(t) < _FOLDED_WEIGHT_BYTES}
             light, weights = _weights_as_inputs(model, _read_by_constant_nodes(model) | small)
+            light = materialized(light)  # the weights it keeps, with their data
             slimmed = onnxslim.slim(with_inferred_shapes(light), skip_fusion_patterns=["FusionGemm"],
                                     no_shape_infer=True)
             del light
@@ -836,9 +832,16 @@ def _reason(error: BaseException) -> str:
     return (text[0][:300] if text else type(error).__name__)
 
 
-def run(model: onnx.ModelProto, steps: Sequence[Step], dump_dir: Optional[Path] = None
-        ) -> tuple[onnx.ModelProto, list[dict], list[str]]:
-    """Run the ONNX-level steps in order. Returns the model, one record per pass, and warnings."""
+def run(model: onnx.ModelProto, steps: Sequence[Step], dump_dir: Optional[Path] = None,
+        weights_dir: Optional[Path] = None) -> tuple[onnx.ModelProto, list[dict], list[str]]:
+    """Run the ONNX-level steps in order. Returns the model, one record per pass, and warnings. `weights_dir`: the
+    folder the model's external-data weights are relative to (mlc.frontends.onnx_weights.load_light)."""
+    with weights_in(weights_dir):
+        return _run(model, steps, dump_dir)
+
+
+def _run(model: onnx.ModelProto, steps: Sequence[Step], dump_dir: Optional[Path]
+         ) -> tuple[onnx.ModelProto, list[dict], list[str]]:
     records, notes = [], []
     onnx_steps = [s for s in steps if s.level == "onnx"]
     if dump_dir is not None:
@@ -885,4 +888,4 @@ def _with_inputs_of(before: onnx.ModelProto, after: onnx.ModelProto) -> onnx.Mod
 
 
 def _dump(model: onnx.ModelProto, path: Path) -> None:
-    onnx.save(model, str(path))
+    onnx.save(materialized(model), str(path))  # whole: the dump folder has no links to the weights' files

@@ -6,6 +6,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from mlc.frontends.onnx_weights import Values
+
 # The value a reduction over no elements has (ONNX: the reduction's identity).
 EMPTY_REDUCTION = {"ReduceSum": 0.0, "ReduceSumSquare": 0.0, "ReduceL1": 0.0, "ReduceL2": 0.0, "ReduceProd": 1.0,
                    "ReduceMax": -np.inf, "ReduceMin": np.inf, "ReduceLogSum": -np.inf, "ReduceLogSumExp": -np.inf}
@@ -36,7 +38,7 @@ def reduce_empty_sets(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
     if not any(n.op_type in EMPTY_REDUCTION for n in model.graph.node):
         return model
     shapes = _static_shapes(model)
-    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    constants = Values(model.graph.initializer)
     elem_types = {v.name: v.type.tensor_type.elem_type for v in
                   list(model.graph.input) + list(onnx.shape_inference.infer_shapes(model).graph.value_info)}
     elem_types.update({t.name: t.data_type for t in model.graph.initializer})

@@ -116,7 +116,8 @@ def builds(plan: Plan, prepared: Prepared, steps: list, workdir: Path, timed: Ti
         shapes = {s.name: [size if d == plan.dim else n for d, n in zip(s.shape, concrete[s.name])]
                   for s in prepared.specs}
         with timed(f"onnx_passes_{plan.dim}{size}", f"Running ONNX graph passes for {plan.dim}={size}"):
-            cleaned, _, _ = onnx_passes.run(onnx_frontend.fix_input_shapes(prepared.model, shapes), steps, None)
+            cleaned, _, _ = onnx_passes.run(onnx_frontend.fix_input_shapes(prepared.model, shapes), steps, None,
+                                            workdir)
             path = workdir / f"cleaned-{plan.dim}{size}.onnx"
             onnx_passes.save(cleaned, path)
         result.append(Build(plan.library(size), path, f" {plan.dim}={size}"))

@@ -72,10 +72,12 @@ def compile(model: ModelSpec, options: CompileOptions, step: StepReporter = quie
         prepared = prepare(plan.model, workdir, timed, static=options.db is not None and not plan.dynamic,
                            steps=plan.steps, dump_ir=options.pass_options.dump_ir, quantize=options.quantize,
                            calibration=options.calibration)
+        # The weights are in files now (the model's, cleaned.onnx's): ONNX Runtime and TVM read them there.
+        _release_weights(prepared, "cleaned", *(() if plan.buckets else ("model",)))
         with timed("reference", "Computing reference outputs with ONNX Runtime"):
             refs = references(prepared)
         bucket_plan, builds = _plan_builds(plan, prepared, workdir, timed)
-        _release_weights(prepared)
+        _release_weights(prepared, "model")  # the buckets' graph passes ran on it
         with artifacts.staging_dir(plan.output) as staged:
             results = _build(plan, prepared, refs, builds, staged, timed)
             manifest, result = _package(plan, prepared, refs, bucket_plan, results, staged, timed)
@@ -171,11 +173,13 @@ def _plan_builds(plan: CompilePlan, prepared: Prepared, workdir: Path, timed: Ti
     return bucket_plan, bucketing.builds(bucket_plan, prepared, plan.steps, workdir, timed)
 
 
-def _release_weights(prepared: Prepared) -> None:
-    """The TVM build reads the weights from cleaned.onnx: drop this process's two copies (the model and the cleaned
-    graph) before it starts, which held bert-base's weights twice, plus the passes' garbage, through the build."""
-    for name in ("model", "cleaned"):
+def _release_weights(prepared: Prepared, *names: str) -> None:
+    """Drop the weights of this process's copies of the model (`names`: "model", the model as read, and "cleaned",
+    the graph after the passes): they held bert-base's weights twice, through the reference run and the build."""
+    for name in names:
         model = getattr(prepared, name)
+        if not model.graph.initializer:
+            continue
         del model.graph.initializer[:]
         light = type(model)()  # a new message: protobuf frees a message's memory only with the whole message
         light.CopyFrom(model)

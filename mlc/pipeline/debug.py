@@ -19,6 +19,7 @@ from mlc.check import CheckResult, compare, compare_one, localize, tolerance_for
 from mlc.compiler import runtimes
 from mlc.errors import InputError, TargetError
 from mlc.frontends import onnx as onnx_frontend
+from mlc.frontends import onnx_weights
 from mlc.pipeline import source as sources
 from mlc.pipeline.compile import build_settings
 from mlc.pipeline.options import CompileOptions, ModelSpec, check_tolerances
@@ -85,7 +86,8 @@ def debug(model: ModelSpec, *, target: Optional[str] = None, inputs: Inputs = No
         steps, schedules = build_settings(preset, CompileOptions(target=preset.name))
         build = {"schedules": schedules, "relax_passes": [s.to_json() for s in steps]}
         prepared = prepare(model, workdir, timed, feeds=feeds, steps=steps)
-        cleaned, feeds = prepared.cleaned, prepared.feeds
+        # ONNX Runtime runs it, and extracted nodes take their weights along: with the weights' data
+        cleaned, feeds = onnx_weights.materialized(prepared.cleaned, workdir), prepared.feeds
         values = localize.computed_values(cleaned)
         with timed("reference", f"Computing {len(values)} intermediate values with ONNX Runtime"):
             given = onnx_frontend.onnxruntime_reference(prepared.path, feeds).outputs

@@ -16,6 +16,7 @@ from mlc import passes as graph_passes
 from mlc.artifacts.manifest import SourceInfo
 from mlc.errors import InputError, MlcError, UnsupportedModelError
 from mlc.frontends import onnx as onnx_frontend
+from mlc.frontends import onnx_weights
 from mlc.passes import onnx as onnx_passes
 from mlc.passes import quantize as quantizing
 from mlc.pipeline import source as sources
@@ -58,7 +59,7 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
     if converted is not None and feeds is None:
         feeds = converted.feeds  # the inputs the framework ran on
     with timed("load", "Loading the model"):
-        onnx_model = onnx_frontend.load(source.path)
+        onnx_model = onnx_frontend.load(source.path, weights_dir=workdir)  # the weights stay in their files
         if not source.info.sha256:
             source.info.sha256 = thin_runtime.sha256_file(source.path)
         source.info.opset = next((o.version for o in onnx_model.opset_import if o.domain in ("", "ai.onnx")), None)
@@ -85,7 +86,7 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
                               for d, size in zip(s.shape, fixed[s.name])] for s in specs if s.name in fixed}
     with timed("onnx_passes", "Running ONNX graph passes"):
         cleaned, records, notes = onnx_passes.run(onnx_frontend.fix_input_shapes(onnx_model, fixed), steps,
-                                                  Path(dump_ir) if dump_ir else None)
+                                                  Path(dump_ir) if dump_ir else None, workdir)
         compiler.check_supported(cleaned, notes=notes)  # after the passes: lower_rnn makes LSTMs importable
     quantization, calibration_feeds = None, []
     if quantize:
@@ -94,12 +95,13 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
             if how == "seeded":
                 notes.append(f"--quantize {quantize}: calibrated on {len(calibration_feeds)} seeded random inputs; "
                              "real inputs calibrate better (--calibration FILE.npz, repeatable)")
+            cleaned = onnx_weights.materialized(cleaned, workdir)  # it reads every weight, and ONNX Runtime runs it
             cleaned, quantization, record = quantize_graph(cleaned, quantize, calibration_feeds, how)
             records.append(record)
             if dump_ir:  # numbered after the ONNX passes' dumps
                 onnx.save(cleaned, str(Path(dump_ir) / f"onnx_{len(records):02d}_quantize.onnx"))
     cleaned_path = workdir / "cleaned.onnx"
-    onnx_passes.save(cleaned, cleaned_path)  # weights as external data: faster both ways
+    onnx_passes.save(cleaned, cleaned_path)  # the weights it reads by reference stay where they are
     notes = (converted.notes if converted else []) + notes
     return Prepared(source.path, source.info, onnx_model, specs, fixed, dict(feeds), cleaned, cleaned_path, notes,
                     converted, records, quantization, calibration_feeds)
@@ -221,11 +223,13 @@ def bind_to_reference(prepared: Prepared, steps: list, error: MlcError) -> bool:
         return False
     start = time.perf_counter()
     prepared.fixed = {s.name: list(np.shape(prepared.feeds[s.name])) for s in prepared.specs}
-    model = prepared.model if prepared.model.graph.initializer else onnx_frontend.load(prepared.path)  # released
+    workdir = prepared.cleaned_path.parent
+    model = prepared.model if prepared.model.graph.initializer else onnx_frontend.load(prepared.path, workdir)
     cleaned, records, notes = onnx_passes.run(onnx_frontend.fix_input_shapes(model, prepared.fixed),
-                                              [s for s in steps if s.level == "onnx"])
+                                              [s for s in steps if s.level == "onnx"], weights_dir=workdir)
     if prepared.quantization:  # quantised again, on the same calibration feeds
         mode, how = prepared.quantization["mode"], prepared.quantization["calibration"]["source"]
+        cleaned = onnx_weights.materialized(cleaned, workdir)
         cleaned, prepared.quantization, record = quantize_graph(cleaned, mode, prepared.calibration, how)
         records.append(record)
     onnx_passes.save(cleaned, prepared.cleaned_path)
