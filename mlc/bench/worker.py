@@ -66,7 +66,7 @@ def prepare(request: dict) -> dict:
         from mlc.pipeline.convert_worker import framework_version
 
         version = f"{framework} {framework_version(framework)} eager"
-    model = onnx_frontend.load(out / MODEL)
+    model = onnx_frontend.load_graph(out / MODEL)
     specs = onnx_frontend.input_specs(model)
     names = [o.name for o in model.graph.output]
     dims = {d.name: d.dims for d in fm.inputs} if fm else {s.name: s.shape for s in specs}

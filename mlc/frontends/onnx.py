@@ -4,6 +4,7 @@ outputs with ONNX Runtime on fixed seeded inputs."""
 from __future__ import annotations
 
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -73,6 +74,13 @@ def load(path: str | Path, weights_dir: Optional[Path] = None) -> onnx.ModelProt
                          "pass a valid .onnx file") from None
     validate(model, str(path), serialized)
     return model
+
+
+def load_graph(path: str | Path) -> onnx.ModelProto:
+    """The model at `path`, checked, without its weights' data: what its inputs and outputs are (an export checked
+    in the process that holds the framework's model, which holds the weights already)."""
+    with tempfile.TemporaryDirectory(prefix="mlc-graph-") as links:
+        return load(path, weights_dir=Path(links))
 
 
 def _load_light(path: Path, weights_dir: Path) -> Optional[onnx.ModelProto]:

@@ -60,7 +60,7 @@ def convert(request: dict) -> dict:
         raise InputError(f"--dynamic names {', '.join(unknown)}, which the model does not have; its dims that can be "
                          f"dynamic are: {', '.join(symbolic) or 'none'}")
     exporter = fm.export(out / MODEL, dynamic)
-    model = onnx_frontend.load(out / MODEL)
+    model = onnx_frontend.load_graph(out / MODEL)
     specs = onnx_frontend.input_specs(model)
     fixed = onnx_frontend.resolve_input_shapes(specs, request.get("input_shapes", []))
     # The user's example sizes are the compile sizes, but for dims --dynamic keeps symbolic: those are checked at
