@@ -56,9 +56,7 @@ def _hf(name: str, config: str, model: str, kind: str = "text", **overrides) -> 
 HUGGINGFACE: dict[str, HFModel] = {m.name: m for m in [
     _hf("AlbertForMaskedLM", "AlbertConfig", "AlbertForMaskedLM"),
     _hf("AlbertForQuestionAnswering", "AlbertConfig", "AlbertForQuestionAnswering"),
-    # onnx_export: transformers' switch for its ONNX-exportable chunking (unfold; the same values in eager): exported
-    # from the default's as_strided, the graph computes other values (ONNX Runtime, OpenVINO and mlc all missed eager
-    # by 0.15).
+    # onnx_export: transformers' switch for its ONNX-exportable sliding-window chunks (_longformer_chunks).
     _hf("AllenaiLongformerBase", "LongformerConfig", "LongformerForMaskedLM", onnx_export=True),
     _hf("BartForCausalLM", "BartConfig", "BartForCausalLM"),
     _hf("BartForConditionalGeneration", "BartConfig", "BartForConditionalGeneration", "seq2seq"),
@@ -243,7 +241,8 @@ def _huggingface(entry: HFModel):
             config = _hf_config(entry, transformers, layers)
             notes.append(f"config cut to {CUT_LAYERS} layers ({full / 1e9:.2f} B parameters in full)")
     if entry.overrides.get("onnx_export"):
-        notes.append("config onnx_export=True (transformers' ONNX-exportable version of the model)")
+        _longformer_chunks(transformers)
+        notes.append("config onnx_export=True, its chunks as slices (transformers' ONNX-export path before 5.x)")
     if entry.overrides.get("use_mems_eval") is False:
         config.use_mems_eval = False
     torch.manual_seed(SEED)
@@ -280,6 +279,21 @@ def _huggingface(entry: HFModel):
     fm = from_module(wrapped, tuple(inputs.values()), keys, dims={k: list(v.shape) for k, v in inputs.items()})
     fm.notes = notes + fm.notes
     return fm
+
+
+def _longformer_chunks(transformers) -> None:
+    """Longformer's overlapping attention chunks as slices of the sequence: the loop transformers' ONNX-export path
+    ran before it became `unfold`, the same values as the default's `as_strided` view. torch's ONNX exporters export
+    that view wrongly, without a warning (pytorch/pytorch#90607: ONNX Runtime, OpenVINO and mlc all missed eager by
+    0.15), and `unfold` not at all (dynamo: a data-dependent guard; TorchScript: "Unfold, input size not
+    accessible")."""
+    import torch
+
+    def chunk(hidden_states, window_overlap, onnx_export: bool = False):
+        count = hidden_states.size(1) // window_overlap - 1  # chunks of 2w overlapping by w
+        return torch.stack([hidden_states[:, k * window_overlap:(k + 2) * window_overlap] for k in range(count)], 1)
+
+    transformers.models.longformer.modeling_longformer.LongformerSelfAttention._chunk = staticmethod(chunk)
 
 
 def _forward_args(module) -> set:
