@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import contextvars
 import functools
 import math
 import re
@@ -16,6 +15,7 @@ import onnx
 
 from mlc.compiler import onnx_fixes, onnx_ops
 from mlc.compiler.client import tvm_package_dir
+from mlc.frontends import onnx_weights
 
 STANDARD_DOMAINS = {"", "ai.onnx"}
 _FRONTEND_SOURCE = "relax/frontend/onnx/onnx_frontend.py"
@@ -78,9 +78,8 @@ def to_relax(model: onnx.ModelProto, dim_upper_bounds: Optional[dict[str, int]] 
     if problem:
         raise ConversionError("Cast", problem)
     # Weights become constants of the module so the compiled library is self-contained.
-    token = _WEIGHTS_DIR.set(weights_dir)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), onnx_weights.weights_in(weights_dir):
             # from_onnx runs onnx's checker, which cannot find the external data from the model alone; the parent
             # checked the model (mlc.frontends.onnx.validate)
             warnings.filterwarnings("ignore", message="Data of TensorProto")
@@ -90,14 +89,9 @@ def to_relax(model: onnx.ModelProto, dim_upper_bounds: Optional[dict[str, int]] 
         if not found:
             raise
         raise ConversionError(found.group(1), "it computes fewer outputs than the node has") from None
-    finally:
-        _WEIGHTS_DIR.reset(token)
     if dim_upper_bounds:
         mod["main"] = mod["main"].with_attr("tir_var_upper_bound", dict(dim_upper_bounds))
     return mod
-
-
-_WEIGHTS_DIR: contextvars.ContextVar[Optional[Path]] = contextvars.ContextVar("weights_dir", default=None)
 
 
 @functools.lru_cache(maxsize=1)
@@ -108,14 +102,11 @@ def _read_external_weights() -> None:
     from tvm import runtime
     from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
 
-    from mlc.frontends.onnx_weights import external_array
-
     original = ONNXGraphImporter._parse_array
 
     def parse_array(self, tensor_proto):
-        weights_dir = _WEIGHTS_DIR.get()
-        if weights_dir is not None and tensor_proto.data_location == onnx.TensorProto.EXTERNAL:
-            return runtime.tensor(external_array(tensor_proto, weights_dir))
+        if onnx_weights.is_external(tensor_proto):
+            return runtime.tensor(onnx_weights.array(tensor_proto))
         return original(self, tensor_proto)
 
     ONNXGraphImporter._parse_array = parse_array
