@@ -144,6 +144,23 @@ def test_fp64_rule_passes_fp32_reordering_noise_and_fails_a_real_error():
     assert not result["passed"] and result["rmse_vs_fp64"] > 2 * result["eager_rmse_vs_fp64"]
 
 
+def test_suite_rule_is_torchs_allclose_first_then_fp64():
+    """torch._dynamo.utils.same, as its HF/TIMM runners call it for inference: allclose at atol = rtol = 1e-3 passes
+    (GPTNeo's 1.3 B-parameter logits: 2.5e-4 off eager, no fp64 copy affordable); beyond it, the fp64 rule decides
+    where there is an fp64 run, and without one the model fails."""
+    rng = np.random.default_rng(0)
+    eager = {"y": rng.standard_normal(1000) * 3}
+    near = {"y": eager["y"] + 2.5e-4}
+    result = suites.suite_check(eager, None, near)
+    assert result["passed"] and "allclose" in result["rule"]
+    far = {"y": eager["y"] + 5e-2}
+    result = suites.suite_check(eager, None, far)
+    assert not result["passed"] and "no fp64 run" in result["rule"]
+    wide = {"y": eager["y"] + 5e-2}  # the fp64 run agrees with `far`: eager fp32 is what is off
+    assert suites.suite_check(eager, wide, far)["rule"].startswith("fp64 RMSE")
+    assert not suites.suite_check(eager, None, {"y": eager["y"][:10]})["passed"]  # a wrong shape fails
+
+
 def test_eager_fp64_runs_a_copy_in_double():
     torch = pytest.importorskip("torch")
     from mlc.frontends.torch import from_module
