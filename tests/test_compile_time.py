@@ -247,3 +247,27 @@ def test_a_file_that_is_not_a_model_is_still_a_one_line_input_error(tmp_path):
     path.write_bytes(b"\x0a\xff\xff\xff\xff\x0f not a model")
     with pytest.raises(InputError, match="is not an ONNX model"):
         onnx_frontend.load(path, weights_dir=tmp_path)
+
+
+def test_a_model_file_rewritten_during_the_compile_is_an_input_error(tmp_path, monkeypatch):
+    """The TVM worker reads the weights from the model file: rewritten meanwhile, the compile stops with a one-line
+    error, and no artifact is published."""
+    import os
+
+    from mlc import api, compiler
+    from mlc.errors import InputError
+
+    path = tmp_path / "m.onnx"
+    onnx.save(_matmul_model(), str(path))
+    original = compiler.compile_in_worker
+
+    def rewritten_meanwhile(*args, **kwargs):
+        result = original(*args, **kwargs)
+        info = path.stat()
+        os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns + 10**9))
+        return result
+
+    monkeypatch.setattr(compiler, "compile_in_worker", rewritten_meanwhile)
+    with pytest.raises(InputError, match="changed during the compile"):
+        api.compile(str(path), output=tmp_path / "art")
+    assert not (tmp_path / "art").exists()

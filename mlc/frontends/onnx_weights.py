@@ -71,16 +71,34 @@ def load_light(path: Path, workdir: Path) -> onnx.ModelProto:
 
 
 def _link(target: Path, workdir: Path) -> str:
-    """The name of a link in `workdir` to `target`: one made before (the model loaded again), else a new one."""
+    """The name of a link in `workdir` to `target`: one made before (the model loaded again), else a new one, its
+    target's size and time recorded (changed_files)."""
     for k in range(1 << 16):
         name = f"weights-{k}{target.suffix}"
         link = workdir / name
         if not link.is_symlink():
             os.symlink(target, link)
+            (workdir / f"{name}.stamp").write_text(_stamp(target))
             return name
         if link.resolve() == target:
             return name
     raise OSError(f"too many links to weight files in {workdir}")
+
+
+def _stamp(path: Path) -> str:
+    info = path.stat()
+    return f"{info.st_size} {info.st_mtime_ns}"
+
+
+def changed_files(workdir: Path) -> list[str]:
+    """The files holding weights that changed since load_light linked them into `workdir` (the compile read some
+    weights before and some after)."""
+    changed = []
+    for stamp in sorted(Path(workdir).glob("weights-*.stamp")):
+        target = stamp.with_suffix("").resolve()
+        if not target.exists() or _stamp(target) != stamp.read_text():
+            changed.append(str(target))
+    return changed
 
 
 def _attribute_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:

@@ -12,6 +12,7 @@ from mlc import _proc, artifacts, compiler, frontends, targets
 from mlc.artifacts.manifest import Manifest
 from mlc.check import PRECISIONS, CheckResult
 from mlc.compiler import runtimes
+from mlc.frontends import onnx_weights
 from mlc.errors import (CompilerError, InputError, MlcError, NodeConversionError, TargetError,
                         UnsupportedModelError)
 from mlc.passes.quantize import MODES as QUANTIZE_MODES
@@ -80,6 +81,10 @@ def compile(model: ModelSpec, options: CompileOptions, step: StepReporter = quie
         _release_weights(prepared, "model")  # the buckets' graph passes ran on it
         with artifacts.staging_dir(plan.output) as staged:
             results = _build(plan, prepared, refs, builds, staged, timed)
+            changed = onnx_weights.changed_files(workdir)  # the weights were read from them all along
+            if changed:
+                raise InputError(f"{', '.join(changed)} changed during the compile (its weights were read from it "
+                                 "as the compile went); compile again once it is written")
             manifest, result = _package(plan, prepared, refs, bucket_plan, results, staged, timed)
     notes = prepared.notes + result["passes"]["notes"] + _schedule_notes(plan, result)
     check_result, verify_notes = _verify(plan, timed)
