@@ -778,12 +778,21 @@ def _copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
 def save(model: onnx.ModelProto, path: Path) -> None:
     """Write `model` to `path` with its weights raw in PATH.data beside it (ONNX external data, which onnx.load reads
     back by itself); `model` is left as it is. onnx.save serialised bert-base's 440 MB of weights into the protobuf
-    in 2-4 s plus the write, and the compile worker parsed them back; this writes them in about 1."""
+    in 2-4 s plus the write, and the compile worker parsed them back; this writes them in about 1. Weights that are
+    external data already stay where they are (relative to `path`'s folder)."""
     path = Path(path)
     data_path = path.with_name(path.name + ".data")
+    data_path.unlink(missing_ok=True)
+    onnx.save(_externalized(model, data_path), str(path))
+
+
+def _externalized(model: onnx.ModelProto, data_path: Path) -> onnx.ModelProto:
+    """A copy of `model` whose initializers of over _WEIGHT_BYTES with their data in the message are appended to
+    `data_path` and referenced there (by its name: the model's folder is its folder); `model` when there are none."""
+    if not any(t.HasField("raw_data") and len(t.raw_data) > _WEIGHT_BYTES for t in model.graph.initializer):
+        return model
     light = _copy_without_initializers(model)
-    written = 0
-    with open(data_path, "wb") as data:
+    with open(data_path, "ab") as data:
         for tensor in model.graph.initializer:
             raw = tensor.raw_data if tensor.HasField("raw_data") else b""
             if len(raw) <= _WEIGHT_BYTES:
@@ -795,10 +804,7 @@ def save(model: onnx.ModelProto, path: Path) -> None:
             for key, value in (("location", data_path.name), ("offset", data.tell()), ("length", len(raw))):
                 external.external_data.add(key=key, value=str(value))
             data.write(raw)
-            written += 1
-    if not written:
-        data_path.unlink()
-    onnx.save(light, str(path))
+    return light
 
 
 def _weights_back(model: onnx.ModelProto, weights: dict) -> onnx.ModelProto:
@@ -832,15 +838,19 @@ def _reason(error: BaseException) -> str:
     return (text[0][:300] if text else type(error).__name__)
 
 
+FOLDED = "folded.data"  # in weights_dir: the weights the passes made
+
+
 def run(model: onnx.ModelProto, steps: Sequence[Step], dump_dir: Optional[Path] = None,
         weights_dir: Optional[Path] = None) -> tuple[onnx.ModelProto, list[dict], list[str]]:
     """Run the ONNX-level steps in order. Returns the model, one record per pass, and warnings. `weights_dir`: the
-    folder the model's external-data weights are relative to (mlc.frontends.onnx_weights.load_light)."""
+    folder the model's external-data weights are relative to (mlc.frontends.onnx_weights.load_light); the weights a
+    pass makes go to a file there too."""
     with weights_in(weights_dir):
-        return _run(model, steps, dump_dir)
+        return _run(model, steps, dump_dir, weights_dir)
 
 
-def _run(model: onnx.ModelProto, steps: Sequence[Step], dump_dir: Optional[Path]
+def _run(model: onnx.ModelProto, steps: Sequence[Step], dump_dir: Optional[Path], weights_dir: Optional[Path]
          ) -> tuple[onnx.ModelProto, list[dict], list[str]]:
     records, notes = [], []
     onnx_steps = [s for s in steps if s.level == "onnx"]
@@ -865,7 +875,10 @@ def _run(model: onnx.ModelProto, steps: Sequence[Step], dump_dir: Optional[Path]
         records.append({"name": step.name, "level": "onnx", "status": status, "ops_before": sum(before.values()),
                         "ops_after": sum(after.values()), "op_changes": changes(before, after),
                         "time_s": round(elapsed, 4), "reason": reason})
-        model = result
+        # A weight a pass made (a folded Transpose of a 2.7 GB LM head) goes to a file as the model's did: the next
+        # passes copy and serialise the graph, and a model over 2 GB cannot be serialised.
+        model = _externalized(result, Path(weights_dir) / FOLDED) if weights_dir is not None else result
+        del result
         _proc.release_memory()  # the pass's copies of the weights: RSS grew by one per pass on bert-base
         if dump_dir is not None:
             _dump(model, dump_dir / f"onnx_{index:02d}_{step.name}.onnx")
