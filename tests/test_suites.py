@@ -161,6 +161,21 @@ def test_suite_rule_is_torchs_allclose_first_then_fp64():
     assert not suites.suite_check(eager, None, {"y": eager["y"][:10]})["passed"]  # a wrong shape fails
 
 
+def test_a_model_passed_by_either_rule_says_which_in_the_table():
+    from mlc.bench import matrix
+
+    prepared = {"params": 10, "notes": [], "shapes": [{"key": "b1"}]}
+    artifacts = {"x86": {"compile_s": 1.0}}
+    for accuracy, figures in (({"rule": "allclose atol=rtol=0.001 (torch benchmarks' same())"}, ""),
+                              ({"rule": "fp64 RMSE <= 2 x eager fp32's", "rmse_vs_fp64": 1e-3,
+                                "eager_rmse_vs_fp64": 9e-4}, ": 0.001 vs eager 0.0009")):
+        cell = {"backend": matrix.MLC, "status": "ok", "threads": 1,
+                "accuracy": {"max_abs_error": 5e-4, "passed": True, **accuracy}}
+        outcome = matrix._suite_outcome(prepared, artifacts, [cell])
+        assert outcome["status"] == "passed"
+        assert outcome["notes"] == [f"max abs error 0.0005; passed by {accuracy['rule']}{figures}"]
+
+
 def test_eager_fp64_runs_a_copy_in_double():
     torch = pytest.importorskip("torch")
     from mlc.frontends.torch import from_module
