@@ -273,3 +273,33 @@ def test_a_model_file_rewritten_during_the_compile_is_an_input_error(tmp_path, m
     with pytest.raises(InputError, match="changed during the compile"):
         api.compile(str(path), output=tmp_path / "art")
     assert not (tmp_path / "art").exists()
+
+
+def test_a_tied_heads_transpose_is_folded_in_numpy_not_by_onnxslim(tmp_path, monkeypatch):
+    """Transpose of a large weight left in its file (a tied LM head's) is computed in numpy and written beside it;
+    onnxslim never gets that weight, and the embedding its Gather reads stays as it was."""
+    import onnxslim
+
+    from mlc.frontends import onnx as onnx_frontend
+    from mlc.frontends import onnx_weights
+
+    embedding = np.random.default_rng(0).standard_normal((1024, 256)).astype(np.float32)  # 1 MB: onnxslim's share
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["h"]), helper.make_node("Transpose", ["table"], ["head"]),
+             helper.make_node("MatMul", ["h", "head"], ["logits"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 8])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 8, 1024])],
+                              [numpy_helper.from_array(embedding, "table")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.onnx"))
+    light = onnx_frontend.load(tmp_path / "m.onnx", weights_dir=tmp_path)
+    seen, slim = [], onnxslim.slim
+    monkeypatch.setattr(onnxslim, "slim", lambda m, **kw: (seen.append({t.name for t in m.graph.initializer}),
+                                                              slim(m, **kw))[1])
+    with onnx_weights.weights_in(tmp_path):
+        out = onnx_passes.constant_folding(light, {})
+        values = {t.name: onnx_weights.array(t) for t in out.graph.initializer}
+    assert [n.op_type for n in out.graph.node] == ["Gather", "MatMul"]
+    assert all("table" not in names for names in seen)
+    np.testing.assert_array_equal(values["head"], embedding.T)
+    np.testing.assert_array_equal(values["table"], embedding)
+    head = next(t for t in out.graph.initializer if t.name == "head")
+    assert onnx_weights.is_external(head) and head.external_data[0].value == onnx_weights.FOLDED

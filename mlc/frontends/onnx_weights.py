@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 # A tensor above this many bytes of raw data is left in its file (smaller ones are shape values, read everywhere).
 WEIGHT_BYTES = 4096
+FOLDED = "folded.data"  # in the weights' folder: the weights the passes make
 
 # Element types whose raw bytes are their numpy values (the others, e.g. bfloat16 or int4, numpy_helper converts).
 _RAW_AS_NUMPY = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BOOL, TensorProto.INT8,
@@ -211,6 +212,25 @@ def weights_in(folder: Optional[Path]) -> Iterator[None]:
         yield
     finally:
         _WEIGHTS_DIR.reset(token)
+
+
+def folder() -> Optional[Path]:
+    """weights_in's folder (None outside it)."""
+    return _WEIGHTS_DIR.get()
+
+
+def new_weight(name: str, value: np.ndarray) -> TensorProto:
+    """A weight a pass computed, appended to FOLDED in weights_in's folder and referenced there: its bytes never go
+    through a message."""
+    value = np.ascontiguousarray(value)
+    with open(_folder(name) / FOLDED, "ab") as data:
+        offset = data.tell()
+        value.tofile(data)
+    tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(value.dtype), dims=value.shape,
+                         data_location=TensorProto.EXTERNAL)
+    for key, v in (("location", FOLDED), ("offset", offset), ("length", value.nbytes)):
+        tensor.external_data.add(key=key, value=str(v))
+    return tensor
 
 
 def is_external(tensor: TensorProto) -> bool:
