@@ -253,6 +253,9 @@ def _fold_weight_transposes(model: onnx.ModelProto) -> onnx.ModelProto:
         if (node.op_type == "Transpose" and node.domain in ("", "ai.onnx") and node.input[0] in weights
                 and node.output[0] not in outputs):
             value = onnx_weights.array(weights[node.input[0]])
+            if helper.np_dtype_to_tensor_dtype(value.dtype) != weights[node.input[0]].data_type:
+                nodes.append(node)  # numpy holds it as another type (bfloat16, int4): left to onnxslim
+                continue
             perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None) or None
             folded.append(onnx_weights.new_weight(node.output[0], _transposed(value, perm)))
             del value
