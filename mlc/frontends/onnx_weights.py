@@ -167,20 +167,19 @@ def _submessage(field: int, body: bytes) -> bytes:
 
 
 def _model_without_weights(data: memoryview, location) -> bytes:
-    out = bytearray()
-    for field, wire, key, start, end in _fields(data, 0, len(data)):
-        if field == _MODEL_GRAPH and wire == _LEN:
-            out += _submessage(field, _graph_without_weights(data, start, end, location))
-        else:
-            out += data[key:end]
-    return bytes(out)
+    def graph(start: int, end: int) -> bytes:
+        return _rewritten(data, start, end, _GRAPH_INITIALIZER,
+                          lambda s, e: _tensor_without_data(data, s, e, location))
+
+    return _rewritten(data, 0, len(data), _MODEL_GRAPH, graph)
 
 
-def _graph_without_weights(data: memoryview, start: int, end: int, location) -> bytes:
+def _rewritten(data: memoryview, start: int, end: int, number: int, rewrite) -> bytes:
+    """The message in data[start:end] with each submessage field `number` replaced by rewrite(its start, its end)."""
     out = bytearray()
     for field, wire, key, value_start, value_end in _fields(data, start, end):
-        if field == _GRAPH_INITIALIZER and wire == _LEN:
-            out += _submessage(field, _tensor_without_data(data, value_start, value_end, location))
+        if field == number and wire == _LEN:
+            out += _submessage(field, rewrite(value_start, value_end))
         else:
             out += data[key:value_end]
     return bytes(out)
@@ -196,10 +195,15 @@ def _tensor_without_data(data: memoryview, start: int, end: int, location) -> by
             out += data[key:value_end]
     if raw is None:
         return bytes(out)
-    reference = TensorProto(data_location=TensorProto.EXTERNAL)
-    for k, v in (("location", location()), ("offset", raw[0]), ("length", raw[1])):
-        reference.external_data.add(key=k, value=str(v))
-    return bytes(out) + reference.SerializeToString()
+    return bytes(out) + point_at(TensorProto(), location(), *raw).SerializeToString()
+
+
+def point_at(tensor: TensorProto, location: str, offset: int, length: int) -> TensorProto:
+    """`tensor` made an external-data reference to `length` bytes at `offset` in file `location`."""
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", offset), ("length", length)):
+        tensor.external_data.add(key=key, value=str(value))
+    return tensor
 
 
 # --- reading the weights
@@ -226,11 +230,8 @@ def new_weight(name: str, value: np.ndarray) -> TensorProto:
     with open(_folder(name) / FOLDED, "ab") as data:
         offset = data.tell()
         value.tofile(data)
-    tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(value.dtype), dims=value.shape,
-                         data_location=TensorProto.EXTERNAL)
-    for key, v in (("location", FOLDED), ("offset", offset), ("length", value.nbytes)):
-        tensor.external_data.add(key=key, value=str(v))
-    return tensor
+    tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(value.dtype), dims=value.shape)
+    return point_at(tensor, FOLDED, offset, value.nbytes)
 
 
 def is_external(tensor: TensorProto) -> bool:

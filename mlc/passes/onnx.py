@@ -59,7 +59,7 @@ def prune_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 # Initializers above this many bytes hold weights, never shape values: shape inference needs only their type.
-_WEIGHT_BYTES = 4096
+_WEIGHT_BYTES = onnx_weights.WEIGHT_BYTES
 
 
 def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -246,16 +246,15 @@ def _fold_weight_transposes(model: onnx.ModelProto) -> onnx.ModelProto:
     if onnx_weights.folder() is None:  # weights in the messages: onnxslim folds them
         return model
     weights = {t.name: t for t in model.graph.initializer
-               if onnx_weights.is_external(t) and nbytes(t) >= _FOLDED_WEIGHT_BYTES}
+               if onnx_weights.is_external(t) and nbytes(t) >= _FOLDED_WEIGHT_BYTES
+               # numpy holds bfloat16 or int4 as another type: those are left to onnxslim
+               and helper.np_dtype_to_tensor_dtype(helper.tensor_dtype_to_np_dtype(t.data_type)) == t.data_type}
     outputs = {o.name for o in model.graph.output}
     nodes, folded = [], []
     for node in model.graph.node:
         if (node.op_type == "Transpose" and node.domain in ("", "ai.onnx") and node.input[0] in weights
                 and node.output[0] not in outputs):
             value = onnx_weights.array(weights[node.input[0]])
-            if helper.np_dtype_to_tensor_dtype(value.dtype) != weights[node.input[0]].data_type:
-                nodes.append(node)  # numpy holds it as another type (bfloat16, int4): left to onnxslim
-                continue
             perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None) or None
             folded.append(onnx_weights.new_weight(node.output[0], _transposed(value, perm)))
             del value
@@ -843,9 +842,7 @@ def _externalized(model: onnx.ModelProto, data_path: Path) -> onnx.ModelProto:
                 continue
             external = light.graph.initializer.add()
             _copy_fields(external, tensor, "raw_data")
-            external.data_location = TensorProto.EXTERNAL
-            for key, value in (("location", data_path.name), ("offset", data.tell()), ("length", len(raw))):
-                external.external_data.add(key=key, value=str(value))
+            onnx_weights.point_at(external, data_path.name, data.tell(), len(raw))
             data.write(raw)
     return light
 
@@ -887,10 +884,10 @@ def run(model: onnx.ModelProto, steps: Sequence[Step], dump_dir: Optional[Path] 
     folder the model's external-data weights are relative to (mlc.frontends.onnx_weights.load_light); the weights a
     pass makes go to a file there too."""
     with weights_in(weights_dir):
-        return _run(model, steps, dump_dir, weights_dir)
+        return _run(model, steps, dump_dir)
 
 
-def _run(model: onnx.ModelProto, steps: Sequence[Step], dump_dir: Optional[Path], weights_dir: Optional[Path]
+def _run(model: onnx.ModelProto, steps: Sequence[Step], dump_dir: Optional[Path]
          ) -> tuple[onnx.ModelProto, list[dict], list[str]]:
     records, notes = [], []
     onnx_steps = [s for s in steps if s.level == "onnx"]
@@ -917,7 +914,8 @@ def _run(model: onnx.ModelProto, steps: Sequence[Step], dump_dir: Optional[Path]
                         "time_s": round(elapsed, 4), "reason": reason})
         # A weight a pass made (a folded Transpose of a 2.7 GB LM head) goes to a file as the model's did: the next
         # passes copy and serialise the graph, and a model over 2 GB cannot be serialised.
-        model = _externalized(result, Path(weights_dir) / FOLDED) if weights_dir is not None else result
+        folder = onnx_weights.folder()
+        model = _externalized(result, folder / FOLDED) if folder is not None else result
         del result
         _proc.release_memory()  # the pass's copies of the weights: RSS grew by one per pass on bert-base
         if dump_dir is not None:

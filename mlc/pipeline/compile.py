@@ -73,8 +73,8 @@ def compile(model: ModelSpec, options: CompileOptions, step: StepReporter = quie
         prepared = prepare(plan.model, workdir, timed, static=options.db is not None and not plan.dynamic,
                            steps=plan.steps, dump_ir=options.pass_options.dump_ir, quantize=options.quantize,
                            calibration=options.calibration)
-        # The weights are in files now (the model's, cleaned.onnx's): ONNX Runtime and TVM read them there.
-        _release_weights(prepared, "cleaned", *(() if plan.buckets else ("model",)))
+        # cleaned.onnx is written: ONNX Runtime and TVM read the weights from the files.
+        _release_weights(prepared, "cleaned")
         with timed("reference", "Computing reference outputs with ONNX Runtime"):
             refs = references(prepared)
         bucket_plan, builds = _plan_builds(plan, prepared, workdir, timed)
@@ -179,8 +179,9 @@ def _plan_builds(plan: CompilePlan, prepared: Prepared, workdir: Path, timed: Ti
 
 
 def _release_weights(prepared: Prepared, *names: str) -> None:
-    """Drop the weights of this process's copies of the model (`names`: "model", the model as read, and "cleaned",
-    the graph after the passes): they held bert-base's weights twice, through the reference run and the build."""
+    """Drop the initializers of this process's copies of the model (`names`: "model", as read, and "cleaned", after
+    the passes) once files hold what ONNX Runtime and TVM read: most are references into those files already, but a
+    quantised graph holds its weights, and so does a model the light load could not walk."""
     for name in names:
         model = getattr(prepared, name)
         if not model.graph.initializer:
