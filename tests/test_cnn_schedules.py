@@ -1,8 +1,8 @@
 """Default CPU schedules for the kernels small CNNs and ViTs have and resnet50/bert do not (#21/#22): concatenation
-as one copy per input (mlc/compiler/concat.py), convs whose channel count is no multiple of the vector width,
-static row counts the register tile does not divide, elementwise rows of an odd width, and ReLU6 (a Clip with
-constant bounds) fused into its conv with no transposes around it. Each builds tiny kernels in process and
-compares numbers with numpy, TVM's unscheduled build or ONNX Runtime."""
+as one copy per input and an elementwise kernel over one as one loop per input (mlc/compiler/concat.py), convs whose
+channel count is no multiple of the vector width, static row counts the register tile does not divide, elementwise
+rows of an odd width, and ReLU6 (a Clip with constant bounds) fused into its conv with no transposes around it. Each
+builds tiny kernels in process and compares numbers with numpy, TVM's unscheduled build or ONNX Runtime."""
 
 from __future__ import annotations
 
@@ -66,6 +66,33 @@ def test_concatenation_with_a_computed_input_keeps_the_general_schedule(tvm_tool
     func = te.create_prim_func([a, b, topi.add(topi.concatenate([a, b], 1), 1.0)])
     scheduled = rules.default_rule().apply(func, tvm.target.Target(target_json), False).mod["main"]
     assert 'T.sblock("copy0")' not in scheduled.script()
+
+
+@pytest.mark.parametrize("shapes,axis", [([(1, 4, 4, 64), (1, 4, 4, 32), (1, 4, 4, 32)], 3),
+                                         ([(1, 5, 7, 3), (1, 5, 7, 9), (1, 5, 7, 4)], 3),
+                                         ([(1, 32, 3, 3), (1, 48, 3, 3)], 1)])
+def test_elementwise_over_a_concatenation_runs_one_loop_per_input(tvm_tools, shapes, axis):
+    """densenet's concat -> batch norm -> ReLU -> bf16 cast, one kernel: one loop per input along the concatenated
+    axis (not a select over every input per element), and the same bits as numpy."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    tvm, _, rules, _, target_json = tvm_tools
+    from tvm import te, topi
+
+    inputs = [te.placeholder(shape, name=f"p{i}") for i, shape in enumerate(shapes)]
+    channels = sum(shape[axis] for shape in shapes)
+    scale = te.placeholder((channels,) + (1,) * (len(shapes[0]) - axis - 1), name="scale")
+    normalised = topi.multiply(topi.concatenate(inputs, axis), scale)  # no add: LLVM would fuse an FMA
+    func = te.create_prim_func([*inputs, scale, topi.cast(topi.nn.relu(normalised), "bfloat16")])
+    target = tvm.target.Target(target_json)
+    scheduled = rules.default_rule().apply(func, target, False).mod["main"]
+    assert scheduled.script().count('_partition")') == len(shapes), scheduled.script()
+    library = tvm.compile(scheduled.with_attr("global_symbol", "main"), target=target)
+    arrays = [RNG.standard_normal(shape).astype(np.float32) for shape in shapes]
+    weights = RNG.standard_normal([int(d) for d in scale.shape]).astype(np.float32)
+    expected = np.maximum(np.concatenate(arrays, axis) * weights, 0).astype(ml_dtypes.bfloat16)
+    out = tvm.runtime.tensor(np.zeros(expected.shape, ml_dtypes.bfloat16))
+    library["main"](*(tvm.runtime.tensor(a) for a in arrays), tvm.runtime.tensor(weights), out)
+    np.testing.assert_array_equal(out.numpy().view(np.uint16), expected.view(np.uint16))
 
 
 def _conv_module(relax, x_shape, out_channels, kernel, groups=1, padding=0):

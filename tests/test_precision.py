@@ -131,6 +131,39 @@ def test_bf16_kernels_run_on_vdpbf16ps_and_match_fp32():
         assert all(o.max_abs_error > 1e-5 for o in result.outputs)  # bf16 rounding shows: not an fp32 build
 
 
+def test_bf16_conv_with_a_prime_row_count_runs_on_vdpbf16ps():
+    """A 1x7 conv over 17-wide rows (inception_v3's): 17 rows neither divide into the two-vector register tile nor
+    pad (a conv is not an einsum), and tensorize takes no predicated tail, so the tile is one vector by all 17
+    rows: vdpbf16ps in the code (before, the kernel fell back to plain fp32 arithmetic on bf16 values), and the
+    values within bf16 rounding of numpy's."""
+    tvm = pytest.importorskip("tvm")
+    from tvm import relax
+
+    from mlc.compiler import relax_passes, schedules
+
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    image = relax.Var("image", relax.TensorType((1, 32, 17, 17), "float32"))
+    k = (rng.standard_normal((32, 32, 1, 7)) * 0.1).astype(np.float32)
+    with bb.function("main", [image]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.conv2d(image, relax.const(k), padding=(0, 3)))
+        bb.emit_func_output(out)
+    mod = relax_passes.convert_layout(relax_passes.bf16_matmul(bb.get()), {}, None)
+    target = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4", "num-cores": 1}
+    executable, report = schedules.build(mod, target, None, True, [])
+    assert not report["unscheduled"], report
+    assert "vdpbf16ps" in executable.mod.imports[0].inspect_source("asm")
+    if not targets.has_bf16_dot(targets.resolve("x86")):
+        return
+    feed = rng.standard_normal((1, 32, 17, 17)).astype(np.float32)
+    conv = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(feed)).numpy()
+    windows = np.lib.stride_tricks.sliding_window_view(np.pad(feed, ((0, 0), (0, 0), (0, 0), (3, 3))), (1, 7),
+                                                       axis=(2, 3))  # [1, 32, 17, 17, 1, 7]
+    result = gate({"conv": np.einsum("nchwij,ocij->nohw", windows, k)}, {"conv": conv}, "bf16")
+    assert result.passed, result.to_json()
+
+
 def test_fp16_on_cuda_computes_in_half(tmp_path):
     """--precision fp16 (ToMixedPrecision) runs before the GPU build fuses, so the kernels compute in half; the gate
     runs where a GPU is present (`mlc check`)."""

@@ -15,7 +15,7 @@ from mlc.targets import host_cpu_name, resolve, usable_cores
 ENVIRONMENT = ("OMP_WAIT_POLICY", "KMP_BLOCKTIME", "OMP_PROC_BIND", "GOMP_SPINCOUNT", "TVM_BIND_THREADS",
                "TVM_EXCLUDE_WORKER0", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 PACKAGES = ("mlc", "apache-tvm", "apache-tvm-ffi", "onnx", "onnxruntime", "onnxslim", "numpy", "torch",
-            "tensorflow", "tensorflow-cpu", "paddlepaddle", "transformers")
+            "tensorflow", "tensorflow-cpu", "paddlepaddle", "transformers", "openvino", "torchvision", "timm")
 
 
 def _version(package: str) -> str | None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 
 from mlc.compiler import int8_dot
-from mlc.compiler.concat import schedule_concatenation
+from mlc.compiler.concat import schedule_concatenated_axis, schedule_concatenation
 
 SCHEDULED = "tirx.is_scheduled"
 PARALLEL_MIN = 2048  # below this many output elements a thread pool launch costs more than it saves
@@ -451,9 +451,13 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     depths = [_extent(sch, r) for r in reduction]
     vectors, _ = _tile_shape(j_extent, row_extent, lanes, registers, depths)
     row_tile = _row_tile(j_extent, row_extent, lanes, depths, registers)
+    group = 2 if bf16 else int8_dot.QUAD if int8 else 0
+    if group and row_extent is not None and row_extent % row_tile and row_extent <= (registers or _registers(lanes)):
+        # A dot-product tile takes no row predicate (tensorize), and a conv's rows cannot be padded (not an
+        # einsum): one vector wide, every row of the tile (inception_v3's 17-wide rows ran without vdpbf16ps)
+        vectors, row_tile = 1, row_extent
     jo, jv, ji = sch.split(spatial[-1], factors=[None, vectors, lanes])
     panels = _panels_per_block(_extent(sch, jo), None if None in depths else math.prod(depths), vectors * lanes)
-    group = 2 if bf16 else int8_dot.QUAD if int8 else 0
     # A partial last block puts a predicate on the tile: no tensorize; and with padded rows TVM 0.27 wrote wrong
     # values (inception_v3's 1x1 conv 768 -> 160 channels at 17 x 17 rows: 5 panels in blocks of 2)
     if (group or padded_rows) and _extent(sch, jo) % panels:
@@ -831,7 +835,8 @@ def _rule():
                 kinds = info.dom_kind()
                 n_spatial = len(kinds) - len(kinds.lstrip("S"))
                 if info.is_injective():
-                    _schedule_spatial(sch, info.block_rv, lanes)
+                    if not schedule_concatenated_axis(sch, info.block_rv, lanes, PARALLEL_MIN):
+                        _schedule_spatial(sch, info.block_rv, lanes)
                 elif n_spatial and set(kinds[n_spatial:]) == {"R"}:
                     _schedule_reduction(sch, info.block_rv, n_spatial, lanes, target if bf16_dot else None,
                                         deferred)
