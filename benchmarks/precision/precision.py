@@ -97,7 +97,7 @@ def main() -> None:
            "load_average": [load_start, load_average()]}
     doc = json.loads(args.output.read_text()) if args.output.exists() else {"benchmark": "precision", "rows": []}
     doc["machine"] = machine_info()
-    doc["rows"] = [r for r in doc["rows"] if r["label"] != args.label] + [row]
+    doc["rows"] = [r for r in doc["rows"] if (r["label"], r.get("threads", 1)) != (args.label, args.threads)] + [row]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(row, indent=1))
