@@ -131,11 +131,16 @@ def test_bf16_kernels_run_on_vdpbf16ps_and_match_fp32():
         assert all(o.max_abs_error > 1e-5 for o in result.outputs)  # bf16 rounding shows: not an fp32 build
 
 
-def test_bf16_conv_with_a_prime_row_count_runs_on_vdpbf16ps():
-    """A 1x7 conv over 17-wide rows (inception_v3's): 17 rows neither divide into the two-vector register tile nor
-    pad (a conv is not an einsum), and tensorize takes no predicated tail, so the tile is one vector by all 17
-    rows: vdpbf16ps in the code (before, the kernel fell back to plain fp32 arithmetic on bf16 values), and the
-    values within bf16 rounding of numpy's."""
+@pytest.mark.parametrize("size,kernel,stride,padding", [
+    (17, (1, 7), 1, (0, 3)),  # inception_v3's 1x7 convs: 17 rows, a one-vector tile of all of them
+    (73, (3, 3), 1, (0, 0)),  # its 80 -> 192 3x3: 71 rows, two more computed on zero padding and sliced off
+    (29, (3, 3), 2, (1, 1)),  # 15 rows at stride 2
+    (147, (3, 3), 2, (0, 0))])  # 73 rows at stride 2: four more
+def test_bf16_conv_whose_rows_the_tile_does_not_divide_runs_on_vdpbf16ps(size, kernel, stride, padding):
+    """A conv's output rows (its width) that the two-vector register tile does not divide cannot be padded in the
+    kernel (a conv is not an einsum) and tensorize takes no predicated tail: up to 24 rows take a one-vector tile of
+    all of them; more get extra columns on zero padding, sliced off. vdpbf16ps is in the code (before, such a kernel
+    fell back to plain fp32 arithmetic on bf16 values) and the values are within bf16 rounding of numpy's."""
     tvm = pytest.importorskip("tvm")
     from tvm import relax
 
@@ -143,11 +148,11 @@ def test_bf16_conv_with_a_prime_row_count_runs_on_vdpbf16ps():
 
     rng = np.random.default_rng(0)
     bb = relax.BlockBuilder()
-    image = relax.Var("image", relax.TensorType((1, 32, 17, 17), "float32"))
-    k = (rng.standard_normal((32, 32, 1, 7)) * 0.1).astype(np.float32)
+    image = relax.Var("image", relax.TensorType((1, 32, size, size), "float32"))
+    k = (rng.standard_normal((32, 32, *kernel)) * 0.1).astype(np.float32)
     with bb.function("main", [image]):
         with bb.dataflow():
-            out = bb.emit_output(relax.op.nn.conv2d(image, relax.const(k), padding=(0, 3)))
+            out = bb.emit_output(relax.op.nn.conv2d(image, relax.const(k), strides=stride, padding=padding))
         bb.emit_func_output(out)
     mod = relax_passes.convert_layout(relax_passes.bf16_matmul(bb.get()), {}, None)
     target = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4", "num-cores": 1}
@@ -156,11 +161,13 @@ def test_bf16_conv_with_a_prime_row_count_runs_on_vdpbf16ps():
     assert "vdpbf16ps" in executable.mod.imports[0].inspect_source("asm")
     if not targets.has_bf16_dot(targets.resolve("x86")):
         return
-    feed = rng.standard_normal((1, 32, 17, 17)).astype(np.float32)
+    feed = rng.standard_normal((1, 32, size, size)).astype(np.float32)
     conv = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(feed)).numpy()
-    windows = np.lib.stride_tricks.sliding_window_view(np.pad(feed, ((0, 0), (0, 0), (0, 0), (3, 3))), (1, 7),
-                                                       axis=(2, 3))  # [1, 32, 17, 17, 1, 7]
-    result = gate({"conv": np.einsum("nchwij,ocij->nohw", windows, k)}, {"conv": conv}, "bf16")
+    padded = np.pad(feed, ((0, 0), (0, 0), (padding[0],) * 2, (padding[1],) * 2))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, kernel, axis=(2, 3))[:, :, ::stride, ::stride]
+    expected = np.einsum("nchwij,ocij->nohw", windows, k)
+    assert conv.shape == expected.shape
+    result = gate({"conv": expected}, {"conv": conv}, "bf16")
     assert result.passed, result.to_json()
 
 

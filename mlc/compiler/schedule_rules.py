@@ -228,6 +228,18 @@ def _tile_shape(j_extent: int, row_extent, lanes: int, registers=None, depths=()
     return vectors, _divisor_at_most(row_extent, (registers or _registers(lanes)) // vectors)
 
 
+def dot_tile_row_padding(j_extent: int, rows: int, lanes: int) -> int:
+    """Rows to add to a static row count so a dot-product register tile (vdpbf16ps, vpdpbusd) divides it: such a
+    tile takes no predicated tail (tensorize), a conv's rows cannot be padded in the kernel (not an einsum), and up
+    to `_registers` rows take a one-vector tile (`_schedule_register_tile`). 0 where none are needed."""
+    if rows <= _registers(lanes):
+        return 0
+    extra = 0
+    while (rows + extra) % _tile_shape(j_extent, rows + extra, lanes)[1]:
+        extra += 1
+    return extra
+
+
 def _row_tile(j_extent: int, row_extent, lanes: int, depths, registers=None) -> int:
     """The register tile's rows (`_tile_shape`), fewer where symbolic rows would alias in L1 (below)."""
     _, row_tile = _tile_shape(j_extent, row_extent, lanes, registers, depths)
