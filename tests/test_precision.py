@@ -131,16 +131,18 @@ def test_bf16_kernels_run_on_vdpbf16ps_and_match_fp32():
         assert all(o.max_abs_error > 1e-5 for o in result.outputs)  # bf16 rounding shows: not an fp32 build
 
 
-@pytest.mark.parametrize("size,kernel,stride,padding", [
-    (17, (1, 7), 1, (0, 3)),  # inception_v3's 1x7 convs: 17 rows, a one-vector tile of all of them
-    (73, (3, 3), 1, (0, 0)),  # its 80 -> 192 3x3: 71 rows, two more computed on zero padding and sliced off
-    (29, (3, 3), 2, (1, 1)),  # 15 rows at stride 2
-    (147, (3, 3), 2, (0, 0))])  # 73 rows at stride 2: four more
-def test_bf16_conv_whose_rows_the_tile_does_not_divide_runs_on_vdpbf16ps(size, kernel, stride, padding):
+@pytest.mark.parametrize("channels,size,kernel,stride,padding", [
+    (32, 17, (1, 7), 1, (0, 3)),  # inception_v3's 1x7 convs: 17 rows, a one-vector tile of all of them
+    (32, 73, (3, 3), 1, (0, 0)),  # its 80 -> 192 3x3: 71 rows, two more computed on zero padding and sliced off
+    (32, 29, (3, 3), 2, (1, 1)),  # 15 rows at stride 2
+    (32, 147, (3, 3), 2, (0, 0)),  # 73 rows at stride 2: four more
+    (3, 223, (7, 7), 2, (0, 0))])  # squeezenet's RGB stem: a zero fourth channel, 109 rows and one more
+def test_bf16_conv_the_tile_does_not_fit_runs_on_vdpbf16ps(channels, size, kernel, stride, padding):
     """A conv's output rows (its width) that the two-vector register tile does not divide cannot be padded in the
     kernel (a conv is not an einsum) and tensorize takes no predicated tail: up to 24 rows take a one-vector tile of
-    all of them; more get extra columns on zero padding, sliced off. vdpbf16ps is in the code (before, such a kernel
-    fell back to plain fp32 arithmetic on bf16 values) and the values are within bf16 rounding of numpy's."""
+    all of them; more get extra columns on zero padding, sliced off. An odd depth (vdpbf16ps takes pairs) gets a
+    zero channel. vdpbf16ps is in the code (before, each such kernel fell back to plain fp32 arithmetic on bf16
+    values) and the values are within bf16 rounding of numpy's."""
     tvm = pytest.importorskip("tvm")
     from tvm import relax
 
@@ -148,8 +150,8 @@ def test_bf16_conv_whose_rows_the_tile_does_not_divide_runs_on_vdpbf16ps(size, k
 
     rng = np.random.default_rng(0)
     bb = relax.BlockBuilder()
-    image = relax.Var("image", relax.TensorType((1, 32, size, size), "float32"))
-    k = (rng.standard_normal((32, 32, *kernel)) * 0.1).astype(np.float32)
+    image = relax.Var("image", relax.TensorType((1, channels, size, size), "float32"))
+    k = (rng.standard_normal((32, channels, *kernel)) * 0.1).astype(np.float32)
     with bb.function("main", [image]):
         with bb.dataflow():
             out = bb.emit_output(relax.op.nn.conv2d(image, relax.const(k), strides=stride, padding=padding))
@@ -161,7 +163,7 @@ def test_bf16_conv_whose_rows_the_tile_does_not_divide_runs_on_vdpbf16ps(size, k
     assert "vdpbf16ps" in executable.mod.imports[0].inspect_source("asm")
     if not targets.has_bf16_dot(targets.resolve("x86")):
         return
-    feed = rng.standard_normal((1, 32, size, size)).astype(np.float32)
+    feed = rng.standard_normal((1, channels, size, size)).astype(np.float32)
     conv = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(feed)).numpy()
     padded = np.pad(feed, ((0, 0), (0, 0), (padding[0],) * 2, (padding[1],) * 2))
     windows = np.lib.stride_tricks.sliding_window_view(padded, kernel, axis=(2, 3))[:, :, ::stride, ::stride]
