@@ -120,7 +120,8 @@ def bf16_matmul(mod):
     weights with a float32 result: the kernels accumulate in float32 (mlc's CPU schedule runs them on
     AVX512-BF16's vdpbf16ps), and everything else (normalisations, softmax, reductions, elementwise, and matmuls
     of two activations, such as attention's, which have no weight to pack) stays float32. Constant weights are
-    cast at compile time (FoldConstant)."""
+    cast at compile time (FoldConstant). A conv is shaped for the bf16 register tile: an even depth
+    (`_even_depth`) and a row count the tile fits (`_conv_row_padding`)."""
     import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
@@ -160,8 +161,8 @@ def bf16_matmul(mod):
 
 def _conv_row_padding(call) -> tuple[int, int]:
     """(output width, extra columns): a conv's output rows (its width, the register tile's rows) that the bf16
-    tile neither divides nor covers in one (71: inception_v3's 80 -> 192 3x3 conv) run without vdpbf16ps, so the
-    conv computes `extra` more columns on zero padding and a slice drops them (that conv 20 -> 8 ms)."""
+    tile neither divides nor covers in one (71: inception_v3's 80 -> 192 3x3 conv) would run without vdpbf16ps,
+    so the conv computes `extra` more columns on zero padding and a slice drops them."""
     from mlc.compiler.schedule_rules import dot_tile_row_padding
 
     shape = getattr(call.ty, "shape", None)
@@ -177,8 +178,7 @@ def _conv_row_padding(call) -> tuple[int, int]:
 
 def _even_depth(x, weight, attrs):
     """A conv on an odd number of input channels (an RGB stem) gets one more, zero in the input and the weight:
-    vdpbf16ps takes the depth in pairs, and without them the stem ran on plain fp32 arithmetic (squeezenet's
-    7x7 at 109 rows: 3.5 ms of a 12 ms bf16 model)."""
+    vdpbf16ps takes the depth in pairs (the stem ran on plain fp32 arithmetic on bf16 values)."""
     import numpy as np
     from tvm import relax
 
