@@ -166,7 +166,7 @@ def _conv_row_padding(call) -> tuple[int, int]:
     from mlc.compiler.schedule_rules import dot_tile_row_padding
 
     shape = getattr(call.ty, "shape", None)
-    layout = str(call.attrs.out_layout) or str(call.attrs.data_layout)
+    layout = str(call.attrs.out_layout)  # Relax fills it from data_layout when not given
     if shape is None or "W" not in layout or "C" not in layout:
         return 0, 0
     try:
