@@ -161,8 +161,8 @@ def bf16_matmul(mod):
 
 def _conv_row_padding(call) -> tuple[int, int]:
     """(output width, extra columns): a conv's output rows (its width, the register tile's rows) that the bf16
-    tile neither divides nor covers in one (71: inception_v3's 80 -> 192 3x3 conv) would run without vdpbf16ps,
-    so the conv computes `extra` more columns on zero padding and a slice drops them."""
+    tile does not divide (71: inception_v3's 80 -> 192 3x3 conv; 17: its 1x7 convs) would run without vdpbf16ps
+    or on a narrower tile, so the conv computes `extra` more columns on zero padding and a slice drops them."""
     from mlc.compiler.schedule_rules import dot_tile_row_padding
 
     shape = getattr(call.ty, "shape", None)
