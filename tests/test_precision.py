@@ -131,19 +131,22 @@ def test_bf16_kernels_run_on_vdpbf16ps_and_match_fp32():
         assert all(o.max_abs_error > 1e-5 for o in result.outputs)  # bf16 rounding shows: not an fp32 build
 
 
-@pytest.mark.parametrize("channels,size,kernel,stride,padding,rows", [
-    (32, 17, (1, 7), 1, (0, 3), 18),  # inception_v3's 1x7 convs: 17 rows and one more (a 9-row tile)
-    (32, 73, (3, 3), 1, (0, 0), 72),  # its 80 -> 192 3x3: 71 rows and one more, computed on zero padding
-    (32, 29, (3, 3), 2, (1, 1), 16),  # 15 rows at stride 2, and one more
-    (32, 147, (3, 3), 2, (0, 0), 77),  # 73 rows at stride 2: four more
-    (32, 14, (1, 1), 1, (0, 0), 14),  # 14 rows: a 7-row tile, none more
-    (3, 223, (7, 7), 2, (0, 0), 110)])  # squeezenet's RGB stem: a zero fourth channel, 109 rows and one more
-def test_bf16_conv_the_tile_does_not_fit_runs_on_vdpbf16ps(channels, size, kernel, stride, padding, rows):
-    """A conv's output rows (its width) that the two-vector register tile does not divide cannot be padded in the
-    kernel (a conv is not an einsum) and tensorize takes no predicated tail: the conv gets extra columns on zero
-    padding, sliced off. An odd depth (vdpbf16ps takes pairs) gets a
-    zero channel. vdpbf16ps is in the code (before, each such kernel fell back to plain fp32 arithmetic on bf16
-    values) and the values are within bf16 rounding of numpy's."""
+@pytest.mark.parametrize("channels,size,kernel,stride,padding,rows,out_channels", [
+    (32, 17, (1, 7), 1, (0, 3), 18, 32),  # inception_v3's 1x7 convs: 17 rows and one more (a 9-row tile)
+    (32, 73, (3, 3), 1, (0, 0), 72, 32),  # its 80 -> 192 3x3: 71 rows and one more, computed on zero padding
+    (32, 29, (3, 3), 2, (1, 1), 16, 32),  # 15 rows at stride 2, and one more
+    (32, 147, (3, 3), 2, (0, 0), 77, 32),  # 73 rows at stride 2: four more
+    (32, 14, (1, 1), 1, (0, 0), 14, 32),  # 14 rows: a 7-row tile, none more
+    (64, 13, (1, 1), 1, (0, 0), 14, 1000),  # squeezenet's classifier: 1000 -> 1024 channels (two vectors)
+    (3, 223, (7, 7), 2, (0, 0), 110, 32),  # squeezenet's RGB stem: a zero fourth channel, 109 rows and one more
+    (3, 224, (7, 7), 2, (3, 3), 112, 32)])  # resnet50's: its padding in the input's pad (with the fourth channel)
+def test_bf16_conv_the_tile_does_not_fit_runs_on_vdpbf16ps(channels, size, kernel, stride, padding, rows,
+                                                           out_channels):
+    """The bf16 register tile takes no predicated tail (tensorize), and a conv cannot be padded in the kernel (not
+    an einsum): output rows (its width) that the two-vector tile does not divide, and channels no multiple of two
+    vectors, get extra ones computed on zero padding and sliced off. An odd depth (vdpbf16ps takes pairs) gets a
+    zero channel, and a shallow input its spatial padding in the same pad. vdpbf16ps is in the code (before, such
+    kernels fell back to fp32 arithmetic on bf16 values) and the values are within bf16 rounding of numpy's."""
     tvm = pytest.importorskip("tvm")
     from tvm import relax
 
@@ -152,15 +155,17 @@ def test_bf16_conv_the_tile_does_not_fit_runs_on_vdpbf16ps(channels, size, kerne
     rng = np.random.default_rng(0)
     bb = relax.BlockBuilder()
     image = relax.Var("image", relax.TensorType((1, channels, size, size), "float32"))
-    k = (rng.standard_normal((32, channels, *kernel)) * 0.1).astype(np.float32)
+    k = (rng.standard_normal((out_channels, channels, *kernel)) * 0.1).astype(np.float32)
     with bb.function("main", [image]):
         with bb.dataflow():
             out = bb.emit_output(relax.op.nn.conv2d(image, relax.const(k), strides=stride, padding=padding))
         bb.emit_func_output(out)
     mod = relax_passes.convert_layout(relax_passes.bf16_matmul(bb.get()), {}, None)
-    conv_widths = [int(b.value.ty.shape[2]) for b in mod["main"].body.blocks[0].bindings
-                   if isinstance(b.value, relax.Call) and b.value.op.name == "relax.nn.conv2d"]
-    assert conv_widths == [rows]  # NHWC: the width is the register tile's rows
+    convs = [b.value for b in mod["main"].body.blocks[0].bindings
+             if isinstance(b.value, relax.Call) and b.value.op.name == "relax.nn.conv2d"]
+    assert [(int(c.ty.shape[2]), int(c.ty.shape[3])) for c in convs] == [(rows, -(-out_channels // 32) * 32)]  # NHWC
+    if channels < 16:  # the conv's own padding loop would run over vectors straddling pixels
+        assert [int(p) for p in convs[0].attrs.padding] == [0, 0, 0, 0]
     target = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4", "num-cores": 1}
     executable, report = schedules.build(mod, target, None, True, [])
     assert not report["unscheduled"], report

@@ -121,7 +121,7 @@ def bf16_matmul(mod):
     AVX512-BF16's vdpbf16ps), and everything else (normalisations, softmax, reductions, elementwise, and matmuls
     of two activations, such as attention's, which have no weight to pack) stays float32. Constant weights are
     cast at compile time (FoldConstant). A conv is shaped for the bf16 register tile: an even depth
-    (`_even_depth`) and a row count the tile fits (`_conv_row_padding`)."""
+    (`_shallow_input`), and output channels and a row count the tile fits (`_conv_tile_padding`)."""
     import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
@@ -140,57 +140,88 @@ def bf16_matmul(mod):
                 return call
             if not isinstance(call.args[1], tvm.ir.GenericConst):  # activation x activation (attention): stays fp32
                 return call
-            x, weight = _even_depth(*call.args[:2], call.attrs) if is_conv else call.args[:2]
-            a, b = relax.op.astype(x, "bfloat16"), relax.op.astype(weight, "bfloat16")
             if call.op.same_as(matmul):
-                return relax.op.matmul(a, b, out_dtype="float32")
+                return relax.op.matmul(*(relax.op.astype(v, "bfloat16") for v in call.args[:2]), out_dtype="float32")
             at = call.attrs
-            width, extra = _conv_row_padding(call)
+            (width, extra_rows), (channels, extra_channels) = _conv_tile_padding(call)
             padding = [int(p) for p in at.padding]
-            padding[3] += extra * int(at.strides[1])
-            conv = relax.op.nn.conv2d(a, b, strides=at.strides, padding=padding, dilation=at.dilation, groups=1,
+            padding[3] += extra_rows * int(at.strides[1])
+            x, weight, padding = _shallow_input(*call.args[:2], at, padding)
+            if extra_channels:
+                weight = _pad_axis(weight, str(at.kernel_layout).index("O"), extra_channels)
+            conv = relax.op.nn.conv2d(relax.op.astype(x, "bfloat16"), relax.op.astype(weight, "bfloat16"),
+                                      strides=at.strides, padding=padding, dilation=at.dilation, groups=1,
                                       data_layout=at.data_layout, kernel_layout=at.kernel_layout,
                                       out_layout=at.out_layout, out_dtype="float32")
-            if extra:
-                conv = relax.op.strided_slice(conv, axes=[str(at.out_layout).index("W")], begin=[0], end=[width])
+            sliced = [(str(at.out_layout).index(axis), end) for axis, end, extra in
+                      (("W", width, extra_rows), ("C", channels, extra_channels)) if extra]
+            if sliced:
+                axes, ends = zip(*sliced)
+                conv = relax.op.strided_slice(conv, axes=list(axes), begin=[0] * len(axes), end=list(ends))
             return conv
 
     mod = relax.transform.FoldConstant()(mod)  # weights as constants (transposes folded)
     return relax.transform.FoldConstant()(rewrite_functions(Rewrite(mod), mod))
 
 
-def _conv_row_padding(call) -> tuple[int, int]:
-    """(output width, extra columns): a conv's output rows (its width, the register tile's rows) that the bf16
-    tile does not divide (71: inception_v3's 80 -> 192 3x3 conv; 17: its 1x7 convs) would run without vdpbf16ps
-    or on a narrower tile, so the conv computes `extra` more columns on zero padding and a slice drops them."""
+def _conv_tile_padding(call) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((output width, extra columns), (output channels, extra channels)) for the bf16 register tile, which
+    takes no predicated tail (tensorize), computed on zero padding and sliced off:
+    - channels no multiple of the vector (16 floats) ran as fp32 arithmetic on bf16 values in 8-float vectors
+      (squeezenet1_0's 512 -> 1000 classifier at 49 % of the bf16 peak); to two vectors where that adds at most
+      1/16 of the work (1000 -> 1024), so the tile is two vectors wide;
+    - output rows (the width) that the tile does not divide (71: inception_v3's 80 -> 192 3x3 conv; 17: its 1x7
+      convs) ran without vdpbf16ps or on a narrower tile."""
     from mlc.compiler.schedule_rules import dot_tile_row_padding
 
     shape = getattr(call.ty, "shape", None)
     layout = str(call.attrs.out_layout)  # Relax fills it from data_layout when not given
     if shape is None or "W" not in layout or "C" not in layout:
-        return 0, 0
+        return (0, 0), (0, 0)
     try:
         width, channels = int(shape[layout.index("W")]), int(shape[layout.index("C")])
     except (TypeError, ValueError):  # symbolic
-        return 0, 0
-    return width, dot_tile_row_padding(channels, width, lanes=16)
+        return (0, 0), (0, 0)
+    lanes = 16
+    extra_channels = -channels % lanes
+    if -channels % (2 * lanes) * 16 <= channels:
+        extra_channels = -channels % (2 * lanes)
+    return (width, dot_tile_row_padding(channels + extra_channels, width, lanes)), (channels, extra_channels)
 
 
-def _even_depth(x, weight, attrs):
-    """A conv on an odd number of input channels (an RGB stem) gets one more, zero in the input and the weight:
-    vdpbf16ps takes the depth in pairs (the stem ran on plain fp32 arithmetic on bf16 values)."""
+def _pad_axis(weight, axis: int, extra: int):
+    """The constant `weight` with `extra` zero entries appended along `axis`."""
     import numpy as np
     from tvm import relax
 
     w = weight.value.numpy()
-    axis = str(attrs.kernel_layout).index("I")
-    if w.shape[axis] % 2 == 0:
-        return x, weight
     pads = [(0, 0)] * w.ndim
-    pads[axis] = (0, 1)
-    widths = [0] * (2 * w.ndim)
-    widths[2 * str(attrs.data_layout).index("C") + 1] = 1
-    return relax.op.nn.pad(x, widths), relax.const(np.pad(w, pads))
+    pads[axis] = (0, extra)
+    return relax.const(np.pad(w, pads))
+
+
+def _shallow_input(x, weight, attrs, padding: list[int]):
+    """(input, weight, conv padding) for a conv on few input channels (an RGB stem):
+    - an odd depth gets one more channel, zero in the input and the weight: vdpbf16ps takes the depth in pairs
+      (the stem ran on plain fp32 arithmetic on bf16 values);
+    - under 16 channels, the spatial padding moves into that pad too: the conv's own padding loop, over vectors
+      straddling pixels, cost a resnet50 stem 0.65 ms of its 2.1."""
+    from tvm import relax
+
+    in_axis, layout = str(attrs.kernel_layout).index("I"), str(attrs.data_layout)
+    depth = int(weight.ty.shape[in_axis])
+    widths = [0] * (2 * len(layout))
+    widths[2 * layout.index("C") + 1] = depth % 2
+    if depth < 16:
+        top, left, bottom, right = padding
+        widths[2 * layout.index("H"):2 * layout.index("H") + 2] = top, bottom
+        widths[2 * layout.index("W"):2 * layout.index("W") + 2] = left, right
+        padding = [0, 0, 0, 0]
+    if any(widths):
+        x = relax.op.nn.pad(x, widths)
+    if depth % 2:
+        weight = _pad_axis(weight, in_axis, 1)
+    return x, weight, padding
 
 
 def reduce_precision(mod, precision: str, target_json: dict):
