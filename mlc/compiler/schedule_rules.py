@@ -72,7 +72,10 @@ def _schedule_symbolic_spatial(sch, loops, lanes: int) -> None:
     last = len(extents) - 1 - extents[::-1].index(None)
     lead, middle, tail = loops[:first], loops[first:last + 1], loops[last + 1:]
     outer = None
-    if tail:
+    rows = _vector_rows(sch, tail, lanes) if tail else None
+    if rows is not None:  # (resnet50's stem input, padded, cast and transposed, at a symbolic batch: 11x)
+        outer = rows if math.prod(extents[last + 1:]) >= PARALLEL_MIN else None
+    elif tail:
         width = math.prod(extents[last + 1:])
         fused = sch.fuse(*tail) if len(tail) > 1 else tail[0]
         if width >= lanes and width % lanes == 0:
@@ -106,6 +109,23 @@ def _vector_columns(sch, loop, lanes: int):
     return outer
 
 
+def _vector_rows(sch, loops, lanes: int):
+    """Static loops whose innermost extent is no multiple of `lanes`: fused, a vector would straddle two rows of it
+    (a ViT's 197 tokens): div/mod gathers and a predicated tail, which TVM's vectorizer scalarizes (softmax's exp:
+    7 ns an element). The rows are fused instead, each row's loop vectorized by a width that divides it or left to
+    LLVM's loop vectorizer (it adds the scalar tail itself). Returns the rows' loop, None where this does not
+    apply."""
+    last = _extent(sch, loops[-1])
+    if len(loops) < 2 or last < lanes or last % lanes == 0:
+        return None
+    rows = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+    width = _narrow_lanes(last, lanes)
+    if width is not None:
+        _, inner = sch.split(loops[-1], factors=[None, width])
+        sch.vectorize(inner)
+    return rows
+
+
 def _schedule_spatial(sch, block, lanes: int) -> None:
     loops = sch.get_loops(block)
     if not loops:
@@ -113,20 +133,11 @@ def _schedule_spatial(sch, block, lanes: int) -> None:
     if any(_extent(sch, loop) is None for loop in loops):
         _schedule_symbolic_spatial(sch, loops, lanes)
         return
-    last = _extent(sch, loops[-1])
-    if len(loops) > 1 and last >= lanes and last % lanes:
-        # Fused, a vector would straddle two rows of the innermost axis (a ViT's 197 tokens): div/mod gathers
-        # and a predicated tail, which TVM's vectorizer scalarizes (softmax's exp: 7 ns an element). The rows
-        # run in parallel instead, each row's loop vectorized by a width that divides it or left to LLVM's
-        # loop vectorizer (it adds the scalar tail itself).
-        total = math.prod(_extent(sch, loop) for loop in loops)
-        outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
-        width = _narrow_lanes(last, lanes)
-        if width is not None:
-            _, inner = sch.split(loops[-1], factors=[None, width])
-            sch.vectorize(inner)
+    total = math.prod(_extent(sch, loop) for loop in loops)
+    rows = _vector_rows(sch, loops, lanes)
+    if rows is not None:
         if total >= PARALLEL_MIN:
-            sch.parallel(outer)
+            sch.parallel(rows)
         return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     extent = _extent(sch, fused)
