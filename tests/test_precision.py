@@ -131,6 +131,44 @@ def test_bf16_kernels_run_on_vdpbf16ps_and_match_fp32():
         assert all(o.max_abs_error > 1e-5 for o in result.outputs)  # bf16 rounding shows: not an fp32 build
 
 
+def test_bf16_an_activation_a_conv_and_a_skip_add_read_is_stored_once_in_bf16():
+    """A resnet block's input feeds its first conv (as bf16) and its skip add: the kernel that makes it writes
+    bf16 only, and the add reads that widened (OpenVINO's bf16 stores activations so too); the block's values stay
+    within bf16 rounding of numpy's."""
+    tvm = pytest.importorskip("tvm")
+    from tvm import relax
+
+    from mlc.compiler import relax_passes, schedules
+
+    rng = np.random.default_rng(0)
+    k1, k2 = ((rng.standard_normal((32, 32, 1, 1)) * 0.2).astype(np.float32) for _ in range(2))
+    bb = relax.BlockBuilder()
+    image = relax.Var("image", relax.TensorType((1, 32, 8, 8), "float32"))
+    with bb.function("main", [image]):
+        with bb.dataflow():
+            x = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(image, relax.const(k1))))
+            y = bb.emit(relax.op.nn.conv2d(x, relax.const(k2)))
+            out = bb.emit_output(relax.op.nn.relu(relax.op.add(y, x)))
+        bb.emit_func_output(out)
+    mod = relax_passes.bf16_matmul(bb.get())
+    values = {b.var: b.value for b in mod["main"].body.blocks[0].bindings}
+    add = next(v for v in values.values() if isinstance(v, relax.Call) and v.op.name == "relax.add")
+    skip = values[add.args[1]]
+    assert skip.op.name == "relax.astype" and str(skip.attrs.dtype) == "float32"
+    assert str(skip.args[0].ty.dtype) == "bfloat16"
+    target = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4", "num-cores": 1}
+    executable, report = schedules.build(mod, target, None, True, [])
+    assert not report["unscheduled"], report
+    if not targets.has_bf16_dot(targets.resolve("x86")):
+        return
+    feed = rng.standard_normal((1, 32, 8, 8)).astype(np.float32)
+    result = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(feed)).numpy()
+    first = np.maximum(np.einsum("nchw,oc->nohw", feed, k1[:, :, 0, 0]), 0)
+    expected = np.maximum(np.einsum("nchw,oc->nohw", first, k2[:, :, 0, 0]) + first, 0)
+    gated = gate({"block": expected}, {"block": result}, "bf16")
+    assert gated.passed, gated.to_json()
+
+
 @pytest.mark.parametrize("channels,size,kernel,stride,padding,rows,out_channels", [
     (32, 17, (1, 7), 1, (0, 3), 18, 32),  # inception_v3's 1x7 convs: 17 rows and one more (a 9-row tile)
     (32, 73, (3, 3), 1, (0, 0), 72, 32),  # its 80 -> 192 3x3: 71 rows and one more, computed on zero padding

@@ -161,7 +161,65 @@ def bf16_matmul(mod):
             return conv
 
     mod = relax.transform.FoldConstant()(mod)  # weights as constants (transposes folded)
-    return relax.transform.FoldConstant()(rewrite_functions(Rewrite(mod), mod))
+    mod = relax.transform.FoldConstant()(rewrite_functions(Rewrite(mod), mod))
+    return _conv_inputs_in_bf16(mod)
+
+
+def _conv_inputs_in_bf16(mod):
+    """A float32 activation that a conv reads as bf16 and other ops read too (a resnet's block output: its skip
+    add; an inception block's concatenation: its pools) is kept in bf16 only, so the kernel that makes it writes
+    half the bytes and the others read it widened. Convs only: a transformer's hidden states feed its layer norms
+    and residuals, where bf16 storage would add up (OpenVINO's bf16 does this for CNNs too)."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    conv2d, astype = tvm.ir.Op.get("relax.nn.conv2d"), tvm.ir.Op.get("relax.astype")
+
+    def is_call(expr, op) -> bool:
+        return isinstance(expr, relax.Call) and expr.op.same_as(op)
+
+    def to_bf16(expr) -> bool:
+        return is_call(expr, astype) and str(expr.attrs.dtype) == "bfloat16" \
+            and str(getattr(expr.args[0].ty, "dtype", "")) == "float32"
+
+    users: dict = {}  # var -> the values of the bindings that read it
+    casts: dict = {}  # x -> the bindings y = astype(x, bf16) that a conv reads
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function):
+            continue
+        bindings = [b for block in getattr(func.body, "blocks", []) for b in block.bindings]
+        for b in bindings:
+            for var in relax.analysis.free_vars(b.value):
+                users.setdefault(var, []).append(b)
+        for b in bindings:
+            if to_bf16(b.value) and isinstance(b.value.args[0], relax.DataflowVar) \
+                    and any(is_call(u.value, conv2d) for u in users.get(b.var, [])):
+                casts.setdefault(b.value.args[0], []).append(b.var)
+    # Read by more than one op (else the cast fuses into the kernel that makes x), none a function output
+    stored = {x: ys for x, ys in casts.items()
+              if len(users[x]) > 1 and all(isinstance(u.var, relax.DataflowVar) for u in users[x])}
+    if not stored:
+        return mod
+    dropped = {y: x for x, ys in stored.items() for y in ys}
+
+    @mutator
+    class Store(PyExprMutator):
+        narrow: dict = {}
+
+        def visit_var_binding_(self, binding):
+            if binding.var in dropped:  # the one bf16 copy made below
+                self.set_var_remap(binding.var, self.narrow[dropped[binding.var]])
+                return
+            if binding.var not in stored:
+                super().visit_var_binding_(binding)
+                return
+            x = self.builder_.emit(self.visit_expr(binding.value))
+            self.narrow[binding.var] = self.builder_.emit(relax.op.astype(x, "bfloat16"))
+            self.set_var_remap(binding.var, self.builder_.emit(relax.op.astype(self.narrow[binding.var],
+                                                                                   "float32")))
+
+    return rewrite_functions(Store(mod), mod)
 
 
 def _conv_tile_padding(call) -> tuple[tuple[int, int], tuple[int, int]]:
