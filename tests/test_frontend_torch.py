@@ -217,6 +217,27 @@ def test_stacked_lstm_with_dynamic_batch_is_lowered_and_matches_eager(factory_fi
     assert any(r.name == "lower_rnn" and r.status == "applied" for r in result.manifest.compile.passes)
 
 
+def test_lstm_lm_lowers_with_its_weights_left_in_their_file(tmp_path):
+    """The pipeline leaves weights over 4 KB in their file. ONNX Runtime's shape inference finds the second LSTM's
+    sequence length behind the dynamo export's Shape -> Reshape chain, and failed on zoo:lstm-lm when it tried to
+    read those weights: lower_rnn then refused, and the model did not compile."""
+    import onnx
+
+    from mlc.frontends import onnx_weights
+    from mlc.passes import rnn
+
+    out = tmp_path / "lstm-lm.onnx"
+    proc = run_mlc("export", "zoo:lstm-lm", "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert onnx.load(str(out), load_external_data=False).graph.input[0].type.tensor_type.shape.dim[0].dim_param
+    (tmp_path / "work").mkdir()
+    model = onnx_weights.load_light(out, tmp_path / "work")
+    assert any(onnx_weights.is_external(t) for t in model.graph.initializer)
+    with onnx_weights.weights_in(tmp_path / "work"):
+        lowered = rnn.lower_rnn(model, {})
+    assert "LSTM" not in {n.op_type for n in lowered.graph.node}
+
+
 def test_dynamo_keeps_size_one_dims_dynamic_and_names_the_ones_it_fixes(factory_file, tmp_path):
     """torch.export fixes dims whose example size is 1 (zoo:lstm's example batch is 1): the export
     must still take any batch. A dim the model computes with (int(x.shape[1])) is fixed: say so."""

@@ -40,7 +40,8 @@ SEEDS = {
     "000": Seed(
         "000", "BERT-base inference, dynamic (eager) vs static graph, CPU 1 and 2 threads",
         ["--models", "bert-base", "--batch", "1,4", "--seq", "32,128,512", "--threads", "1,2",
-         "--baselines", "torch,torchscript,torch-compile,ort,paddle,paddle-static", "--targets", "x86",
+         "--baselines", "torch,torchscript,torch-compile,ort,openvino,openvino-default,paddle,paddle-static",
+         "--targets", "x86",
          "--warmup", "3", "--repeat", "10", "--cell-timeout", "1800"],
         ["threads", "batch", "seq", "Paddle dynamic ms", "Paddle static ms", "static speed-up"],
         [r.split() for r in (
@@ -54,8 +55,8 @@ SEEDS = {
     "001": Seed(
         "001", "Stacked LSTM language model, forward only, CPU (vocab 10001, emb 128, 3x256, seq 50, batch 128)",
         ["--models", "lstm-lm", "--batch", "128", "--threads", "1,2",
-         "--baselines", "torch,torchscript,ort,tf,tf-graph", "--targets", "x86", "--warmup", "2", "--repeat", "10",
-         "--cell-timeout", "1800"],
+         "--baselines", "torch,torchscript,ort,openvino,openvino-default,tf,tf-graph", "--targets", "x86",
+         "--warmup", "2", "--repeat", "10", "--cell-timeout", "1800"],
         ["batch", "TF eager ms", "TF graph ms", "TF graph whileop ms", "PyTorch ms", "PyTorch JIT ms"],
         [["128", "596.0", "218.1", "188.6", "348.3", "259.6"]],
         "Published: the seed's fine-grained-operator CPU table (threads not stated). The zoo's lstm-lm uses "
@@ -64,8 +65,8 @@ SEEDS = {
     "003": Seed(
         "003", "torch.compile (inductor) vs eager, transformer encoders at two scales",
         ["--models", "bert-tiny,bert-base", "--batch", "1", "--seq", "256", "--threads", "2",
-         "--baselines", "torch,torch-compile", "--targets", "x86", "--warmup", "3", "--repeat", "10",
-         "--cell-timeout", "1800"],
+         "--baselines", "torch,torch-compile,openvino,openvino-default", "--targets", "x86",
+         "--warmup", "3", "--repeat", "10", "--cell-timeout", "1800"],
         ["model (training, A100)", "eager ms", "cudagraphs ms", "inductor ms", "inductor speed-up"],
         [["shakespeare 10.65M", "16.03", "16.83", "12.19", "27.2%"],
          ["GPT2-small 127M", "3107.3", "3098.3", "2640.2", "16.3%"]],

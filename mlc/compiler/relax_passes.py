@@ -202,22 +202,20 @@ def _conv_inputs_in_bf16(mod):
     if not stored:
         return mod
     dropped = {y: x for x, ys in stored.items() for y in ys}
+    narrow: dict = {}  # x -> its one bf16 copy
 
     @mutator
     class Store(PyExprMutator):
-        narrow: dict = {}
-
         def visit_var_binding_(self, binding):
-            if binding.var in dropped:  # the one bf16 copy made below
-                self.set_var_remap(binding.var, self.narrow[dropped[binding.var]])
+            if binding.var in dropped:
+                self.set_var_remap(binding.var, narrow[dropped[binding.var]])
                 return
             if binding.var not in stored:
                 super().visit_var_binding_(binding)
                 return
             x = self.builder_.emit(self.visit_expr(binding.value))
-            self.narrow[binding.var] = self.builder_.emit(relax.op.astype(x, "bfloat16"))
-            self.set_var_remap(binding.var, self.builder_.emit(relax.op.astype(self.narrow[binding.var],
-                                                                                   "float32")))
+            narrow[binding.var] = self.builder_.emit(relax.op.astype(x, "bfloat16"))
+            self.set_var_remap(binding.var, self.builder_.emit(relax.op.astype(narrow[binding.var], "float32")))
 
     return rewrite_functions(Store(mod), mod)
 
@@ -242,7 +240,7 @@ def _conv_tile_padding(call) -> tuple[tuple[int, int], tuple[int, int]]:
         return (0, 0), (0, 0)
     lanes = 16
     extra_channels = -channels % lanes
-    if -channels % (2 * lanes) * 16 <= channels:
+    if 16 * (-channels % (2 * lanes)) <= channels:  # two vectors for at most 1/16 more work
         extra_channels = -channels % (2 * lanes)
     return (width, dot_tile_row_padding(channels + extra_channels, width, lanes)), (channels, extra_channels)
 

@@ -66,14 +66,15 @@ def _schedule_symbolic_spatial(sch, loops, lanes: int) -> None:
     """Loops of which some have a symbolic extent: fused, they cost a division by a run-time value per
     element and cannot be vectorized (bert-base's transposes and layer norm over a symbolic sequence ran
     5-25x slower than static ones). The constant leading loops are fused and run in parallel, the symbolic
-    ones stay nested, and the constant trailing loops are fused and vectorized."""
+    ones stay nested, and the constant trailing loops are fused and vectorized (per row where the innermost is no
+    multiple of the vector: `_vector_rows`)."""
     extents = [_extent(sch, loop) for loop in loops]
     first = extents.index(None)
     last = len(extents) - 1 - extents[::-1].index(None)
     lead, middle, tail = loops[:first], loops[first:last + 1], loops[last + 1:]
     outer = None
     rows = _vector_rows(sch, tail, lanes) if tail else None
-    if rows is not None:  # (resnet50's stem input, padded, cast and transposed, at a symbolic batch: 11x)
+    if rows is not None:  # fused, resnet50's stem input (padded, cast, transposed) took 11x the static kernel's time
         outer = rows if math.prod(extents[last + 1:]) >= PARALLEL_MIN else None
     elif tail:
         width = math.prod(extents[last + 1:])

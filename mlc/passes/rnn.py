@@ -147,6 +147,26 @@ def _evaluate_constants(model: onnx.ModelProto, names: set[str], constants: dict
         constants[name] = np.asarray(value)
 
 
+def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose weights left in their files (mlc.frontends.onnx_weights.load_light) are graph inputs of their
+    shape: ONNX Runtime's shape inference reads every initializer and cannot read those (it then gave up, and
+    zoo:lstm-lm's second LSTM lost its sequence length). Shapes are computed from small, inline constants."""
+    from mlc.frontends.onnx_weights import is_external
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    moved = [t for t in out.graph.initializer if is_external(t)]
+    if not moved:
+        return out
+    kept = [t for t in out.graph.initializer if not is_external(t)]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(kept)
+    inputs = {i.name for i in out.graph.input}  # old IRs list weights as inputs too
+    out.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                           for t in moved if t.name not in inputs)
+    return out
+
+
 def _dims(model: onnx.ModelProto) -> dict[str, list[Optional[int]]]:
     # ONNX Runtime's symbolic inference follows the Shape->Slice->Concat->Reshape chains that
     # torch.export puts between stacked LSTMs when batch is dynamic; ONNX's own loses the
@@ -154,7 +174,7 @@ def _dims(model: onnx.ModelProto) -> dict[str, list[Optional[int]]]:
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     try:
-        inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+        inferred = SymbolicShapeInference.infer_shapes(_weights_as_inputs(model), auto_merge=True)
     except Exception:  # noqa: BLE001 - an op or pattern it does not know
         inferred = onnx.shape_inference.infer_shapes(model)
     dims = {}
