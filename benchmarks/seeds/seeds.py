@@ -65,6 +65,7 @@ SEEDS = {
     "003": Seed(
         "003", "torch.compile (inductor) vs eager, transformer encoders at two scales",
         ["--models", "bert-tiny,bert-base", "--batch", "1", "--seq", "256", "--threads", "2",
+         "--precision", "fp32,bf16",
          "--baselines", "torch,torch-compile,openvino,openvino-default", "--targets", "x86",
          "--warmup", "3", "--repeat", "10", "--cell-timeout", "1800"],
         ["model (training, A100)", "eager ms", "cudagraphs ms", "inductor ms", "inductor speed-up"],
