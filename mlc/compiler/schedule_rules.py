@@ -477,7 +477,8 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     group = 2 if bf16 else int8_dot.QUAD if int8 else 0
     if group and row_extent is not None and row_extent % row_tile and row_extent <= (registers or _registers(lanes)):
         # A dot-product tile takes no row predicate (tensorize), and a conv's rows cannot be padded (not an
-        # einsum): one vector wide, every row of the tile (inception_v3's 17-wide rows ran without vdpbf16ps)
+        # einsum): one vector wide, every row of the tile, where no Relax pass padded the rows (bf16_matmul pads
+        # bf16 convs': relax_passes._conv_tile_padding)
         vectors, row_tile = 1, row_extent
     jo, jv, ji = sch.split(spatial[-1], factors=[None, vectors, lanes])
     panels = _panels_per_block(_extent(sch, jo), None if None in depths else math.prod(depths), vectors * lanes)

@@ -148,16 +148,17 @@ def _evaluate_constants(model: onnx.ModelProto, names: set[str], constants: dict
 
 
 def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy whose weights left in their files (mlc.frontends.onnx_weights.load_light) are graph inputs of their
-    shape: ONNX Runtime's shape inference reads every initializer and cannot read those (it then gave up, and
-    zoo:lstm-lm's second LSTM lost its sequence length). Shapes are computed from small, inline constants."""
+    """`model`, or where it has weights left in their files (mlc.frontends.onnx_weights.load_light) a copy with
+    those as graph inputs of their shape: ONNX Runtime's shape inference reads every initializer and cannot read
+    them (it then gave up, and zoo:lstm-lm's second LSTM lost its sequence length). Shapes are computed from small,
+    inline constants."""
     from mlc.frontends.onnx_weights import is_external
 
+    if not any(is_external(t) for t in model.graph.initializer):
+        return model
     out = onnx.ModelProto()
     out.CopyFrom(model)
     moved = [t for t in out.graph.initializer if is_external(t)]
-    if not moved:
-        return out
     kept = [t for t in out.graph.initializer if not is_external(t)]
     del out.graph.initializer[:]
     out.graph.initializer.extend(kept)
