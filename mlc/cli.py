@@ -415,12 +415,14 @@ def run_cmd(
     repeat: int = typer.Option(50, help="Timed runs (0: run once, no timing)."),
     profile: bool = typer.Option(False, "--profile", help="Also time every kernel call (3 runs) and list the "
                                                           "slowest kernels: where the time goes."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads to run with (default: "
+                                          "TVM_NUM_THREADS where set, else one per physical core)."),
     as_json: bool = typer.Option(False, "--json", help="Print latency and output shapes as JSON."),
 ) -> None:
     """Run an artifact and report latency (mean, p50, p90, p99, throughput)."""
     from mlc import api
 
-    result = api.run(artifact, inputs, warmup=warmup, repeat=repeat, profile=profile)
+    result = api.run(artifact, inputs, warmup=warmup, repeat=repeat, profile=profile, threads=threads)
     for warning in result.warnings:
         err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
     if outputs:
@@ -430,6 +432,7 @@ def run_cmd(
             "artifact": str(artifact),
             "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in result.outputs.items()},
             "latency": result.latency,
+            "threads": result.threads,
             **({"profile": result.profile} if profile else {}),
         }))
         return
@@ -438,7 +441,7 @@ def run_cmd(
     if outputs:
         out.print(f"outputs written to {outputs}")
     if result.latency:
-        out.print(_latency_line(result.latency))
+        out.print(_latency_line(result.latency) + (f"; {result.threads} thread(s)" if result.threads else ""))
     if result.profile:
         _print_profile(result.profile)
 

@@ -61,10 +61,10 @@ def test_run_reads_and_writes_npz(mlp_artifact, tmp_path):
     x = np.random.default_rng(7).standard_normal((4, 16)).astype(np.float32)
     np.savez(tmp_path / "in.npz", x=x)
     proc = run_mlc("run", mlp_artifact, "-i", tmp_path / "in.npz", "-o", tmp_path / "out.npz", "--repeat", "3",
-                   "--json")
+                   "--threads", "1", "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert report["outputs"]["y"]["shape"] == [4, 4]
+    assert report["outputs"]["y"]["shape"] == [4, 4] and report["threads"] == 1
     assert report["latency"]["runs"] == 3 and report["latency"]["p50_ms"] > 0
     expected = Runner(mlp_artifact).run({"x": x})["y"]
     np.testing.assert_array_equal(np.load(tmp_path / "out.npz")["y"], expected)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import venv
 
 import numpy as np
@@ -72,3 +73,50 @@ def test_runner_api_in_thin_venv(thin_python, mlp_artifact, tmp_path):
     assert sorted(outputs.files) == sorted(reference.files)
     for name in reference.files:
         np.testing.assert_allclose(outputs[name], reference[name], rtol=1e-5, atol=1e-6)
+
+
+def _fake_sys(root, cores: list[tuple[int, int]], cpu_max: str | None = None):
+    """A /sys tree: logical CPU i on (package, core) cores[i]; cgroup v2's cpu.max where given."""
+    for cpu, (package, core) in enumerate(cores):
+        topology = root / f"devices/system/cpu/cpu{cpu}/topology"
+        topology.mkdir(parents=True)
+        (topology / "physical_package_id").write_text(f"{package}\n")
+        (topology / "core_id").write_text(f"{core}\n")
+    if cpu_max is not None:
+        (root / "fs/cgroup").mkdir(parents=True)
+        (root / "fs/cgroup/cpu.max").write_text(cpu_max + "\n")
+    return root
+
+
+@pytest.mark.parametrize("cores, cpu_max, expected", [
+    ([(0, 0), (0, 1), (0, 0), (0, 1)], None, 2),          # two cores with two hyper-threads each
+    ([(0, 0), (0, 1), (1, 0), (1, 1)], "max 100000", 4),  # two sockets, core ids repeat across them
+    ([(0, 0), (0, 1), (0, 2), (0, 3)], "150000 100000", 2),  # a container limited to 1.5 CPUs
+])
+def test_physical_cores_counts_each_core_once_within_the_cpu_quota(tmp_path, monkeypatch, cores, cpu_max, expected):
+    from mlc.runtime.runner import physical_cores
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(len(cores))))
+    assert physical_cores(_fake_sys(tmp_path, cores, cpu_max)) == expected
+
+
+def test_runner_starts_one_thread_per_physical_core(mlp_artifact):
+    """With no TVM_NUM_THREADS, TVM's pool takes half the logical CPUs on x86 (hyper-threads): half the cores where
+    there are none. The runtime sets one thread per physical core, and --threads overrides it."""
+    from mlc.runtime.runner import physical_cores
+
+    script = ("import sys, numpy as np; sys.path.insert(0, sys.argv[1] + '/runtime');"
+              "from mlc_runtime import Runner; threads = int(sys.argv[2]) if len(sys.argv) > 2 else None;"
+              "r = Runner(sys.argv[1], threads=threads); r.run(dict(np.load(sys.argv[1] + '/reference/inputs.npz')));"
+              "print(r.threads, r._tvm_ffi.get_global_func('runtime.NumThreads')())")
+    env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
+
+    def pool(*threads: str) -> list[int]:
+        proc = subprocess.run([sys.executable, "-c", script, mlp_artifact, *threads], capture_output=True, text=True,
+                              env=env)
+        assert proc.returncode == 0, proc.stderr
+        return [int(n) for n in proc.stdout.split()]
+
+    cores = physical_cores()
+    assert pool() == [cores, cores]
+    assert pool("1") == [1, 1]

@@ -33,14 +33,16 @@ def runtime_errors():
         raise IntegrityError(str(e)) from None
 
 
-def open_runner(artifact: str | Path) -> thin_runtime.Runner | thin_runtime.NativeRunner:
+def open_runner(artifact: str | Path, threads: Optional[int] = None
+                ) -> thin_runtime.Runner | thin_runtime.NativeRunner:
     """Validate an artifact (schema + sha256) and load it for running: in this process when it
-    was built for this machine, else through its native runner under emulation."""
+    was built for this machine, else through its native runner under emulation. `threads`: CPU
+    threads (default: TVM_NUM_THREADS, else one per physical core; thin_runtime.set_threads)."""
     manifest = artifacts.load(artifact)
     with runtime_errors():
         if manifest.target.runtime_arch == runtimes.HOST_ARCH:
-            return thin_runtime.Runner(artifact, verify=False)  # just verified
-        return thin_runtime.NativeRunner(artifact, verify=False)
+            return thin_runtime.Runner(artifact, verify=False, threads=threads)  # just verified
+        return thin_runtime.NativeRunner(artifact, verify=False, threads=threads)
 
 
 def read_npz(path: str | Path) -> dict[str, np.ndarray]:
@@ -67,22 +69,25 @@ class RunResult:
     latency: Optional[dict[str, float]]
     warnings: list[str]
     profile: Optional[list[dict[str, Any]]] = None
+    threads: Optional[int] = None  # the CPU threads it ran with (None: TVM's default)
 
 
 def run(artifact: str | Path, inputs: Inputs = None, *, warmup: int = 3, repeat: int = 50,
-        profile: bool = False) -> RunResult:
+        profile: bool = False, threads: Optional[int] = None) -> RunResult:
     """Run an artifact on inputs (an .npz path, a dict, or None for its reference inputs);
     `profile` also times each kernel call (Runner.profile)."""
     if warmup < 0 or repeat < 0:
         raise InputError("--warmup and --repeat must be >= 0")
-    runner = open_runner(artifact)
+    if threads is not None and threads < 1:
+        raise InputError(f"--threads must be at least 1, not {threads}")
+    runner = open_runner(artifact, threads)
     if profile and not isinstance(runner, thin_runtime.Runner):
         raise InputError(f"--profile needs an artifact built for this machine; {artifact} runs under emulation here")
     feeds = load_inputs(runner, inputs)
     with runtime_errors():
         outputs, latency, warnings = runner.measure(feeds, warmup, repeat)
         kernels = runner.profile(feeds) if profile else None
-    return RunResult(outputs, latency, warnings, kernels)
+    return RunResult(outputs, latency, warnings, kernels, runner.threads)
 
 
 def check(artifact: str | Path, *, atol: Optional[float] = None, rtol: Optional[float] = None) -> CheckResult:

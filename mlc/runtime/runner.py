@@ -145,6 +145,52 @@ def device_present(device: str) -> bool:
     return device == "metal" and platform.system() == "Darwin"
 
 
+def physical_cores(sys_root: Path = Path("/sys")) -> int | None:
+    """The cores this process may run on, hyper-threads of one core counted once (they share its vector units),
+    and at most the cgroup's CPU quota; None where the OS does not say (not Linux)."""
+    try:
+        cpus = os.sched_getaffinity(0)
+    except AttributeError:
+        return None
+    cores = set()
+    for cpu in cpus:
+        topology = sys_root / f"devices/system/cpu/cpu{cpu}/topology"
+        try:
+            cores.add(((topology / "physical_package_id").read_text().strip(),
+                       (topology / "core_id").read_text().strip()))
+        except OSError:
+            cores.add(("cpu", str(cpu)))
+    count = len(cores)
+    try:  # a container's CPU limit (cgroup v2): "max 100000" or "200000 100000" (2 CPUs)
+        quota, period = (sys_root / "fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            count = min(count, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(count, 1)
+
+
+def default_threads() -> int | None:
+    """The CPU threads an artifact runs with unless told: TVM_NUM_THREADS or OMP_NUM_THREADS where the user set
+    one, else one per physical core. TVM's own default is half the machine's logical CPUs on x86 (to skip
+    hyper-threads): half the cores where there are none, and the host's count inside a container limited to
+    fewer. None: TVM's default (not Linux, or a value that is no count)."""
+    for name in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(name, "").strip()
+        if value:
+            return int(value) if value.isdigit() else None
+    return physical_cores()
+
+
+def set_threads(threads: int | None = None) -> int | None:
+    """Start TVM's thread pool with `threads` (default: `default_threads()`); returns the count. TVM reads
+    TVM_NUM_THREADS when its pool starts, at the first parallel call in this process: later it has no effect."""
+    count = threads if threads is not None else default_threads()
+    if count is not None:
+        os.environ["TVM_NUM_THREADS"] = str(count)
+    return count
+
+
 def _check_machine(manifest: Mapping[str, Any]) -> None:
     target = manifest.get("target", {})
     arch = target.get("runtime_arch")
@@ -377,8 +423,9 @@ class _ArtifactRunner:
     """What both runners share: the manifest (read and verified), the input/output specs, input
     validation, and `measure`, which validates once and returns outputs and latency together."""
 
-    def __init__(self, artifact_dir: str | os.PathLike, verify: bool):
+    def __init__(self, artifact_dir: str | os.PathLike, verify: bool, threads: int | None = None):
         self.root = Path(artifact_dir)
+        self.threads = set_threads(threads)
         self.manifest = read_manifest(self.root)
         if verify:
             verify_files(self.root, self.manifest)
@@ -439,8 +486,8 @@ def import_without_torch(module: str) -> Any:
 class Runner(_ArtifactRunner):
     """Loads an artifact's compiled model once, in this process, and runs it on numpy inputs."""
 
-    def __init__(self, artifact_dir: str | os.PathLike, verify: bool = True):
-        super().__init__(artifact_dir, verify)
+    def __init__(self, artifact_dir: str | os.PathLike, verify: bool = True, threads: int | None = None):
+        super().__init__(artifact_dir, verify, threads)
         _check_machine(self.manifest)
         device = self.device_kind
         if device not in _DEVICE_TYPES:
@@ -576,8 +623,8 @@ class NativeRunner(_ArtifactRunner):
     side), under user-mode emulation when it was built for another architecture. Same interface
     as Runner; latency measured under emulation is not a measurement of the device."""
 
-    def __init__(self, artifact_dir: str | os.PathLike, verify: bool = True):
-        super().__init__(artifact_dir, verify)
+    def __init__(self, artifact_dir: str | os.PathLike, verify: bool = True, threads: int | None = None):
+        super().__init__(artifact_dir, verify, threads)
         runtime = self.manifest["runtime"]
         if self.device_kind != "cpu":
             raise ArtifactError("the native runner runs CPU artifacts only; use run.py (Python) for GPU artifacts")
@@ -675,9 +722,12 @@ def main(argv: list[str] | None = None, artifact_dir: str | os.PathLike | None =
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--json", action="store_true", help="print latency as JSON")
+    parser.add_argument("--threads", type=int, help="CPU threads (default: TVM_NUM_THREADS, else one per core)")
     args = parser.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be at least 1")
     try:
-        runner = Runner(root)
+        runner = Runner(root, threads=args.threads)
         feeds = load_npz(args.inputs or root / runner.manifest["reference"]["inputs"])
         outputs, stats, _ = runner.measure(feeds, args.warmup, args.repeat)
         if args.outputs:
@@ -686,7 +736,8 @@ def main(argv: list[str] | None = None, artifact_dir: str | os.PathLike | None =
         print(f"error: {e}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({"outputs": {k: list(v.shape) for k, v in outputs.items()}, "latency": stats}))
+        print(json.dumps({"outputs": {k: list(v.shape) for k, v in outputs.items()}, "latency": stats,
+                          "threads": runner.threads}))
     else:
         for name, value in outputs.items():
             print(f"{name}: shape {value.shape} dtype {value.dtype}")
@@ -694,5 +745,6 @@ def main(argv: list[str] | None = None, artifact_dir: str | os.PathLike | None =
             print(
                 f"latency over {stats['runs']} runs: mean {stats['mean_ms']:.3f} ms, p50 {stats['p50_ms']:.3f}, "
                 f"p90 {stats['p90_ms']:.3f}, p99 {stats['p99_ms']:.3f}; {stats['throughput_per_s']:.1f} runs/s"
+                + (f"; {runner.threads} thread(s)" if runner.threads else "")
             )
     return 0

@@ -20,6 +20,7 @@ from typing import Callable, Optional, Sequence
 from mlc import _proc
 from mlc.pipeline.schedules import check_db_dir, record_count
 from mlc.errors import CompilerError, InputError, TargetError
+from mlc.runtime import runner as thin_runtime
 
 DEFAULT_TRIALS_PER_TASK = 64
 STOP_GRACE_S = 60  # how long a stopped child may take to finish its batch before it is killed
@@ -84,7 +85,7 @@ def tune(
     `trials`: trials per kernel the database should hold (a rerun continues up to it);
     `budget`: wall time for this run ('20m'). Either or both; neither means 64 per kernel.
     `threads`: the thread count kernels are measured with; make it the count the model will run with
-    (default: TVM's own choice, as the runtime's; the result reports it). A schedule searched at one
+    (default: the runtime's, `default_threads()`; the result reports it). A schedule searched at one
     count can lose at another.
     `dynamic`: dims a `mlc compile --dynamic` build keeps symbolic ('seq=1..512'): the kernels are tuned at one
     length of each (the reference input's, or --input-shape's), and the database records that length, so the
@@ -111,6 +112,8 @@ def tune(
         cores = targets.usable_cores()
         if not 1 <= threads <= cores:
             raise InputError(f"--threads must be between 1 and this machine's {cores} usable cores, got {threads}")
+    elif rpc_tracker is None:  # the count the artifact's runtime will start with
+        threads = thin_runtime.default_threads()
     if rpc_tracker is not None:
         from mlc.compiler.rpc import check_tracker
 
