@@ -131,6 +131,35 @@ def test_bf16_kernels_run_on_vdpbf16ps_and_match_fp32():
         assert all(o.max_abs_error > 1e-5 for o in result.outputs)  # bf16 rounding shows: not an fp32 build
 
 
+def test_bf16_stores_round_with_vcvtneps2bf16_to_nearest_even():
+    """A kernel storing bf16 rounds on AVX512-BF16's instruction where the target has it (TVM's own rounding takes
+    six integer instructions a vector), with the same bits as round-half-to-even, ties included."""
+    tvm = pytest.importorskip("tvm")
+    import ml_dtypes
+    from tvm import relax
+
+    from mlc.compiler import schedules
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 64), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.astype(relax.op.nn.relu(x), "bfloat16"))
+        bb.emit_func_output(out)
+    feed = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    feed[0, :4] = [1 + 2**-8, 1 + 3 * 2**-8, 2 - 2**-9, 3.0000002]  # two ties (to even: down, up), carries
+    for mcpu, native in (("znver4", True), ("skylake-avx512", False)):
+        target = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": mcpu, "num-cores": 1}
+        executable, _ = schedules.build(bb.get(), target, None, True, [])
+        assert ("vcvtneps2bf16" in executable.mod.imports[0].inspect_source("asm")) is native, mcpu
+        if not targets.has_bf16_dot(targets.resolve("x86")):  # (which has AVX-512 too)
+            continue
+        vm = relax.VirtualMachine(executable, tvm.cpu())
+        got = vm["main"](tvm.runtime.tensor(feed)).numpy()
+        expected = np.maximum(feed, 0).astype(ml_dtypes.bfloat16)
+        np.testing.assert_array_equal(got.view(np.uint16), expected.view(np.uint16), err_msg=mcpu)
+
+
 def test_bf16_an_activation_a_conv_and_a_skip_add_read_is_stored_once_in_bf16():
     """A resnet block's input feeds its first conv (as bf16) and its skip add: the kernel that makes it writes
     bf16 only, and the add reads that widened (OpenVINO's bf16 stores activations so too); the block's values stay

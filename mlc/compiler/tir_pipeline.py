@@ -18,7 +18,7 @@ the rule marks (schedule_rules.ROW_TAIL) into `for tile in range(seq // 12)` wit
 A register tile's reduction loop marked schedule_rules.PREFETCH prefetches the next weight panel
 (`prefetch_weights`). A loop the rule marks schedule_rules.COL_TAIL (column tiles or vectors over a zero-padded
 symbolic J: attention scores, softmax) becomes whole tiles without their `col < seq` branches, then one branched
-tail.
+tail. On targets with AVX512-BF16, a bf16 store rounds with vcvtneps2bf16 (`native_bf16_rounding`).
 Imports tvm."""
 
 from __future__ import annotations
@@ -364,9 +364,78 @@ def prefetch_weights():
     return _body_pass(_prefetch, "mlc.PrefetchWeights")
 
 
+# fp32 -> bf16 in one instruction (AVX512-BF16's vcvtneps2bf16, round to nearest even), for `native_bf16_rounding`
+BF16_ROUND_LLVM = """
+define linkonce_odr <16 x i16> @mlc_cvtneps2bf16(<16 x float> %x) alwaysinline {
+  %r = call <16 x bfloat> @llvm.x86.avx512bf16.cvtneps2bf16.512(<16 x float> %x)
+  %b = bitcast <16 x bfloat> %r to <16 x i16>
+  ret <16 x i16> %b
+}
+declare <16 x bfloat> @llvm.x86.avx512bf16.cvtneps2bf16.512(<16 x float>)
+"""
+
+
+def _bf16_rounding(x, lanes: int):
+    """TVM's fp32 -> bf16 conversion of `x` as BF16ComputeLegalize writes it before a bf16 store
+    (DTypeConversion: round half to even on the bits), vectorized to `lanes`."""
+    from tvm import tirx
+
+    def const(value):
+        return tirx.Broadcast(tirx.const(value, "uint32"), lanes)
+
+    bits = tirx.reinterpret(f"uint32x{lanes}", x)
+    rounded = (bits + (((bits >> const(16)) & const(1)) + const(0x7FFF))) >> const(16)
+    return tirx.reinterpret(f"bfloat16x{lanes}", tirx.Cast(f"uint16x{lanes}", rounded))
+
+
+def _native_rounding(stmt):
+    """`stmt` with each 16-lane bf16 store's rounding done by vcvtneps2bf16 (`mlc_cvtneps2bf16`): TVM's takes six
+    integer instructions per vector (shift, and, add, add, shift, narrow), in every bf16 kernel's write-back."""
+    import tvm
+    import tvm_ffi
+    from tvm import tirx
+
+    if not isinstance(stmt, tirx.BufferStore):
+        return _map_bodies(stmt, _native_rounding)
+    value = stmt.value
+    if str(value.ty.dtype) != "bfloat16x16" or not isinstance(value, tvm.ir.Call):
+        return stmt
+    try:  # reinterpret(cast(uint16, (reinterpret(uint32, x) + ...) >> 16)): x
+        x = value.args[0].value.a.a.args[0]
+    except (AttributeError, IndexError, TypeError):
+        return stmt
+    if str(x.ty.dtype) != "float32x16" or not tvm_ffi.structural_equal(value, _bf16_rounding(x, 16)):
+        return stmt
+    native = tirx.call_pure_extern("uint16x16", "mlc_cvtneps2bf16", x)
+    return tirx.BufferStore(stmt.buffer, tirx.reinterpret("bfloat16x16", native), stmt.indices, stmt.span)
+
+
+def native_bf16_rounding():
+    """A PrimFunc pass (after VectorizeLoop) for targets with AVX512-BF16: see `_native_rounding`. A function it
+    changes imports BF16_ROUND_LLVM."""
+    import tvm
+    from tvm import tirx
+    from tvm.target import Target, codegen
+
+    def transform(func, _mod, _ctx):
+        target = (func.attrs.get("target") if func.attrs else None) or Target.current(allow_none=True)
+        try:
+            if target is None or not codegen.target_has_features("avx512bf16", target):
+                return func
+        except Exception:  # noqa: BLE001 - not an LLVM x86 target
+            return func
+        body = _native_rounding(func.body)
+        if body.same_as(func.body):
+            return func
+        return func.with_body(tirx.AttrStmt(tvm.ir.StringImm("mlc"), "pragma_import_llvm",
+                                            tvm.ir.StringImm(BF16_ROUND_LLVM), body))
+
+    return tirx.transform.prim_func_pass(transform, opt_level=0, name="mlc.NativeBF16Rounding")
+
+
 def lowering_passes(config) -> list:
     """TVM 0.27's s_tir lowering (tvm/s_tir/pipeline.py) with split_row_tails and prefetch_weights after
-    FlattenBuffer, without CSE."""
+    FlattenBuffer, native_bf16_rounding after VectorizeLoop, without CSE."""
     from tvm import s_tir, tirx
 
     passes = [
@@ -380,7 +449,7 @@ def lowering_passes(config) -> list:
         s_tir.transform.TransformMmaBufferLayout(), s_tir.transform.LowerOpaqueBlock(),
         tirx.transform.FlattenBuffer(), split_row_tails(), prefetch_weights(), tirx.transform.BF16ComputeLegalize(),
         tirx.transform.NarrowDataType(32), s_tir.transform.LoopPartition(),
-        tirx.transform.VectorizeLoop(not bool(config.get("tirx.disable_vectorize", False))),
+        tirx.transform.VectorizeLoop(not bool(config.get("tirx.disable_vectorize", False))), native_bf16_rounding(),
         s_tir.transform.InjectVirtualThread(), s_tir.transform.InjectDoubleBuffer(),
     ]
     if not bool(config.get("tirx.disable_storage_rewrite", False)):
