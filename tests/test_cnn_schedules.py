@@ -303,3 +303,68 @@ def test_depthwise_conv_reads_its_padding_inline(tvm_tools):
         executable, _ = schedules.build(mod, target_json, None, True)
         np.testing.assert_allclose(_run(tvm, relax, executable, values),
                                    _run(tvm, relax, tvm.compile(mod, target="llvm"), values), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("x_shape,out_channels,kernel,stride,padding,bf16", [
+    ((1, 64, 7, 7), 64, 3, 1, 1, False),  # resnet50's last stage: 2 of 21 kernel-row passes read padding only
+    ((1, 64, 7, 7), 64, 3, 1, 1, True),  # the tile on vdpbf16ps reads its input through the intrinsic's view
+    ((2, 32, 9, 9), 32, 3, 2, 1, False),
+    ((1, 16, 8, 8), 32, 5, 1, 2, False)])
+def test_conv_skips_kernel_rows_that_read_only_padding(tvm_tools, x_shape, out_channels, kernel, stride, padding,
+                                                        bf16):
+    """A padded conv's tile runs a kernel row only where its input row is inside the image (the padding adds
+    zeros): the lowered kernel guards the kernel-row loop's body, and the results match TVM's unscheduled build."""
+    tvm, relax, rules, schedules, target_json = tvm_tools
+    from mlc.compiler import relax_passes, tir_pipeline
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(x_shape, "float32"))
+    weight = relax.const((RNG.standard_normal((out_channels, x_shape[1], kernel, kernel)) * 0.1).astype(np.float32))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.conv2d(x, weight, strides=stride, padding=padding))
+        bb.emit_func_output(out)
+    mod = relax_passes.bf16_matmul(bb.get()) if bf16 else bb.get()
+    conv = next(f for name, f in _kernels(tvm, rules, schedules, mod, target_json).items() if "conv2d" in name)
+    passes = tir_pipeline.lowering_passes({})
+    upto = [p.info.name for p in passes].index("mlc.SkipPaddingRows") + 1
+    with tvm.target.Target(target_json):
+        lowered = tvm.transform.Sequential(passes[:upto])(tvm.IRModule({"main": conv}))["main"].script()
+    first, end = padding, padding + x_shape[2]
+    assert f"T.int64({first}) <= " in lowered and f" < T.int64({end}):" in lowered, lowered
+    values = RNG.standard_normal(x_shape).astype(np.float32)
+    expected = _run(tvm, relax, tvm.compile(bb.get(), target="llvm"), values)
+    executable, _ = schedules.build(mod, target_json, None, True)
+    got = _run(tvm, relax, executable, values)
+    if bf16:
+        np.testing.assert_allclose(got, expected, rtol=0.05, atol=0.05)
+    else:
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("skip_read_later", [False, True])
+def test_conv_writes_its_output_over_a_skip_nothing_reads_later(tvm_tools, skip_read_later):
+    """A conv whose epilogue adds another kernel's output (a resnet skip) that nothing reads afterwards writes over
+    it (an `_inplace` kernel); one whose skip is read later (here: also returned) does not. Both match TVM's
+    unscheduled build."""
+    tvm, relax, rules, schedules, target_json = tvm_tools
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 8, 8), "float32"))
+
+    def weight(out_channels):
+        return relax.const((RNG.standard_normal((out_channels, 16, 1, 1)) * 0.1).astype(np.float32))
+
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            skip = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(x, weight(32))))
+            y = bb.emit(relax.op.add(relax.op.nn.conv2d(x, weight(32)), skip))
+            out = bb.emit_output(relax.Tuple([relax.op.nn.relu(y), skip]) if skip_read_later else relax.op.nn.relu(y))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    executable, _ = schedules.build(mod, target_json, None, True)
+    assert ("_inplace" in executable.mod.imports[0].inspect_source("asm")) is not skip_read_later
+    values = RNG.standard_normal((1, 16, 8, 8)).astype(np.float32)
+    vm, reference = (relax.VirtualMachine(e, tvm.cpu())["main"] for e in (executable, tvm.compile(mod, target="llvm")))
+    got, expected = vm(tvm.runtime.tensor(values)), reference(tvm.runtime.tensor(values))
+    for g, e in (zip(got, expected) if skip_read_later else [(got, expected)]):
+        np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-5, atol=1e-5)

@@ -133,7 +133,7 @@ def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool
     from tvm.relax.backend.cpu_generic import pipeline as cpu
     from tvm.s_tir import meta_schedule as ms
 
-    from mlc.compiler import tir_pipeline, weights
+    from mlc.compiler import inplace, tir_pipeline, weights
     from mlc.compiler import schedule_rules as rules
 
     target = tvm.target.Target(target_json)
@@ -162,6 +162,7 @@ def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool
                 kind = "tuned" if name in tuned else ("default" if scheduled else "unscheduled")
                 report[kind].append(name)
             mod = rules.fold_weight_packing(mod, target)
+            mod = inplace.write_over_dead_inputs(mod)
             lift = [weights.lift_constants(lifted)] if lifted is not None else []
             return tvm.transform.Sequential(cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target)
                                             + lift)(mod)

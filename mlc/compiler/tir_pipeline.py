@@ -359,6 +359,84 @@ def _prefetch(stmt):
     return _map_bodies(stmt, _prefetch)
 
 
+def _inner_loops(stmt, found: list) -> list:
+    """The loops in a statement."""
+    from tvm import tirx
+
+    if isinstance(stmt, tirx.For):
+        found.append(stmt)
+    for child in list(getattr(stmt, "seq", None) or []) + [getattr(stmt, f, None) for f in (
+            "body", "then_case", "else_case")]:
+        if isinstance(child, tirx.Stmt):
+            _inner_loops(child, found)
+    return found
+
+
+def _declared_buffers(stmt, found: list) -> list:
+    """(buffer, data) of each DeclBuffer in a statement: a tensor intrinsic's view of another buffer's data."""
+    from tvm import tirx
+
+    if isinstance(stmt, tirx.DeclBuffer):
+        found.append((stmt.buffer, stmt.data))
+    for child in list(getattr(stmt, "seq", None) or []) + [getattr(stmt, f, None) for f in (
+            "body", "then_case", "else_case")]:
+        if isinstance(child, tirx.Stmt):
+            _declared_buffers(child, found)
+    return found
+
+
+def _padded_row(loop, name: str, dim: int, row_stride: int, rows: int):
+    """The row index the kernel-row `loop` reads the padded buffer `name` at, if one expression without the
+    loop's inner vars: a load's index, or a tensor intrinsic's view's offset (bf16: row = offset // row_stride
+    % rows)."""
+    import tvm
+    from tvm import tirx
+
+    analyzer = tvm.sym.Analyzer()
+    inner = _inner_loops(loop.body, [])
+    for inner_loop in inner:
+        analyzer.bind(inner_loop.loop_var, tvm.ir.Range.from_min_extent(inner_loop.min, inner_loop.extent))
+    at = {str(load.indices[dim]): load.indices[dim] for load in _loads(loop.body, [])
+          if load.source.name == name and len(load.indices) > dim}
+    for view, data in _declared_buffers(loop.body, []):
+        if getattr(getattr(data, "op", None), "name", None) == "tirx.buffer_data" and data.args[0].name == name:
+            offset = view.elem_offset
+            row = analyzer.simplify(tirx.FloorMod(tirx.FloorDiv(offset, tirx.IntImm(str(offset.ty.dtype), row_stride)),
+                                                  tirx.IntImm(str(offset.ty.dtype), rows)))
+            at[str(row)] = row
+    if len(at) != 1:
+        return None
+    row = next(iter(at.values()))
+    return None if {v.loop_var for v in inner} & set(_undefined_vars(row)) else row
+
+
+def _skip_padding_rows(stmt):
+    """A conv tile's kernel-row loop marked schedule_rules.VALID_ROWS with its body under `if first <= row < end`,
+    `row` the padded input's row it reads (which no loop inside the tile changes): kernel rows over zero padding
+    only are skipped."""
+    from tvm import tirx
+
+    from mlc.compiler.schedule_rules import VALID_ROWS
+
+    if not (isinstance(stmt, tirx.For) and stmt.annotations and VALID_ROWS in stmt.annotations):
+        return _map_bodies(stmt, _skip_padding_rows)
+    name, dim, first, end, row_stride, rows = stmt.annotations[VALID_ROWS]
+    row = _padded_row(stmt, str(name), int(dim), int(row_stride), int(rows))
+    body = stmt.body
+    if row is not None:
+        kind = str(row.ty.dtype)
+        body = tirx.IfThenElse(tirx.And(tirx.IntImm(kind, int(first)) <= row, row < tirx.IntImm(kind, int(end))),
+                               body, None)
+    annotations = {key: value for key, value in stmt.annotations.items() if key != VALID_ROWS}
+    return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, annotations,
+                    stmt.step, stmt.span)
+
+
+def skip_padding_rows():
+    """A PrimFunc pass (before FlattenBuffer: it reads N-d indices): see `_skip_padding_rows`."""
+    return _body_pass(_skip_padding_rows, "mlc.SkipPaddingRows")
+
+
 def prefetch_weights():
     """A PrimFunc pass (on flattened TIR): see `_with_prefetches`."""
     return _body_pass(_prefetch, "mlc.PrefetchWeights")
@@ -446,7 +524,7 @@ def lowering_passes(config) -> list:
         s_tir.transform.LowerAutoCopy(), s_tir.transform.UnifyThreadBinding(), s_tir.transform.LowerMatchBuffer(),
         s_tir.transform.StmtSimplify(), s_tir.transform.InjectPermutedLayout(),
         s_tir.transform.AnnotateIrregularLoop(), s_tir.transform.InjectSoftwarePipeline(),
-        s_tir.transform.TransformMmaBufferLayout(), s_tir.transform.LowerOpaqueBlock(),
+        s_tir.transform.TransformMmaBufferLayout(), s_tir.transform.LowerOpaqueBlock(), skip_padding_rows(),
         tirx.transform.FlattenBuffer(), split_row_tails(), prefetch_weights(), tirx.transform.BF16ComputeLegalize(),
         tirx.transform.NarrowDataType(32), s_tir.transform.LoopPartition(),
         tirx.transform.VectorizeLoop(not bool(config.get("tirx.disable_vectorize", False))), native_bf16_rounding(),
