@@ -309,6 +309,7 @@ def test_depthwise_conv_reads_its_padding_inline(tvm_tools):
     ((1, 64, 7, 7), 64, 3, 1, 1, False),  # resnet50's last stage: 2 of 21 kernel-row passes read padding only
     ((1, 64, 7, 7), 64, 3, 1, 1, True),  # the tile on vdpbf16ps reads its input through the intrinsic's view
     ((2, 32, 9, 9), 32, 3, 2, 1, False),
+    ((None, 32, 9, 9), 32, 3, 1, 1, True),  # a symbolic batch
     ((1, 16, 8, 8), 32, 5, 1, 2, False)])
 def test_conv_skips_kernel_rows_that_read_only_padding(tvm_tools, x_shape, out_channels, kernel, stride, padding,
                                                         bf16):
@@ -318,7 +319,7 @@ def test_conv_skips_kernel_rows_that_read_only_padding(tvm_tools, x_shape, out_c
     from mlc.compiler import relax_passes, tir_pipeline
 
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(x_shape, "float32"))
+    x = relax.Var("x", relax.TensorType((x_shape[0] or tvm.tirx.Var("n", "int64"), *x_shape[1:]), "float32"))
     weight = relax.const((RNG.standard_normal((out_channels, x_shape[1], kernel, kernel)) * 0.1).astype(np.float32))
     with bb.function("main", [x]):
         with bb.dataflow():
@@ -332,7 +333,7 @@ def test_conv_skips_kernel_rows_that_read_only_padding(tvm_tools, x_shape, out_c
         lowered = tvm.transform.Sequential(passes[:upto])(tvm.IRModule({"main": conv}))["main"].script()
     first, end = padding, padding + x_shape[2]
     assert f"T.int64({first}) <= " in lowered and f" < T.int64({end}):" in lowered, lowered
-    values = RNG.standard_normal(x_shape).astype(np.float32)
+    values = RNG.standard_normal((x_shape[0] or 2, *x_shape[1:])).astype(np.float32)
     expected = _run(tvm, relax, tvm.compile(bb.get(), target="llvm"), values)
     executable, _ = schedules.build(mod, target_json, None, True)
     got = _run(tvm, relax, executable, values)

@@ -197,7 +197,7 @@ def _inline_epilogue(sch, block) -> None:
 
 
 def _padding_rows(sch, block, n_spatial: int):
-    """[buffer, dim, first, end] (VALID_ROWS) where `block`, a conv, reads an input that a block of its kernel
+    """VALID_ROWS' [buffer, dim, first, end, ...] where `block`, a conv, reads an input that a block of its kernel
     zero-pads, through an index of its first reduction var (the kernel row) and of spatial vars outside the
     register tile (the output row), so a whole tile reads only padding at some kernel rows: at a 3x3 conv's top
     and bottom output rows, 1 of 3. Those kernel rows add nothing and can be skipped: 2/21 of a 7x7 output's
@@ -229,11 +229,11 @@ def _padding_rows(sch, block, n_spatial: int):
                     continue
                 before = analyzer.simplify(stored - source.indices[dim])
                 extent = source.source.shape[dim]
-                shape = [int(n) if isinstance(n, tirx.IntImm) else None for n in padded.shape]
+                shape = [int(n) if isinstance(n, tirx.IntImm) else None for n in padded.shape[dim:]]
                 if isinstance(before, tirx.IntImm) and isinstance(extent, tirx.IntImm) and before.value > 0 \
-                        and None not in shape:
-                    return [padded.name, dim, before.value, before.value + extent.value, math.prod(shape[dim + 1:]),
-                            shape[dim]]
+                        and None not in shape:  # (the batch before it may be symbolic)
+                    return [padded.name, dim, before.value, before.value + extent.value, math.prod(shape[1:]),
+                            shape[0]]
     return None
 
 
