@@ -311,10 +311,12 @@ def test_depthwise_conv_reads_its_padding_inline(tvm_tools):
     ((2, 32, 9, 9), 32, 3, 2, 1, False),
     ((None, 32, 9, 9), 32, 3, 1, 1, True),  # a symbolic batch
     ((1, 16, 8, 8), 32, 5, 1, 2, False)])
-def test_conv_skips_kernel_rows_that_read_only_padding(tvm_tools, x_shape, out_channels, kernel, stride, padding,
-                                                        bf16):
+def test_conv_skips_kernel_rows_and_columns_that_read_only_padding(tvm_tools, x_shape, out_channels, kernel, stride,
+                                                                    padding, bf16):
     """A padded conv's tile runs a kernel row only where its input row is inside the image (the padding adds
-    zeros): the lowered kernel guards the kernel-row loop's body, and the results match TVM's unscheduled build."""
+    zeros), and at each kernel column only its pixels whose input column is: the lowered kernel guards the
+    kernel-row loop's body and has versions of the kernel-column loop's body over fewer pixels (from pixel 1 at
+    the left edge), and the results match TVM's unscheduled build."""
     tvm, relax, rules, schedules, target_json = tvm_tools
     from mlc.compiler import relax_passes, tir_pipeline
 
@@ -328,11 +330,12 @@ def test_conv_skips_kernel_rows_that_read_only_padding(tvm_tools, x_shape, out_c
     mod = relax_passes.bf16_matmul(bb.get()) if bf16 else bb.get()
     conv = next(f for name, f in _kernels(tvm, rules, schedules, mod, target_json).items() if "conv2d" in name)
     passes = tir_pipeline.lowering_passes({})
-    upto = [p.info.name for p in passes].index("mlc.SkipPaddingRows") + 1
+    upto = [p.info.name for p in passes].index("mlc.SkipPadding") + 1
     with tvm.target.Target(target_json):
         lowered = tvm.transform.Sequential(passes[:upto])(tvm.IRModule({"main": conv}))["main"].script()
     first, end = padding, padding + x_shape[2]
     assert f"T.int64({first}) <= " in lowered and f" < T.int64({end}):" in lowered, lowered
+    assert "T.unroll(T.int64(1), T.int64(" in lowered, lowered
     values = RNG.standard_normal((x_shape[0] or 2, *x_shape[1:])).astype(np.float32)
     expected = _run(tvm, relax, tvm.compile(bb.get(), target="llvm"), values)
     executable, _ = schedules.build(mod, target_json, None, True)

@@ -41,10 +41,10 @@ PANEL_BLOCK_BYTES = 256 * 1024  # L2 is 512 KB to 2 MB on the x86 and ARM cores 
 PREFETCH = "mlc.prefetch_ahead"
 PREFETCH_WEIGHTS = True
 PREFETCH_MIN_ROWS = 8
-# On a conv tile's first reduction loop (kernel rows): [padded input buffer's name, its row dim, first and end
-# row that are not padding, elements per row, rows], so tir_pipeline skips the kernel rows that read zero padding
-# only (`_padding_rows`)
-VALID_ROWS = "mlc.valid_rows"
+# On a conv tile's kernel-row (-column) loop: [padded input buffer's name, its row (column) dim, first and end
+# index that are not padding, elements per index, indices], so tir_pipeline skips the kernel rows (and each
+# pixel's kernel columns) that read zero padding only (`_padding_extents`)
+VALID_ROWS, VALID_COLS = "mlc.valid_rows", "mlc.valid_cols"
 
 
 def _lanes(target) -> int:
@@ -196,22 +196,24 @@ def _inline_epilogue(sch, block) -> None:
             return
 
 
-def _padding_rows(sch, block, n_spatial: int):
-    """VALID_ROWS' [buffer, dim, first, end, ...] where `block`, a conv, reads an input that a block of its kernel
-    zero-pads, through an index of its first reduction var (the kernel row) and of spatial vars outside the
-    register tile (the output row), so a whole tile reads only padding at some kernel rows: at a 3x3 conv's top
-    and bottom output rows, 1 of 3. Those kernel rows add nothing and can be skipped: 2/21 of a 7x7 output's
-    work (OpenVINO skips them too). None where not so."""
+def _padding_extents(sch, block, n_spatial: int) -> dict:
+    """{0: VALID_ROWS, 1: VALID_COLS} where `block`, a conv, reads an input that a block of its kernel zero-pads:
+    along a dim indexed by its first reduction var (the kernel row) and spatial vars outside the register tile
+    (the output row), a whole tile reads only padding at some kernel rows (at a 3x3 conv's top and bottom output
+    rows, 1 of 3); along one indexed by the second (the kernel column) and the tile's rows (output pixels), some
+    pixels do at some kernel columns. Those add nothing and can be skipped: 4/21 of a 7x7 output's work (OpenVINO
+    skips them too)."""
     import tvm
     from tvm import tirx
 
     stmt = sch.get(block)
     iters = list(stmt.iter_vars)
     reduction = [iv.var for iv in iters[n_spatial:]]
-    if not reduction:
-        return None
-    outside_tile = {iv.var for iv in iters[:max(n_spatial - 2, 0)]} | {reduction[0]}
-    analyzer = tvm.sym.Analyzer()
+    if len(reduction) < 2 or n_spatial < 2:
+        return {}
+    outside_tile = {iv.var for iv in iters[:n_spatial - 2]}
+    allowed = {0: outside_tile | {reduction[0]}, 1: outside_tile | {iters[n_spatial - 2].var, reduction[1]}}
+    analyzer, found = tvm.sym.Analyzer(), {}
     for producer in sch.get_producers(block):
         pad = sch.get(producer)
         store, padded = pad.body, pad.writes[0].source
@@ -220,21 +222,20 @@ def _padding_rows(sch, block, n_spatial: int):
                 or getattr(value.args[2], "value", None) != 0 or not hasattr(value.args[1], "indices"):
             continue
         source = value.args[1]  # the unpadded input, read at (padded index - padding before)
-        for read in stmt.reads:
-            if not read.source.same_as(padded):
-                continue
+        for read in (r for r in stmt.reads if r.source.same_as(padded)):
             for dim, (at, stored) in enumerate(zip(read.region, store.indices)):
                 used = set(_vars_in(at.min))
-                if reduction[0] not in used or not used <= outside_tile:
-                    continue
-                before = analyzer.simplify(stored - source.indices[dim])
-                extent = source.source.shape[dim]
-                shape = [int(n) if isinstance(n, tirx.IntImm) else None for n in padded.shape[dim:]]
-                if isinstance(before, tirx.IntImm) and isinstance(extent, tirx.IntImm) and before.value > 0 \
-                        and None not in shape:  # (the batch before it may be symbolic)
-                    return [padded.name, dim, before.value, before.value + extent.value, math.prod(shape[1:]),
-                            shape[0]]
-    return None
+                for k in (0, 1):
+                    if reduction[k] not in used or not used <= allowed[k] or k in found:
+                        continue
+                    before = analyzer.simplify(stored - source.indices[dim])
+                    extent = source.source.shape[dim]
+                    shape = [int(n) if isinstance(n, tirx.IntImm) else None for n in padded.shape[dim:]]
+                    if isinstance(before, tirx.IntImm) and isinstance(extent, tirx.IntImm) and before.value > 0 \
+                            and None not in shape:  # (the batch before it may be symbolic)
+                        found[k] = [padded.name, dim, before.value, before.value + extent.value, math.prod(shape[1:]),
+                                    shape[0]]
+    return found
 
 
 def _pack_weights(sch, block, last, width: int, pairs: int = 0) -> None:
@@ -567,9 +568,8 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
         ko, ki = sch.split(reduction[-1], factors=[None, group])
         reduction, pair = [*reduction[:-1], ko], [ki]
     sch.reorder(*head, *serial, *reduction, *([rows] if rows is not None else []), jv, ji, *pair)
-    valid_rows = None if int8 else _padding_rows(sch, block, len(spatial))  # (int8 pads with the zero point)
-    if valid_rows is not None:
-        sch.annotate(reduction[0], VALID_ROWS, valid_rows)
+    for k, valid in ({} if int8 else _padding_extents(sch, block, len(spatial))).items():  # (int8 pads with the
+        sch.annotate(reduction[k], (VALID_ROWS, VALID_COLS)[k], valid)                      # zero point)
     _pack_weights(sch, block, last, vectors * lanes, pairs=group)
     tile = sch.fuse(*head) if len(head) > 1 else head[0]
     # Annotate before decompose_reduction: the primitives need the block to still be a reduction.

@@ -385,10 +385,10 @@ def _declared_buffers(stmt, found: list) -> list:
     return found
 
 
-def _padded_row(loop, name: str, dim: int, row_stride: int, rows: int):
-    """The row index the kernel-row `loop` reads the padded buffer `name` at, if one expression without the
-    loop's inner vars: a load's index, or a tensor intrinsic's view's offset (bf16: row = offset // row_stride
-    % rows)."""
+def _padded_index(loop, name: str, dim: int, stride: int, extent: int, free=None):
+    """The index along `dim` at which the kernel-row or -column `loop` reads the padded buffer `name`, if one
+    expression whose only var from inside the loop is `free` (none for rows; the tile's row loop for columns): a
+    load's index, or a tensor intrinsic's view's offset (bf16: index = offset // stride % extent)."""
     import tvm
     from tvm import tirx
 
@@ -400,41 +400,106 @@ def _padded_row(loop, name: str, dim: int, row_stride: int, rows: int):
           if load.source.name == name and len(load.indices) > dim}
     for view, data in _declared_buffers(loop.body, []):
         if getattr(getattr(data, "op", None), "name", None) == "tirx.buffer_data" and data.args[0].name == name:
-            offset = view.elem_offset
-            row = analyzer.simplify(tirx.FloorMod(tirx.FloorDiv(offset, tirx.IntImm(str(offset.ty.dtype), row_stride)),
-                                                  tirx.IntImm(str(offset.ty.dtype), rows)))
-            at[str(row)] = row
+            kind = str(view.elem_offset.ty.dtype)
+            index = analyzer.simplify(tirx.FloorMod(tirx.FloorDiv(view.elem_offset, tirx.IntImm(kind, stride)),
+                                                    tirx.IntImm(kind, extent)))
+            at[str(index)] = index
     if len(at) != 1:
         return None
-    row = next(iter(at.values()))
-    return None if {v.loop_var for v in inner} & set(_undefined_vars(row)) else row
+    index = next(iter(at.values()))
+    used = {v.loop_var for v in inner} & set(_undefined_vars(index))
+    return index if used == ({free} if free is not None else set()) else None
 
 
-def _skip_padding_rows(stmt):
-    """A conv tile's kernel-row loop marked schedule_rules.VALID_ROWS with its body under `if first <= row < end`,
-    `row` the padded input's row it reads (which no loop inside the tile changes): kernel rows over zero padding
-    only are skipped."""
+def _all(conditions):
     from tvm import tirx
 
-    from mlc.compiler.schedule_rules import VALID_ROWS
+    condition = conditions[0]
+    for c in conditions[1:]:
+        condition = tirx.And(condition, c)
+    return condition
 
-    if not (isinstance(stmt, tirx.For) and stmt.annotations and VALID_ROWS in stmt.annotations):
-        return _map_bodies(stmt, _skip_padding_rows)
-    name, dim, first, end, row_stride, rows = stmt.annotations[VALID_ROWS]
-    row = _padded_row(stmt, str(name), int(dim), int(row_stride), int(rows))
-    body = stmt.body
-    if row is not None:
-        kind = str(row.ty.dtype)
-        body = tirx.IfThenElse(tirx.And(tirx.IntImm(kind, int(first)) <= row, row < tirx.IntImm(kind, int(end))),
-                               body, None)
-    annotations = {key: value for key, value in stmt.annotations.items() if key != VALID_ROWS}
+
+def _columns_versions(loop, spec):
+    """The kernel-column `loop`'s body, versioned by which of the tile's pixels (its unrolled row loop, [0, R))
+    read padding at this kernel column: where none do, the body; else the body over the pixels [lo, hi) that
+    read the image (at a 3x3 conv's left or right edge, R - 1 of them), for each (lo, hi) the padding allows; else
+    (not reached) the body. None where the tile's pixel loop is not found."""
+    import tvm
+    from tvm import tirx
+
+    name, dim, first, end, stride, extent = (spec[0], *map(int, spec[1:]))
+    rows = next((r for r in _inner_loops(loop.body, []) if r.kind == tirx.ForKind.UNROLLED
+                 and isinstance(r.extent, tirx.IntImm) and isinstance(r.min, tirx.IntImm) and int(r.min) == 0), None)
+    column = rows and _padded_index(loop, str(name), dim, stride, extent, rows.loop_var)
+    if column is None:
+        return None
+    analyzer, pixels, kind = tvm.sym.Analyzer(), int(rows.extent), str(column.ty.dtype)
+    analyzer.bind(loop.loop_var, tvm.ir.Range.from_min_extent(loop.min, loop.extent))  # (bf16: drops `% columns`)
+
+    def const(v: int):
+        return tirx.IntImm(kind, v)
+
+    def at(pixel: int):
+        return analyzer.simplify(_substitute(column, {rows.loop_var: tirx.IntImm(str(rows.loop_var.ty.dtype),
+                                                                                   pixel)}))
+
+    step = analyzer.simplify(at(1) - at(0)) if pixels > 1 else None
+    if not isinstance(step, tirx.IntImm) or step.value < 1:
+        return None
+
+    def over(lo: int, hi: int):  # the body on the tile's pixels [lo, hi) only
+        def visit(stmt):
+            if isinstance(stmt, tirx.For) and stmt.loop_var.same_as(rows.loop_var):
+                # a var of its own: TVM's passes reject one var bound to two ranges
+                pixel = tirx.Var(f"{stmt.loop_var.name}_{lo}_{hi}", stmt.loop_var.ty)
+                return tirx.For(pixel, tirx.IntImm(str(stmt.min.ty.dtype), lo),
+                                tirx.IntImm(str(stmt.extent.ty.dtype), hi - lo), stmt.kind,
+                                _substitute(stmt.body, {stmt.loop_var: pixel}), stmt.thread_binding,
+                                stmt.annotations, stmt.step, stmt.span)
+            return _map_bodies(stmt, visit)
+        return visit(loop.body) if lo < hi else tirx.Evaluate(const(0))
+
+    left, right = -(-first // step.value), -(-(extent - end) // step.value)  # pixels a tile can have on padding
+    versions = loop.body
+    for lo in reversed(range(0, min(left, pixels) + 1)):
+        for hi in reversed(range(max(pixels - right, 0), pixels + 1)):
+            if (lo, hi) == (0, pixels):
+                continue
+            bounds = [const(first) <= at(lo) if lo < pixels else None, at(lo - 1) < const(first) if lo else None,
+                      at(hi - 1) < const(end) if hi else None, const(end) <= at(hi) if hi < pixels else None]
+            versions = tirx.IfThenElse(_all([c for c in bounds if c is not None]), over(lo, hi), versions)
+    return tirx.IfThenElse(_all([const(first) <= at(0), at(pixels - 1) < const(end)]), loop.body, versions)
+
+
+def _skip_padding(stmt):
+    """A conv tile's kernel-row loop marked schedule_rules.VALID_ROWS gets its body under `if first <= row < end`,
+    `row` the padded input's row it reads (which no loop inside the tile changes); its kernel-column loop marked
+    VALID_COLS gets `_columns_versions`: kernel rows and columns over zero padding only are skipped."""
+    from tvm import tirx
+
+    from mlc.compiler.schedule_rules import VALID_COLS, VALID_ROWS
+
+    marks = stmt.annotations if isinstance(stmt, tirx.For) and stmt.annotations else {}
+    if VALID_ROWS not in marks and VALID_COLS not in marks:
+        return _map_bodies(stmt, _skip_padding)
+    annotations = {k: v for k, v in marks.items() if k not in (VALID_ROWS, VALID_COLS)}
+    if VALID_ROWS in marks:
+        name, dim, first, end, stride, extent = (marks[VALID_ROWS][0], *map(int, marks[VALID_ROWS][1:]))
+        row = _padded_index(stmt, str(name), dim, stride, extent)  # (before the columns' versions repeat loops)
+        body = _skip_padding(stmt.body)
+        if row is not None:
+            kind = str(row.ty.dtype)
+            body = tirx.IfThenElse(tirx.And(tirx.IntImm(kind, first) <= row, row < tirx.IntImm(kind, end)), body, None)
+    else:
+        body = _columns_versions(stmt, list(marks[VALID_COLS])) or stmt.body
     return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, annotations,
                     stmt.step, stmt.span)
 
 
-def skip_padding_rows():
-    """A PrimFunc pass (before FlattenBuffer: it reads N-d indices): see `_skip_padding_rows`."""
-    return _body_pass(_skip_padding_rows, "mlc.SkipPaddingRows")
+def skip_padding():
+    """A PrimFunc pass (before FlattenBuffer: it reads N-d indices): see `_skip_padding`."""
+    return _body_pass(_skip_padding, "mlc.SkipPadding")
 
 
 def prefetch_weights():
@@ -524,7 +589,7 @@ def lowering_passes(config) -> list:
         s_tir.transform.LowerAutoCopy(), s_tir.transform.UnifyThreadBinding(), s_tir.transform.LowerMatchBuffer(),
         s_tir.transform.StmtSimplify(), s_tir.transform.InjectPermutedLayout(),
         s_tir.transform.AnnotateIrregularLoop(), s_tir.transform.InjectSoftwarePipeline(),
-        s_tir.transform.TransformMmaBufferLayout(), s_tir.transform.LowerOpaqueBlock(), skip_padding_rows(),
+        s_tir.transform.TransformMmaBufferLayout(), s_tir.transform.LowerOpaqueBlock(), skip_padding(),
         tirx.transform.FlattenBuffer(), split_row_tails(), prefetch_weights(), tirx.transform.BF16ComputeLegalize(),
         tirx.transform.NarrowDataType(32), s_tir.transform.LoopPartition(),
         tirx.transform.VectorizeLoop(not bool(config.get("tirx.disable_vectorize", False))), native_bf16_rounding(),
