@@ -23,6 +23,8 @@ Imports tvm."""
 
 from __future__ import annotations
 
+import functools
+
 NAME = "mlc_cpu"
 STACK_BYTES = 4096  # a tile's accumulators; far below a worker thread's stack
 
@@ -359,29 +361,15 @@ def _prefetch(stmt):
     return _map_bodies(stmt, _prefetch)
 
 
-def _inner_loops(stmt, found: list) -> list:
-    """The loops in a statement."""
+def _statements(stmt, found: list) -> list:
+    """`stmt` and every statement in it (loops, sequences, branches' cases), in order."""
     from tvm import tirx
 
-    if isinstance(stmt, tirx.For):
-        found.append(stmt)
+    found.append(stmt)
     for child in list(getattr(stmt, "seq", None) or []) + [getattr(stmt, f, None) for f in (
             "body", "then_case", "else_case")]:
         if isinstance(child, tirx.Stmt):
-            _inner_loops(child, found)
-    return found
-
-
-def _declared_buffers(stmt, found: list) -> list:
-    """(buffer, data) of each DeclBuffer in a statement: a tensor intrinsic's view of another buffer's data."""
-    from tvm import tirx
-
-    if isinstance(stmt, tirx.DeclBuffer):
-        found.append((stmt.buffer, stmt.data))
-    for child in list(getattr(stmt, "seq", None) or []) + [getattr(stmt, f, None) for f in (
-            "body", "then_case", "else_case")]:
-        if isinstance(child, tirx.Stmt):
-            _declared_buffers(child, found)
+            _statements(child, found)
     return found
 
 
@@ -393,15 +381,17 @@ def _padded_index(loop, name: str, dim: int, stride: int, extent: int, free=None
     from tvm import tirx
 
     analyzer = tvm.sym.Analyzer()
-    inner = _inner_loops(loop.body, [])
+    statements = _statements(loop.body, [])
+    inner = [s for s in statements if isinstance(s, tirx.For)]
     for inner_loop in inner:
         analyzer.bind(inner_loop.loop_var, tvm.ir.Range.from_min_extent(inner_loop.min, inner_loop.extent))
     at = {str(load.indices[dim]): load.indices[dim] for load in _loads(loop.body, [])
           if load.source.name == name and len(load.indices) > dim}
-    for view, data in _declared_buffers(loop.body, []):
+    for view in (s for s in statements if isinstance(s, tirx.DeclBuffer)):
+        data = view.data  # the buffer it views: buffer_data(name)
         if getattr(getattr(data, "op", None), "name", None) == "tirx.buffer_data" and data.args[0].name == name:
-            kind = str(view.elem_offset.ty.dtype)
-            index = analyzer.simplify(tirx.FloorMod(tirx.FloorDiv(view.elem_offset, tirx.IntImm(kind, stride)),
+            kind = str(view.buffer.elem_offset.ty.dtype)
+            index = analyzer.simplify(tirx.FloorMod(tirx.FloorDiv(view.buffer.elem_offset, tirx.IntImm(kind, stride)),
                                                     tirx.IntImm(kind, extent)))
             at[str(index)] = index
     if len(at) != 1:
@@ -409,15 +399,6 @@ def _padded_index(loop, name: str, dim: int, stride: int, extent: int, free=None
     index = next(iter(at.values()))
     used = {v.loop_var for v in inner} & set(_undefined_vars(index))
     return index if used == ({free} if free is not None else set()) else None
-
-
-def _all(conditions):
-    from tvm import tirx
-
-    condition = conditions[0]
-    for c in conditions[1:]:
-        condition = tirx.And(condition, c)
-    return condition
 
 
 def _columns_versions(loop, spec):
@@ -429,9 +410,9 @@ def _columns_versions(loop, spec):
     from tvm import tirx
 
     name, dim, first, end, stride, extent = (spec[0], *map(int, spec[1:]))
-    rows = next((r for r in _inner_loops(loop.body, []) if r.kind == tirx.ForKind.UNROLLED
+    rows = next((r for r in _statements(loop.body, []) if isinstance(r, tirx.For) and r.kind == tirx.ForKind.UNROLLED
                  and isinstance(r.extent, tirx.IntImm) and isinstance(r.min, tirx.IntImm) and int(r.min) == 0), None)
-    column = rows and _padded_index(loop, str(name), dim, stride, extent, rows.loop_var)
+    column = _padded_index(loop, str(name), dim, stride, extent, rows.loop_var) if rows is not None else None
     if column is None:
         return None
     analyzer, pixels, kind = tvm.sym.Analyzer(), int(rows.extent), str(column.ty.dtype)
@@ -468,8 +449,9 @@ def _columns_versions(loop, spec):
                 continue
             bounds = [const(first) <= at(lo) if lo < pixels else None, at(lo - 1) < const(first) if lo else None,
                       at(hi - 1) < const(end) if hi else None, const(end) <= at(hi) if hi < pixels else None]
-            versions = tirx.IfThenElse(_all([c for c in bounds if c is not None]), over(lo, hi), versions)
-    return tirx.IfThenElse(_all([const(first) <= at(0), at(pixels - 1) < const(end)]), loop.body, versions)
+            versions = tirx.IfThenElse(functools.reduce(tirx.And, [c for c in bounds if c is not None]),
+                                       over(lo, hi), versions)
+    return tirx.IfThenElse(tirx.And(const(first) <= at(0), at(pixels - 1) < const(end)), loop.body, versions)
 
 
 def _skip_padding(stmt):
