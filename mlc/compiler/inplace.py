@@ -22,8 +22,9 @@ def _same_region(a, b) -> bool:
 
 def writes_over(func, source, output) -> bool:
     """Whether the PrimFunc `func` may write its `output` buffer over its `source` input: `source` is read only by
-    blocks that write `output` at the indices they read it (an elementwise epilogue: each element is read before
-    its own write, and by no other), and no block reads `output`."""
+    spatial blocks that write `output` at the indices they read it (an elementwise epilogue: each element is read
+    before its own write, and by no other; a reduction's init would write first: a 1x1 average pool read zeros),
+    and no block reads `output`."""
     import tvm_ffi
     from tvm import s_tir
 
@@ -39,7 +40,8 @@ def writes_over(func, source, output) -> bool:
         ours = [r for r in stmt.reads if r.source.same_as(source)]
         if not ours:
             continue
-        if len(stmt.writes) != 1 or not stmt.writes[0].source.same_as(output) \
+        if len(stmt.writes) != 1 or not stmt.writes[0].source.same_as(output) or stmt.init is not None \
+                or any(int(iv.iter_type) != 0 for iv in stmt.iter_vars) \
                 or not all(_same_region(r, stmt.writes[0]) for r in ours):
             return False
         reads_source = True
@@ -73,7 +75,7 @@ def write_over_dead_inputs(mod):
             continue
         for block in getattr(func.body, "blocks", []):
             for b in block.bindings:
-                if kernel_call(b.value):
+                if copies(b.value):  # (not a reshape: a view of its input, later)
                     made.add(b.var)
                 for var in relax.analysis.free_vars(b.value):
                     last_use[var] = b.value
