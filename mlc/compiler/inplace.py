@@ -75,11 +75,12 @@ def write_over_dead_inputs(mod):
             continue
         for block in getattr(func.body, "blocks", []):
             for b in block.bindings:
-                if copies(b.value):  # (not a reshape: a view of its input, later)
+                copy = copies(b.value)
+                if copy:  # (not a reshape: a view of its input, later)
                     made.add(b.var)
                 for var in relax.analysis.free_vars(b.value):
                     last_use[var] = b.value
-                    if not copies(b.value) or sum(a.same_as(var) for a in b.value.args[1].fields) != 1:
+                    if not copy or sum(a.same_as(var) for a in b.value.args[1].fields) != 1:
                         unsafe.add(var)
         unsafe.update(relax.analysis.free_vars(func.body.body))  # the function's outputs
     replaced: dict = {}  # (kernel, argument index) -> the in-place PrimFunc, or False
