@@ -310,19 +310,22 @@ def test_depthwise_conv_reads_its_padding_inline(tvm_tools):
     ((1, 64, 7, 7), 64, 3, 1, 1, True),  # the tile on vdpbf16ps reads its input through the intrinsic's view
     ((2, 32, 9, 9), 32, 3, 2, 1, False),
     ((None, 32, 9, 9), 32, 3, 1, 1, True),  # a symbolic batch
-    ((1, 16, 8, 8), 32, 5, 1, 2, False)])
+    ((1, 16, 8, 8), 32, 5, 1, 2, False),
+    ((1, 32, 17, 17), 32, (1, 7), 1, (0, 3), True)])  # inception_v3's 1x7: no kernel-row var (extent 1)
 def test_conv_skips_kernel_rows_and_columns_that_read_only_padding(tvm_tools, x_shape, out_channels, kernel, stride,
                                                                     padding, bf16):
     """A padded conv's tile runs a kernel row only where its input row is inside the image (the padding adds
-    zeros), and at each kernel column only its pixels whose input column is: the lowered kernel guards the
-    kernel-row loop's body and has versions of the kernel-column loop's body over fewer pixels (from pixel 1 at
-    the left edge), and the results match TVM's unscheduled build."""
+    zeros), and at each kernel column only its pixels whose input column is: the lowered kernel's kernel-row loop
+    runs over those rows only (bounds, not a branch in its body, which made LLVM spill the accumulators) and the
+    kernel-column loop's body has versions over fewer pixels (from pixel 1 at the left edge), and the results
+    match TVM's unscheduled build."""
     tvm, relax, rules, schedules, target_json = tvm_tools
     from mlc.compiler import relax_passes, tir_pipeline
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((x_shape[0] or tvm.tirx.Var("n", "int64"), *x_shape[1:]), "float32"))
-    weight = relax.const((RNG.standard_normal((out_channels, x_shape[1], kernel, kernel)) * 0.1).astype(np.float32))
+    (kh, kw), (ph, _) = (k if isinstance(k, tuple) else (k, k) for k in (kernel, padding))
+    weight = relax.const((RNG.standard_normal((out_channels, x_shape[1], kh, kw)) * 0.1).astype(np.float32))
     with bb.function("main", [x]):
         with bb.dataflow():
             out = bb.emit_output(relax.op.nn.conv2d(x, weight, strides=stride, padding=padding))
@@ -333,8 +336,9 @@ def test_conv_skips_kernel_rows_and_columns_that_read_only_padding(tvm_tools, x_
     upto = [p.info.name for p in passes].index("mlc.SkipPadding") + 1
     with tvm.target.Target(target_json):
         lowered = tvm.transform.Sequential(passes[:upto])(tvm.IRModule({"main": conv}))["main"].script()
-    first, end = padding, padding + x_shape[2]
-    assert f"T.int64({first}) <= " in lowered and f" < T.int64({end}):" in lowered, lowered
+    if ph:
+        assert f"in range(T.max(T.int64(0), T.int64({ph}) - " in lowered, lowered
+        assert f"T.min(T.int64({kh}), T.int64({ph + x_shape[2]}) - " in lowered, lowered
     assert "T.unroll(T.int64(1), T.int64(" in lowered, lowered
     values = RNG.standard_normal((x_shape[0] or 2, *x_shape[1:])).astype(np.float32)
     expected = _run(tvm, relax, tvm.compile(bb.get(), target="llvm"), values)
@@ -344,6 +348,41 @@ def test_conv_skips_kernel_rows_and_columns_that_read_only_padding(tvm_tools, x_
         np.testing.assert_allclose(got, expected, rtol=0.05, atol=0.05)
     else:
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("x_shape,out_channels,kernel,padding,expect", [
+    ((1, 64, 17, 17), 64, 1, 0, "T.int64(1), T.int64(17), T.int64(18), T.int64(64)"),  # 17 rows: 2 x 9, not 2 x 12
+    ((1, 32, 17, 17), 32, 3, 1, "in range(T.max(T.int64(0), T.int64(1) - "),  # a row tail: no column versions
+    ((1, 64, 35, 35), 48, 1, 0, "T.unroll(T.int64(3))"),  # 48 channels: 3 vectors x 7 rows, not 1 x 24
+    ((1, 64, 13, 13), 1000, 1, 0, "T.int64(1), T.int64(13), T.int64(14), T.int64(1024)")])  # squeezenet1_0's
+    # classifier: channels padded to 2-vector tiles, and 13 rows to 14 (7-row tiles), not 24
+def test_conv_rows_the_register_tile_does_not_divide(tvm_tools, x_shape, out_channels, kernel, padding, expect):
+    """inception_v3's and squeezenet1_0's shapes. A 1x1 conv (an einsum) pads its rows to the tile of the fewest
+    padded rows (17 to 18, where a 12-row tile padded to 24: 0.71x the work useful; 13 to 14, not 24); a padded
+    conv whose tile has a predicated row tail bounds its kernel rows but gets no versions of its kernel columns
+    (each kept the predicate, and the accumulators spilled: 1.4x the time); 48 output channels get a 3-vector
+    tile. Results match TVM's unscheduled build."""
+    tvm, relax, rules, schedules, target_json = tvm_tools
+    from mlc.compiler import tir_pipeline
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(x_shape, "float32"))
+    weight = relax.const((RNG.standard_normal((out_channels, x_shape[1], kernel, kernel)) * 0.1).astype(np.float32))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(x, weight, padding=padding)))
+        bb.emit_func_output(out)
+    conv = next(f for name, f in _kernels(tvm, rules, schedules, bb.get(), target_json).items() if "conv2d" in name)
+    passes = tir_pipeline.lowering_passes({})
+    upto = [p.info.name for p in passes].index("mlc.SkipPadding") + 1
+    with tvm.target.Target(target_json):
+        lowered = tvm.transform.Sequential(passes[:upto])(tvm.IRModule({"main": conv}))["main"].script()
+    assert expect in conv.script() + lowered, lowered
+    assert "T.unroll(T.int64(1), T.int64(" not in lowered, lowered
+    values = RNG.standard_normal(x_shape).astype(np.float32)
+    expected = _run(tvm, relax, tvm.compile(bb.get(), target="llvm"), values)
+    executable, _ = schedules.build(bb.get(), target_json, None, True)
+    np.testing.assert_allclose(_run(tvm, relax, executable, values), expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("case", ["skip", "skip read later", "pooled"])

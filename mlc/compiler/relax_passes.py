@@ -228,7 +228,7 @@ def _conv_tile_padding(call) -> tuple[tuple[int, int], tuple[int, int]]:
       1/16 of the work (1000 -> 1024), so the tile is two vectors wide;
     - output rows (the width) that the tile does not divide (71: inception_v3's 80 -> 192 3x3 conv; 17: its 1x7
       convs) ran without vdpbf16ps or on a narrower tile."""
-    from mlc.compiler.schedule_rules import dot_tile_row_padding
+    from mlc.compiler.schedule_rules import tile_row_padding
 
     shape = getattr(call.ty, "shape", None)
     layout = str(call.attrs.out_layout)  # Relax fills it from data_layout when not given
@@ -242,7 +242,7 @@ def _conv_tile_padding(call) -> tuple[tuple[int, int], tuple[int, int]]:
     extra_channels = -channels % lanes
     if 16 * (-channels % (2 * lanes)) <= channels:  # two vectors for at most 1/16 more work
         extra_channels = -channels % (2 * lanes)
-    return (width, dot_tile_row_padding(channels + extra_channels, width, lanes)), (channels, extra_channels)
+    return (width, tile_row_padding(channels + extra_channels, width, lanes)), (channels, extra_channels)
 
 
 def _pad_axis(weight, axis: int, extra: int):

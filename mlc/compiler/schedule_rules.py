@@ -197,22 +197,22 @@ def _inline_epilogue(sch, block) -> None:
 
 
 def _padding_extents(sch, block, n_spatial: int) -> dict:
-    """{0: VALID_ROWS, 1: VALID_COLS} where `block`, a conv, reads an input that a block of its kernel zero-pads:
-    along a dim indexed by its first reduction var (the kernel row) and spatial vars outside the register tile
-    (the output row), a whole tile reads only padding at some kernel rows (at a 3x3 conv's top and bottom output
-    rows, 1 of 3); along one indexed by the second (the kernel column) and the tile's rows (output pixels), some
-    pixels do at some kernel columns. Those add nothing and can be skipped: 4/21 of a 7x7 output's work (OpenVINO
-    skips them too)."""
+    """{reduction loop: (VALID_ROWS or VALID_COLS, extents)} where `block`, a conv, reads an input that a block of
+    its kernel zero-pads: along a dim indexed by a reduction var (a kernel row) and spatial vars outside the
+    register tile (the output row), a whole tile reads only padding at some kernel rows (at a 3x3 conv's top and
+    bottom output rows, 1 of 3); along one indexed by a reduction var (a kernel column) and the tile's rows (output
+    pixels), some pixels do at some kernel columns. Those add nothing and can be skipped: 4/21 of a 7x7 output's
+    work (OpenVINO skips them too). A 1x7 conv has no kernel-row var (its extent is 1): its kernel columns are
+    the first reduction var."""
     import tvm
     from tvm import tirx
 
     stmt = sch.get(block)
     iters = list(stmt.iter_vars)
     reduction = [iv.var for iv in iters[n_spatial:]]
-    if len(reduction) < 2 or n_spatial < 2:
+    if not reduction or n_spatial < 2:
         return {}
-    outside_tile = {iv.var for iv in iters[:n_spatial - 2]}
-    allowed = {0: outside_tile | {reduction[0]}, 1: outside_tile | {iters[n_spatial - 2].var, reduction[1]}}
+    outside_tile, tile_rows = {iv.var for iv in iters[:n_spatial - 2]}, iters[n_spatial - 2].var
     analyzer, found = tvm.sym.Analyzer(), {}
     for producer in sch.get_producers(block):
         pad = sch.get(producer)
@@ -225,16 +225,21 @@ def _padding_extents(sch, block, n_spatial: int) -> dict:
         for read in (r for r in stmt.reads if r.source.same_as(padded)):
             for dim, (at, stored) in enumerate(zip(read.region, store.indices)):
                 used = set(_vars_in(at.min))
-                for k in (0, 1):
-                    if reduction[k] not in used or not used <= allowed[k] or k in found:
-                        continue
-                    before = analyzer.simplify(stored - source.indices[dim])
-                    extent = source.source.shape[dim]
-                    shape = [int(n) if isinstance(n, tirx.IntImm) else None for n in padded.shape[dim:]]
-                    if isinstance(before, tirx.IntImm) and isinstance(extent, tirx.IntImm) and before.value > 0 \
-                            and None not in shape:  # (the batch before it may be symbolic)
-                        found[k] = [padded.name, dim, before.value, before.value + extent.value, math.prod(shape[1:]),
-                                    shape[0]]
+                kernel = [k for k, r in enumerate(reduction) if r in used]
+                if len(kernel) != 1 or kernel[0] in found:
+                    continue
+                others = used - {reduction[kernel[0]]}
+                mark = VALID_ROWS if others <= outside_tile else VALID_COLS if tile_rows in others and \
+                    others <= outside_tile | {tile_rows} else None
+                if mark is None or any(m == mark for m, _ in found.values()):
+                    continue
+                before = analyzer.simplify(stored - source.indices[dim])
+                extent = source.source.shape[dim]
+                shape = [int(n) if isinstance(n, tirx.IntImm) else None for n in padded.shape[dim:]]
+                if isinstance(before, tirx.IntImm) and isinstance(extent, tirx.IntImm) and before.value > 0 \
+                        and None not in shape:  # (the batch before it may be symbolic)
+                    found[kernel[0]] = (mark, [padded.name, dim, before.value, before.value + extent.value,
+                                               math.prod(shape[1:]), shape[0]])
     return found
 
 
@@ -280,21 +285,32 @@ def _pack_weights(sch, block, last, width: int, pairs: int = 0) -> None:
 def _tile_shape(j_extent: int, row_extent, lanes: int, registers=None, depths=()) -> tuple[int, int]:
     """(vectors, rows) of the register tile for a J that is a multiple of `lanes`. A symbolic depth is (in
     attention's P x V) a symbolic row stride: each row of the tile then needs an address register of its own,
-    and 12 rows spilled them (1.4-1.5x the static kernel's time); 4 vectors x 6 rows need half as many."""
+    and 12 rows spilled them (1.4-1.5x the static kernel's time); 4 vectors x 6 rows need half as many. A J of 3
+    vectors (inception_v3's 48-channel 1x1 convs) gets all 3: one vector by 24 rows loaded an input element per
+    multiply-add (0.37 -> 0.30 ms in the model, OpenVINO 0.31)."""
     wide = None in depths and j_extent % (4 * lanes) == 0
-    vectors = 4 if wide else 2 if j_extent % (2 * lanes) == 0 else 1
+    vectors = 4 if wide else 2 if j_extent % (2 * lanes) == 0 else 3 if j_extent % (3 * lanes) == 0 else 1
     return vectors, _divisor_at_most(row_extent, (registers or _registers(lanes)) // vectors)
 
 
-def dot_tile_row_padding(j_extent: int, rows: int, lanes: int) -> int:
-    """Rows to add to a static row count so a dot-product register tile (vdpbf16ps, vpdpbusd) divides it: such a
-    tile takes no predicated tail (tensorize) and a conv's rows cannot be padded in the kernel (not an einsum).
-    Also where `_schedule_register_tile` could cover the rows with a one-vector tile: inception_v3's 17 rows ran
-    at 60-68 % of the bf16 peak so, and at 85-93 % as 18 in a 9 x 2-vector tile. 0 where none are needed."""
+def tile_row_padding(j_extent: int, rows: int, lanes: int) -> int:
+    """The fewest rows to add to a static row count so that a register tile divides it. A dot-product tile
+    (vdpbf16ps, vpdpbusd) takes no predicated tail (tensorize) and a conv's rows cannot be padded in the kernel (not
+    an einsum): also where `_schedule_register_tile` could cover the rows with a one-vector tile: inception_v3's 17
+    rows ran at 60-68 % of the bf16 peak so, and at 85-93 % as 18 in a 9 x 2-vector tile. Einsum blocks pad
+    this way too (`_padding_row_tile`). 0 where none are needed."""
     extra = 0
     while (rows + extra) % _tile_shape(j_extent, rows + extra, lanes)[1]:
         extra += 1
     return extra
+
+
+def _padding_row_tile(j_extent: int, rows: int, lanes: int) -> int:
+    """The row tile to pad a static row count to, of the fewest padded rows (`tile_row_padding`), not the widest
+    tile: a 12-row tile padded inception_v3's 17 x 17 1x1 convs to 24 rows (0.71x the work useful, 58 % of the fp32
+    peak), a 9-row one pads them to 18. 0 where the tile divides the rows."""
+    extra = tile_row_padding(j_extent, rows, lanes)
+    return _tile_shape(j_extent, rows + extra, lanes)[1] if extra else 0
 
 
 def _row_tile(j_extent: int, row_extent, lanes: int, depths, registers=None) -> int:
@@ -326,8 +342,11 @@ def _pad_width(sch, block, spatial, n_reduction: int, lanes: int, depth: int = 0
         row_extent = _extent(sch, spatial[-2])
         depths = [_extent(sch, r) for r in sch.get_loops(block)[len(spatial):]]
         depths[-1] = depths[-1] and -(-depths[-1] // factors[-1]) * factors[-1]
-        row_tile = _row_tile(-(-j_extent // multiple) * multiple, row_extent, lanes, depths)
-        if row_extent is None or row_extent % row_tile:
+        padded_j = -(-j_extent // multiple) * multiple
+        if row_extent is None:
+            factors[len(spatial) - 2] = _row_tile(padded_j, row_extent, lanes, depths)
+        elif row_tile := _padding_row_tile(padded_j, row_extent, lanes):  # squeezenet1_0's 1000-channel
+            # classifier at 13 x 13 had 24 rows in 12-row tiles (51 % of the fp32 peak), now 14 in 7-row ones
             factors[len(spatial) - 2] = row_tile
     if all(f == 1 for f in factors):
         return False  # nothing to pad
@@ -402,8 +421,8 @@ def _pad_rows(sch, block, spatial, n_reduction: int, j_extent: int, lanes: int) 
     row_extent = _extent(sch, spatial[-2])
     if row_extent is None:
         return False
-    _, row_tile = _tile_shape(j_extent, row_extent, lanes)
-    if row_extent % row_tile == 0:
+    row_tile = _padding_row_tile(j_extent, row_extent, lanes)
+    if not row_tile:
         return False
     factors = [1] * (len(spatial) + n_reduction)
     factors[len(spatial) - 2] = row_tile
@@ -568,8 +587,11 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
         ko, ki = sch.split(reduction[-1], factors=[None, group])
         reduction, pair = [*reduction[:-1], ko], [ki]
     sch.reorder(*head, *serial, *reduction, *([rows] if rows is not None else []), jv, ji, *pair)
-    for k, valid in ({} if int8 else _padding_extents(sch, block, len(spatial))).items():  # (int8 pads with the
-        sch.annotate(reduction[k], (VALID_ROWS, VALID_COLS)[k], valid)                      # zero point)
+    for k, (mark, extents) in ({} if int8 else _padding_extents(sch, block, len(spatial))).items():  # (int8 pads
+        # with the zero point.) The columns' versions of a tile with a predicated row tail each kept the predicate,
+        # and LLVM spilled the accumulators (a 3x3 conv at 17 x 17, 12-row tiles: 1.4x the time without versions)
+        if mark == VALID_ROWS or (row_extent is not None and row_extent % row_tile == 0):
+            sch.annotate(reduction[k], mark, extents)
     _pack_weights(sch, block, last, vectors * lanes, pairs=group)
     tile = sch.fuse(*head) if len(head) > 1 else head[0]
     # Annotate before decompose_reduction: the primitives need the block to still be a reduction.
