@@ -455,9 +455,10 @@ def _columns_versions(loop, spec):
 
 
 def _skip_padding(stmt):
-    """A conv tile's kernel-row loop marked schedule_rules.VALID_ROWS gets its body under `if first <= row < end`,
-    `row` the padded input's row it reads (which no loop inside the tile changes); its kernel-column loop marked
-    VALID_COLS gets `_columns_versions`: kernel rows and columns over zero padding only are skipped."""
+    """A conv tile's kernel-row loop marked schedule_rules.VALID_ROWS runs over the kernel rows whose padded input
+    row (which no loop inside the tile changes) is in [first, end) only (`_valid_range`; where that row is not the
+    loop var plus a constant, its body goes under `if first <= row < end`); its kernel-column loop marked VALID_COLS
+    gets `_columns_versions`: kernel rows and columns over zero padding only are skipped."""
     from tvm import tirx
 
     from mlc.compiler.schedule_rules import VALID_COLS, VALID_ROWS
@@ -466,20 +467,20 @@ def _skip_padding(stmt):
     if VALID_ROWS not in marks and VALID_COLS not in marks:
         return _map_bodies(stmt, _skip_padding)
     annotations = {k: v for k, v in marks.items() if k not in (VALID_ROWS, VALID_COLS)}
-    start, extent_ = stmt.min, stmt.extent
+    start, count = stmt.min, stmt.extent
     if VALID_ROWS in marks:
         name, dim, first, end, stride, extent = (marks[VALID_ROWS][0], *map(int, marks[VALID_ROWS][1:]))
         row = _padded_index(stmt, str(name), dim, stride, extent)  # (before the columns' versions repeat loops)
         body = _skip_padding(stmt.body)
         bounds = _valid_range(stmt, row, first, end) if row is not None else None
         if bounds is not None:
-            start, extent_ = bounds
+            start, count = bounds
         elif row is not None:
             kind = str(row.ty.dtype)
             body = tirx.IfThenElse(tirx.And(tirx.IntImm(kind, first) <= row, row < tirx.IntImm(kind, end)), body, None)
     else:
         body = _columns_versions(stmt, list(marks[VALID_COLS])) or stmt.body
-    return tirx.For(stmt.loop_var, start, extent_, stmt.kind, body, stmt.thread_binding, annotations,
+    return tirx.For(stmt.loop_var, start, count, stmt.kind, body, stmt.thread_binding, annotations,
                     stmt.step, stmt.span)
 
 
