@@ -305,6 +305,16 @@ def test_depthwise_conv_reads_its_padding_inline(tvm_tools):
                                    _run(tvm, relax, tvm.compile(mod, target="llvm"), values), rtol=1e-5, atol=1e-5)
 
 
+def _lowered_through_skip_padding(tvm, kernel, target_json) -> str:
+    """The kernel's TIR after mlc's lowering passes up to and including mlc.SkipPadding."""
+    from mlc.compiler import tir_pipeline
+
+    passes = tir_pipeline.lowering_passes({})
+    upto = [p.info.name for p in passes].index("mlc.SkipPadding") + 1
+    with tvm.target.Target(target_json):
+        return tvm.transform.Sequential(passes[:upto])(tvm.IRModule({"main": kernel}))["main"].script()
+
+
 @pytest.mark.parametrize("x_shape,out_channels,kernel,stride,padding,bf16", [
     ((1, 64, 7, 7), 64, 3, 1, 1, False),  # resnet50's last stage: 2 of 21 kernel-row passes read padding only
     ((1, 64, 7, 7), 64, 3, 1, 1, True),  # the tile on vdpbf16ps reads its input through the intrinsic's view
@@ -320,7 +330,7 @@ def test_conv_skips_kernel_rows_and_columns_that_read_only_padding(tvm_tools, x_
     kernel-column loop's body has versions over fewer pixels (from pixel 1 at the left edge), and the results
     match TVM's unscheduled build."""
     tvm, relax, rules, schedules, target_json = tvm_tools
-    from mlc.compiler import relax_passes, tir_pipeline
+    from mlc.compiler import relax_passes
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((x_shape[0] or tvm.tirx.Var("n", "int64"), *x_shape[1:]), "float32"))
@@ -332,10 +342,7 @@ def test_conv_skips_kernel_rows_and_columns_that_read_only_padding(tvm_tools, x_
         bb.emit_func_output(out)
     mod = relax_passes.bf16_matmul(bb.get()) if bf16 else bb.get()
     conv = next(f for name, f in _kernels(tvm, rules, schedules, mod, target_json).items() if "conv2d" in name)
-    passes = tir_pipeline.lowering_passes({})
-    upto = [p.info.name for p in passes].index("mlc.SkipPadding") + 1
-    with tvm.target.Target(target_json):
-        lowered = tvm.transform.Sequential(passes[:upto])(tvm.IRModule({"main": conv}))["main"].script()
+    lowered = _lowered_through_skip_padding(tvm, conv, target_json)
     if ph:
         assert f"in range(T.max(T.int64(0), T.int64({ph}) - " in lowered, lowered
         assert f"T.min(T.int64({kh}), T.int64({ph + x_shape[2]}) - " in lowered, lowered
@@ -363,8 +370,6 @@ def test_conv_rows_the_register_tile_does_not_divide(tvm_tools, x_shape, out_cha
     (each kept the predicate, and the accumulators spilled: 1.4x the time); 48 output channels get a 3-vector
     tile. Results match TVM's unscheduled build."""
     tvm, relax, rules, schedules, target_json = tvm_tools
-    from mlc.compiler import tir_pipeline
-
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType(x_shape, "float32"))
     weight = relax.const((RNG.standard_normal((out_channels, x_shape[1], kernel, kernel)) * 0.1).astype(np.float32))
@@ -373,10 +378,7 @@ def test_conv_rows_the_register_tile_does_not_divide(tvm_tools, x_shape, out_cha
             out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(x, weight, padding=padding)))
         bb.emit_func_output(out)
     conv = next(f for name, f in _kernels(tvm, rules, schedules, bb.get(), target_json).items() if "conv2d" in name)
-    passes = tir_pipeline.lowering_passes({})
-    upto = [p.info.name for p in passes].index("mlc.SkipPadding") + 1
-    with tvm.target.Target(target_json):
-        lowered = tvm.transform.Sequential(passes[:upto])(tvm.IRModule({"main": conv}))["main"].script()
+    lowered = _lowered_through_skip_padding(tvm, conv, target_json)
     assert expect in conv.script() + lowered, lowered
     assert "T.unroll(T.int64(1), T.int64(" not in lowered, lowered
     values = RNG.standard_normal(x_shape).astype(np.float32)
