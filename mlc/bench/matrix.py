@@ -158,6 +158,8 @@ def _compile_mlc(source: str, framework: str, target: str, precision: str, shape
     tuning = sum(v for k, v in timings.items() if k.startswith("tun"))
     return {"artifact": str(result.path), "compile_s": round(wall, 3), "compile_breakdown_s": timings,
             "tuning_s": round(tuning, 3) if tuning else None, "artifact_bytes": dir_size(result.path),
+            # as built: fp32 where TVM failed on the asked precision (mlc compile's fallback)
+            "precision": precision if precision in QUANTIZED else result.manifest.precision,
             # How many kernels came from --db, from mlc's default rules, or from neither.
             "kernels": {k: len(v) for k, v in (result.manifest.compile.schedules or {}).items()}}
 
@@ -346,7 +348,7 @@ def _cell(config: BenchConfig, model: str, source: str, source_fw: str, backend:
         failure = compiled.get("error")
         if not failure:
             cell.update({k: compiled[k] for k in ("compile_s", "compile_breakdown_s", "tuning_s", "artifact_bytes",
-                                                  "kernels")})
+                                                  "kernels", "precision")})
             cell["target_emulated"] = targets.resolve(target).runtime_arch != targets.HOST_ARCH
     if failure:
         return {**cell, "status": "failed", "error": failure}

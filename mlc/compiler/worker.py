@@ -187,17 +187,21 @@ def _build(mod, request: dict, default_schedules: bool, notes: list[str]):
     return build.build(mod, request["target"], lifted), None, lifted
 
 
-def _build_with_fallbacks(mod, passes_applied: bool, imported, request: dict, notes: list[str]):
+def _build_with_fallbacks(mod, passes_applied: bool, imported, request: dict, notes: list[str], at_fp32=None):
     """Build `mod`; where TVM fails, build again without the optional steps, the likeliest culprit first:
     mlc's default CPU schedules, then the Relax passes (when `passes_applied`; `imported()` makes the module
-    without them). A fallback that builds adds a note naming the step left out and TVM's reason;
-    when every try fails, the first error is raised (a mandatory step failed)."""
+    without them), then, for a reduced-precision build, the precision (`at_fp32()` makes the fp32 module).
+    A fallback that builds adds a note naming the step left out and TVM's reason; when every try fails, the
+    first error is raised (a mandatory step failed). Returns the executable, the schedule report, the lifted
+    weights and whether the precision was left out."""
     default = bool(request.get("schedules") and request["schedules"].get("default", True))
     attempts = [(lambda: mod, default, None)]
     if default:
         attempts.append((lambda: mod, False, "mlc's default CPU schedules"))
     if passes_applied:
         attempts.append((imported, False, "the Relax passes" + (" and mlc's default CPU schedules" if default else "")))
+    if at_fp32 is not None:
+        attempts.append((at_fp32, default, _AT_FP32.format(precision=request.get("precision"))))
     first = None
     for module, default_schedules, skipped in attempts:
         tried: list[str] = []
@@ -210,8 +214,26 @@ def _build_with_fallbacks(mod, passes_applied: bool, imported, request: dict, no
         notes.extend(n for n in tried if n not in notes)
         if skipped:
             notes.append(f"built without {skipped}: TVM failed with them: {summarize(first)}")
-        return executable, report, lifted
+        return executable, report, lifted, module is at_fp32
     raise first
+
+
+# The precision is an optional step: a valid model whose reduced-precision build TVM fails still gets a checked
+# (fp32) artifact, and the note says so.
+_AT_FP32 = "--precision {precision} (the artifact is fp32)"
+
+
+def _reduce_precision(mod, precision: str, target: dict, notes: list[str]):
+    """The module at `precision` and its pass record; where TVM fails on it, the module as it was, no record, and a
+    note."""
+    from mlc.compiler import relax_passes
+
+    try:
+        return relax_passes.reduce_precision(mod, precision, target)
+    except Exception as e:  # noqa: BLE001 - TVM raises many kinds
+        traceback.print_exc()  # into the log file
+        notes.append(f"built without {_AT_FP32.format(precision=precision)}: TVM failed with it: {summarize(e)}")
+        return mod, None
 
 
 def compile_request(request: dict) -> dict:
@@ -253,35 +275,45 @@ def compile_request(request: dict) -> dict:
         stage = "passes"
         from mlc.compiler import relax_passes
 
-        precision, precision_record = request.get("precision", "fp32"), None
+        precision, precision_record, notes = request.get("precision", "fp32"), None, []
         if precision == "fp16":  # before the passes: GPU builds fuse there, and ToMixedPrecision needs unfused ops
-            stage = "precision"
-            mod, precision_record = relax_passes.reduce_precision(mod, precision, request["target"])
-            stage = "passes"
+            mod, precision_record = _reduce_precision(mod, precision, request["target"], notes)
+
+        def with_passes(again):
+            # mlc.tuning's CPU build legalizes and fuses itself (its tuning keys are the kernels it fuses)
+            return relax_passes.run(again, request.get("relax_passes") or [], request["target"],
+                                    request.get("dump_ir"), fused_by_build=bool(request.get("schedules")))
+
+        def import_again():
+            return importer.to_relax(onnx.load(request["onnx"], load_external_data=False),
+                                     request.get("dim_upper_bounds"), weights_dir)
 
         def imported():
             """The module without the Relax passes, imported again: kept through the build, it held each weight a
             pass replaced (the Q, K and V weights that combine_parallel_matmul concatenates) twice."""
-            again = importer.to_relax(onnx.load(request["onnx"], load_external_data=False),
-                                      request.get("dim_upper_bounds"), weights_dir)
-            return relax_passes.reduce_precision(again, precision, request["target"])[0] if precision != "fp32" \
+            again = import_again()
+            return relax_passes.reduce_precision(again, precision, request["target"])[0] if precision_record \
                 else again
 
-        # mlc.tuning's CPU build legalizes and fuses itself (its tuning keys are the kernels it fuses)
-        mod, passes = relax_passes.run(mod, request.get("relax_passes") or [], request["target"],
-                                       request.get("dump_ir"),
-                                       fused_by_build=bool(request.get("schedules")))
+        mod, passes = with_passes(mod)
+        passes["notes"] += notes
         if passes["error"]:
             return {"ok": False, "kind": "pass", "message": passes["error"]}
         applied = any(r["status"] == "applied" for r in passes["records"])
         if precision == "bf16":  # after the passes (CPU builds fuse later); the fallback without them keeps it too
-            stage = "precision"
-            mod, precision_record = relax_passes.reduce_precision(mod, precision, request["target"])
+            mod, precision_record = _reduce_precision(mod, precision, request["target"], passes["notes"])
         if precision_record:
             passes["records"].append(precision_record)
+        else:
+            precision = "fp32"  # asked for fp32, or TVM failed on the precision step (noted)
         stage = "build"
         start = time.perf_counter()
-        executable, schedule_report, lifted = _build_with_fallbacks(mod, applied, imported, request, passes["notes"])
+        at_fp32 = (lambda: with_passes(import_again())[0]) if precision_record else None
+        executable, schedule_report, lifted, fp32 = _build_with_fallbacks(mod, applied, imported, request,
+                                                                          passes["notes"], at_fp32)
+        if fp32:
+            passes["records"].remove(precision_record)
+            precision = "fp32"
         timings["build"] = time.perf_counter() - start
         del mod  # `lifted` holds the weights main needs (packed ones replace the originals)
         _proc.release_memory()
@@ -308,7 +340,7 @@ def compile_request(request: dict) -> dict:
             timings["run"] = time.perf_counter() - start
         kernels = _write_device_sources(executable, request["kernels_dir"]) if request.get("kernels_dir") else {}
         return {"ok": True, "tvm_version": tvm.__version__, "outputs": outputs, "timings": timings, "kernels": kernels,
-                "schedules": schedule_report, "passes": passes, "weights": written}
+                "schedules": schedule_report, "passes": passes, "weights": written, "precision": precision}
     except importer.ConversionError as e:  # a valid model TVM cannot import: exit 1 naming the op, not 70
         return {"ok": False, "kind": "unsupported_node", "message": str(e)}
     except Exception as e:

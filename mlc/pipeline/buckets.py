@@ -162,6 +162,8 @@ def merge_results(results: list[dict]) -> dict:
     """One worker result for several builds (buckets): timings summed, kernel lists united."""
     merged = dict(results[0])
     merged["timings"] = {k: sum(r["timings"].get(k, 0.0) for r in results) for k in results[0]["timings"]}
+    # reduced where any build is (a build TVM failed at bf16 is fp32): the gate judges the lowest precision
+    merged["precision"] = next((r["precision"] for r in results if r.get("precision", "fp32") != "fp32"), "fp32")
     if results[0].get("schedules"):
         merged["schedules"] = {k: sorted({n for r in results for n in r["schedules"].get(k, [])})
                                for k in results[0]["schedules"]}

@@ -44,6 +44,7 @@ def package(staged: Path, *, runtime: runtimes.RuntimeFiles, preset: targets.Tar
     """Write the runtime and the reference next to the compiled library in `staged`, and seal the manifest.
     `result`: the TVM worker's (merged) result; `bucket_axes`: per output, the axes carrying the bucketed dim;
     `weights`: library -> the weights file the worker wrote beside it."""
+    precision = result.get("precision", "fp32")  # what was built: fp32 where TVM failed on the asked precision
     runtime_info, library = _copy_runtime(staged, runtime, preset)
     _check_runtime_functions(staged, runtime_info)
     reference_info = _write_reference(staged, references)
@@ -69,7 +70,7 @@ def package(staged: Path, *, runtime: runtimes.RuntimeFiles, preset: targets.Tar
         tvm_version=result["tvm_version"],
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         source=prepared.source,
-        target=TargetInfo(**_target_info(preset, recipe)),
+        target=TargetInfo(**_target_info(preset, recipe, precision)),
         library=library,
         runtime=runtime_info,
         reference=reference_info,
@@ -81,18 +82,18 @@ def package(staged: Path, *, runtime: runtimes.RuntimeFiles, preset: targets.Tar
                                                                "after": len(prepared.cleaned.graph.node)}),
         buckets=buckets,
         dynamic_ranges=ranges or {},
-        precision=recipe.options.get("precision", "fp32"),
+        precision=precision,
         quantization=prepared.quantization,
         weights={library: WeightsInfo(**info) for library, info in (weights or {}).items()},
     )
     return artifacts.seal(staged, manifest)
 
 
-def _target_info(preset: targets.Target, recipe: Recipe) -> dict:
+def _target_info(preset: targets.Target, recipe: Recipe, precision: str) -> dict:
     """The preset, and for a bf16 or int8 build on the dot-product instructions the CPU feature they need (a JSON target
     names no features: without it, a host lacking them would die of SIGILL instead of being told)."""
     info = preset.to_json()
-    if recipe.options.get("precision") == "bf16" and not recipe.options.get("emulated"):
+    if precision == "bf16" and not recipe.options.get("emulated"):
         info["required_cpu_features"] = list(dict.fromkeys(info["required_cpu_features"] + ["avx512_bf16"]))
     int8 = targets.int8_dot_feature(preset)
     if recipe.options.get("quantize") and not recipe.options.get("emulated") and int8:  # vpdpbusd, sdot/udot
