@@ -111,8 +111,12 @@ def _print_check(result, prefix: str) -> None:
     out.print(_check_table(result, f"{prefix}{what} {result.reference}"))
     if result.gate is not None:
         inputs = f" on {result.gate.inputs} inputs" if result.gate.inputs > 1 else ""
-        out.print(_gate_table(result.gate, f"{prefix}{result.gate.precision} accuracy gate vs {result.reference}"
-                                           f"{inputs}"))
+        if result.gate.calibration_inputs:  # their fp32 outputs are ONNX Runtime's on the (exported) ONNX
+            out.print(_gate_table(result.gate, f"{prefix}{result.gate.precision} accuracy gate vs fp32 (ONNX Runtime) "
+                                               f"on {result.gate.inputs} of your --calibration inputs"))
+        else:
+            out.print(_gate_table(result.gate, f"{prefix}{result.gate.precision} accuracy gate vs {result.reference}"
+                                               f"{inputs}"))
 
 
 def _gate_table(gate, title: str) -> Table:

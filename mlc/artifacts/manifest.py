@@ -68,6 +68,8 @@ class ReferenceInfo(_Strict):
     # --quantize: more seeded inputs and their fp32 outputs ({"inputs": path, "outputs": path}), which the
     # accuracy gate judges together with the reference's
     gate_cases: list[dict[str, str]] = Field(default_factory=list)
+    # False where the gate cases are the user's --calibration inputs: the gate judges those alone
+    gate_judges_reference: bool = True
 
 
 class PassRecord(_Strict):

@@ -62,6 +62,7 @@ class GateResult:
     limits: GateLimits
     outputs: list[GateOutput] = field(default_factory=list)
     inputs: int = 1  # how many inputs the figures are over (--quantize: the reference's and more seeded ones)
+    calibration_inputs: bool = False  # --quantize int8 --calibration: over the user's inputs instead
 
     @property
     def passed(self) -> bool:
@@ -72,7 +73,8 @@ class GateResult:
 
     def to_json(self) -> dict:
         return {"precision": self.precision, "passed": self.passed, "limits": asdict(self.limits),
-                "inputs": self.inputs, "outputs": [asdict(o) for o in self.outputs]}
+                "inputs": self.inputs, "calibration_inputs": self.calibration_inputs,
+                "outputs": [asdict(o) for o in self.outputs]}
 
 
 def classifier_like(name: str, shape: tuple[int, ...]) -> bool:

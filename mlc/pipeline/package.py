@@ -190,4 +190,5 @@ def _write_reference(staged: Path, references: References) -> ReferenceInfo:
     return ReferenceInfo(producer=expected.producer, inputs=REFERENCE_INPUTS, outputs=REFERENCE_OUTPUTS,
                          seed=expected.seed,
                          onnxruntime=REFERENCE_ONNXRUNTIME if references.onnxruntime is not None else None,
-                         onnxruntime_error=references.onnxruntime_error, gate_cases=cases)
+                         onnxruntime_error=references.onnxruntime_error, gate_cases=cases,
+                         gate_judges_reference=references.gate_judges_reference)

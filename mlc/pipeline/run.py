@@ -106,15 +106,16 @@ def check(artifact: str | Path, *, atol: Optional[float] = None, rtol: Optional[
     result = compare(reference, actual, atol=atol, rtol=rtol)
     result.reference = info["producer"]
     precision = runner.manifest.get("precision", "fp32")
-    if runner.manifest.get("quantization"):  # --quantize: the int8 gate, judged on every seeded input together
+    if runner.manifest.get("quantization"):  # --quantize: the int8 gate, judged on all its inputs together
         precision = runner.manifest["quantization"]["mode"]
-        expected, got = [reference], [actual]
+        on_reference = info.get("gate_judges_reference", True)
+        expected, got = ([reference], [actual]) if on_reference else ([], [])
         for case in info.get("gate_cases", []):
             expected.append(read_npz(runner.root / case["outputs"]))
             with runtime_errors():
                 got.append(runner.run(read_npz(runner.root / case["inputs"])))
         result.gate = gate(*stacked(expected, got), precision)
-        result.gate.inputs = len(expected)
+        result.gate.inputs, result.gate.calibration_inputs = len(expected), not on_reference
     elif precision != "fp32":  # judged by the reduced-precision gate against the same fp32 reference
         result.gate = gate(reference, actual, precision)
     if info.get("onnxruntime"):
