@@ -110,13 +110,10 @@ def _print_check(result, prefix: str) -> None:
                 "below):")
     out.print(_check_table(result, f"{prefix}{what} {result.reference}"))
     if result.gate is not None:
-        inputs = f" on {result.gate.inputs} inputs" if result.gate.inputs > 1 else ""
+        against = f"{result.reference} on {result.gate.inputs} inputs" if result.gate.inputs > 1 else result.reference
         if result.gate.calibration_inputs:  # their fp32 outputs are ONNX Runtime's on the (exported) ONNX
-            out.print(_gate_table(result.gate, f"{prefix}{result.gate.precision} accuracy gate vs fp32 (ONNX Runtime) "
-                                               f"on {result.gate.inputs} of your --calibration inputs"))
-        else:
-            out.print(_gate_table(result.gate, f"{prefix}{result.gate.precision} accuracy gate vs {result.reference}"
-                                               f"{inputs}"))
+            against = f"fp32 (ONNX Runtime) on {result.gate.inputs} of your --calibration inputs"
+        out.print(_gate_table(result.gate, f"{prefix}{result.gate.precision} accuracy gate vs {against}"))
 
 
 def _gate_table(gate, title: str) -> Table:
