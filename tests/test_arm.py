@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -104,3 +105,22 @@ def test_without_emulator_the_artifact_is_built_but_not_verified(monkeypatch, tm
     assert result.check is None and any("not verified" in n for n in result.notes)
     with pytest.raises(MissingDependencyError, match="install qemu-aarch64"):
         api.check(arm_artifact)
+
+
+@needs_tools
+def test_arm_bf16_runs_on_bfdot_and_passes_the_gate_under_qemu(tmp_path):
+    """--precision bf16 for Graviton3 (Neoverse V1's BF16): the convs and the classifier on bfdot, checked under
+    qemu by the bf16 gate; the artifact requires the bf16 CPU feature. A core without BF16 (Raspberry Pi 5) gets
+    the one-line error."""
+    out = tmp_path / "cnn-bf16"
+    proc = run_mlc("compile", "zoo:cnn", "--target", "graviton3", "--precision", "bf16", "-o", out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "bf16 accuracy gate" in proc.stdout and "under qemu emulation" in proc.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["precision"] == "bf16" and manifest["gate"]["passed"]
+    assert "bf16" in manifest["target"]["required_cpu_features"]
+    disassembly = subprocess.run(["aarch64-linux-gnu-objdump", "-d", str(out / manifest["library"])],
+                                 capture_output=True, text=True, check=True).stdout
+    assert disassembly.count("bfdot") >= 4
+    assert_clean_error(run_mlc("compile", "zoo:mlp", "--target", "rpi5", "--precision", "bf16"), 1,
+                       "no bf16 dot-product instructions", "graviton3")

@@ -109,14 +109,19 @@ def test_bf16_on_a_target_without_bf16_is_a_one_line_error():
 
 
 @pytest.mark.parametrize("tvm, expected", [
-    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4"}, True),
-    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512", "mattr": ["+avx512bf16"]}, True),
-    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4", "mattr": ["-avx512bf16"]}, False),
-    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "cascadelake"}, False),
-    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-v1"}, False),
+    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4"}, "avx512_bf16"),
+    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512", "mattr": ["+avx512bf16"]},
+     "avx512_bf16"),
+    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4", "mattr": ["-avx512bf16"]}, None),
+    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "cascadelake"}, None),
+    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-v1"}, "bf16"),  # Graviton3
+    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-v2", "mattr": ["-bf16"]}, None),
+    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a76"}, None),  # Raspberry Pi 5
+    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a72", "mattr": ["+neon", "+bf16"]}, "bf16"),
 ])
 def test_bf16_capability_from_the_target(tvm, expected):
-    assert targets.has_bf16_dot(targets.Target("t", "", tvm, "x86_64")) is expected
+    target = targets.Target("t", "", tvm, "x86_64")
+    assert targets.bf16_dot_feature(target) == expected and targets.has_bf16_dot(target) is (expected is not None)
 
 
 def test_bf16_kernels_run_on_vdpbf16ps_and_match_fp32():

@@ -445,40 +445,53 @@ def _panels_per_block(n_panels, depth, width: int) -> int:
     return _divisor_at_most(n_panels, fit) if fit > 1 else 1
 
 
-BF16_DOT = "mlc_bf16_dot_16x2"  # C[16] (fp32) += A[2] (bf16) . B[16, 2] (bf16): AVX512-BF16's vdpbf16ps
-# The intrinsic with bfloat operands, in LLVM IR: a kernel using BF16_DOT imports it (pragma_import_llvm).
-BF16_DOT_LLVM = """
-define linkonce_odr <16 x float> @mlc_dpbf16ps(<16 x float> %c, i32 %a, <32 x i16> %b) alwaysinline {
-  %one = insertelement <16 x i32> poison, i32 %a, i64 0
-  %all = shufflevector <16 x i32> %one, <16 x i32> poison, <16 x i32> zeroinitializer
-  %abf = bitcast <16 x i32> %all to <32 x bfloat>
-  %bbf = bitcast <32 x i16> %b to <32 x bfloat>
-  %r = call <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float> %c, <32 x bfloat> %abf, <32 x bfloat> %bbf)
-  ret <16 x float> %r
-}
-declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloat>, <32 x bfloat>)
+# C[lanes] (fp32) += A[2] (bf16) . B[lanes, 2] (bf16), one instruction: lanes -> (intrinsic, LLVM function, the
+# instruction's LLVM intrinsic, the target feature). AVX512-BF16's vdpbf16ps (16 lanes), ARM BF16's bfdot (4 lanes,
+# Neoverse V1/V2: Graviton 3/4): each adds to every fp32 lane the products of a pair of bf16 values broadcast from A
+# with that lane's pair of B.
+BF16_DOTS = {16: ("mlc_bf16_dot_16x2", "mlc_dpbf16ps", "llvm.x86.avx512bf16.dpbf16ps.512", "avx512bf16"),
+             4: ("mlc_bf16_dot_4x2", "mlc_bfdot", "llvm.aarch64.neon.bfdot.v4f32.v8bf16", "bf16")}
+
+
+def bf16_dot_llvm(lanes: int) -> str:
+    """The instruction with bfloat operands, in LLVM IR: a kernel using the intrinsic imports it
+    (pragma_import_llvm). TVM's LLVM codegen has no bfloat type, so the kernel passes bf16 bits as integers."""
+    _, function, instruction, _ = BF16_DOTS[lanes]
+    return f"""
+define linkonce_odr <{lanes} x float> @{function}(<{lanes} x float> %c, i32 %a, <{2 * lanes} x i16> %b) alwaysinline {{
+  %one = insertelement <{lanes} x i32> poison, i32 %a, i64 0
+  %all = shufflevector <{lanes} x i32> %one, <{lanes} x i32> poison, <{lanes} x i32> zeroinitializer
+  %abf = bitcast <{lanes} x i32> %all to <{2 * lanes} x bfloat>
+  %bbf = bitcast <{2 * lanes} x i16> %b to <{2 * lanes} x bfloat>
+  %r = call <{lanes} x float> @{instruction}(<{lanes} x float> %c, <{2 * lanes} x bfloat> %abf,
+                                            <{2 * lanes} x bfloat> %bbf)
+  ret <{lanes} x float> %r
+}}
+declare <{lanes} x float> @{instruction}(<{lanes} x float>, <{2 * lanes} x bfloat>, <{2 * lanes} x bfloat>)
 """
 
 
-def _bf16_intrinsic() -> str:
-    """Register the bf16 dot-product tensor intrinsic (TVM 0.27 ships none): one vdpbf16ps adds, to each of 16
-    fp32 lanes, the products of a pair of bf16 values broadcast from A with that lane's pair of B (weights
-    packed [.., K/2, 16, 2]), in fp32."""
+def _bf16_intrinsic(lanes: int) -> str:
+    """Register the bf16 dot-product tensor intrinsic of `lanes` fp32 lanes (TVM 0.27 ships none); weights packed
+    [.., K/2, lanes, 2]."""
     from tvm.s_tir import TensorIntrin
     from tvm.script import tirx as T
 
-    if TensorIntrin.get(BF16_DOT, allow_missing=True) is not None:
-        return BF16_DOT
+    name, function, _, _ = BF16_DOTS[lanes]
+    if TensorIntrin.get(name, allow_missing=True) is not None:
+        return name
+    vector = f"float32x{lanes}"
+    bits = f"uint16x{2 * lanes}"
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
         A = T.match_buffer(a, (2,), "bfloat16", offset_factor=1)
-        B = T.match_buffer(b, (16, 2), "bfloat16", offset_factor=1)
-        C = T.match_buffer(c, (16,), "float32", offset_factor=1, scope="local")
+        B = T.match_buffer(b, (lanes, 2), "bfloat16", offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "float32", offset_factor=1, scope="local")
         with T.sblock("root"):
-            T.reads(C[0:16], A[0:2], B[0:16, 0:2])
-            T.writes(C[0:16])
-            for i, k in T.grid(16, 2):
+            T.reads(C[0:lanes], A[0:2], B[0:lanes, 0:2])
+            T.writes(C[0:lanes])
+            for i, k in T.grid(lanes, 2):
                 with T.sblock("update"):
                     vi, vk = T.axis.remap("SR", [i, k])
                     C[vi] = C[vi] + T.cast(A[vk], "float32") * T.cast(B[vi, vk], "float32")
@@ -486,39 +499,41 @@ def _bf16_intrinsic() -> str:
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
         A = T.match_buffer(a, (2,), "bfloat16", offset_factor=1)
-        B = T.match_buffer(b, (16, 2), "bfloat16", offset_factor=1)
-        C = T.match_buffer(c, (16,), "float32", offset_factor=1, scope="local")
+        B = T.match_buffer(b, (lanes, 2), "bfloat16", offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "float32", offset_factor=1, scope="local")
         with T.sblock("root"):
-            T.reads(C[0:16], A[0:2], B[0:16, 0:2])
-            T.writes(C[0:16])
+            T.reads(C[0:lanes], A[0:2], B[0:lanes, 0:2])
+            T.writes(C[0:lanes])
             # bf16 bits as integers: TVM's BF16ComputeLegalize widens bf16 values to fp32, and its LLVM codegen has
-            # no bfloat type, so the call goes to BF16_DOT_LLVM (linked in, inlined), which passes them on as bfloat
+            # no bfloat type, so the call goes to bf16_dot_llvm's function (linked in, inlined), which passes them
+            # on as bfloat
             A_bits = T.decl_buffer((2,), "uint16", data=A.data, elem_offset=A.elem_offset)
-            B_bits = T.decl_buffer((32,), "uint16", data=B.data, elem_offset=B.elem_offset)
-            C[T.ramp(T.int32(0), 1, 16)] = T.call_pure_extern(
-                "float32x16", "mlc_dpbf16ps", C.vload([0], dtype="float32x16"),
-                T.reinterpret(A_bits.vload([0], "uint16x2"), dtype="int32"), B_bits.vload([0], dtype="uint16x32"))
+            B_bits = T.decl_buffer((2 * lanes,), "uint16", data=B.data, elem_offset=B.elem_offset)
+            C[T.ramp(T.int32(0), 1, lanes)] = T.call_pure_extern(
+                vector, function, C.vload([0], dtype=vector),
+                T.reinterpret(A_bits.vload([0], "uint16x2"), dtype="int32"), B_bits.vload([0], dtype=bits))
 
-    TensorIntrin.register(BF16_DOT, desc, impl)
-    return BF16_DOT
+    TensorIntrin.register(name, desc, impl)
+    return name
 
 
 def _bf16_dot_block(sch, block, reduction, lanes: int, target) -> bool:
-    """Whether a register-tile block can run on vdpbf16ps: fp32 output from two bf16 operands, an even innermost
-    reduction, 16 lanes, and a target with AVX512-BF16 (an --emulated build has none: plain casts there)."""
+    """Whether a register-tile block can run on a bf16 dot-product instruction: fp32 output from two bf16 operands,
+    an even innermost reduction, and a target with vdpbf16ps at 16 lanes or bfdot at 4 (an --emulated build has
+    neither: plain casts there)."""
     from tvm.target import codegen
 
     stmt = sch.get(block)
-    if lanes != 16 or str(stmt.writes[0].source.dtype) != "float32" or len(stmt.reads) < 2:
+    if lanes not in BF16_DOTS or str(stmt.writes[0].source.dtype) != "float32" or len(stmt.reads) < 2:
         return False
     if sum(str(r.source.dtype) == "bfloat16" for r in stmt.reads) < 2:
         return False
     depth = _extent(sch, reduction[-1])
-    if depth is None or depth % 2:
+    if depth is None or depth % 2 or (lanes == 4) != ("aarch64" in str(target.attrs.get("mtriple", ""))):
         return False
     try:
-        return bool(codegen.target_has_features("avx512bf16", target))
-    except Exception:  # noqa: BLE001 - not an LLVM x86 target
+        return bool(codegen.target_has_features(BF16_DOTS[lanes][3], target))
+    except Exception:  # noqa: BLE001 - not an LLVM target of that architecture
         return False
 
 
@@ -635,8 +650,8 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
         sch.annotate(col_loop, ROW_COUNT, columns.name)
     # The dot-product tiles must have no predicate (TVM 0.27's tensorize rejects one): rows padded by `_pad_width`
     if bf16:
-        sch.tensorize(ji, _bf16_intrinsic())
-        sch.annotate(tile, "pragma_import_llvm", BF16_DOT_LLVM)
+        sch.tensorize(ji, _bf16_intrinsic(lanes))
+        sch.annotate(tile, "pragma_import_llvm", bf16_dot_llvm(lanes))
     if int8:
         sch.tensorize(ji, int8_dot.vnni_intrinsic())
 

@@ -139,12 +139,13 @@ def precision_supported(preset: targets.Target, precision: str, emulated: bool) 
     if precision == "bf16" and preset.device == "cpu" and not targets.has_bf16_dot(preset):
         raise TargetError(f"--precision bf16: target {preset.name} ({preset.tvm.get('mcpu', preset.tvm['kind'])}) "
                           "has no bf16 dot-product instructions (x86 AVX512-BF16: cooperlake, sapphirerapids, znver4 "
-                          "or newer); --emulated builds it anyway, converting in software (slow)")
+                          "or newer; ARM BF16: graviton3, graviton4); --emulated builds it anyway, converting in "
+                          "software (slow)")
     if precision == "bf16" and preset.device != "cpu":
         raise TargetError(f"--precision bf16 is for CPU targets; use --precision fp16 on {preset.name}")
     if precision == "fp16" and preset.device != "cuda":
         raise TargetError(f"--precision fp16 needs a GPU with fp16 arithmetic (cuda); target {preset.name} has none "
-                          "mlc uses (bf16 on CPUs with AVX512-BF16); --emulated builds it anyway (slow)")
+                          "mlc uses (bf16 on CPUs with AVX512-BF16 or ARM BF16); --emulated builds it anyway (slow)")
 
 
 def quantize_supported(preset: targets.Target, quantize: Optional[str], emulated: bool,

@@ -93,8 +93,9 @@ def _target_info(preset: targets.Target, recipe: Recipe, precision: str) -> dict
     """The preset, and for a bf16 or int8 build on the dot-product instructions the CPU feature they need (a JSON target
     names no features: without it, a host lacking them would die of SIGILL instead of being told)."""
     info = preset.to_json()
-    if precision == "bf16" and not recipe.options.get("emulated"):
-        info["required_cpu_features"] = list(dict.fromkeys(info["required_cpu_features"] + ["avx512_bf16"]))
+    bf16 = targets.bf16_dot_feature(preset)
+    if precision == "bf16" and not recipe.options.get("emulated") and bf16:  # vdpbf16ps, bfdot
+        info["required_cpu_features"] = list(dict.fromkeys(info["required_cpu_features"] + [bf16]))
     int8 = targets.int8_dot_feature(preset)
     if recipe.options.get("quantize") and not recipe.options.get("emulated") and int8:  # vpdpbusd, sdot/udot
         info["required_cpu_features"] = list(dict.fromkeys(info["required_cpu_features"] + [int8]))

@@ -323,17 +323,30 @@ def has_int8_dot(target: Target) -> bool:
     return int8_dot_feature(target) is not None
 
 
-# LLVM cpus with AVX512-BF16 (vdpbf16ps); a JSON target may name the feature in mattr instead.
+# LLVM cpus with bf16 dot products: x86 AVX512-BF16 (vdpbf16ps), ARM BF16 (bfdot: Armv8.6, Neoverse V1/V2 in
+# Graviton 3/4); a JSON target may name the feature in mattr instead.
 _BF16_X86_CPUS = ("cooperlake", "sapphirerapids", "emeraldrapids", "graniterapids", "diamondrapids", "znver4", "znver5")
+_BF16_ARM_CPUS = ("neoverse-v1", "neoverse-v2", "neoverse-v3", "neoverse-n2", "neoverse-n3", "neoverse-512tvb",
+                  "cortex-a510", "cortex-a710", "cortex-a715", "cortex-a720", "cortex-x2", "cortex-x3", "cortex-x4",
+                  "apple-m2", "apple-m3", "apple-m4", "ampere1", "ampere1a")
+
+
+def bf16_dot_feature(target: Target) -> str | None:
+    """The CPU feature (its /proc/cpuinfo flag) of the target's bf16 dot-product instructions, or None: x86
+    avx512_bf16 (vdpbf16ps), ARM bf16 (bfdot)."""
+    tvm = target.tvm
+    if tvm.get("kind") != "llvm":
+        return None
+    mattr = tvm.get("mattr") or []
+    mattr = mattr.split(",") if isinstance(mattr, str) else list(mattr)
+    mcpu = str(tvm.get("mcpu", ""))
+    if str(tvm.get("mtriple", "x86_64")).startswith(("aarch64", "arm64")):
+        return "bf16" if "-bf16" not in mattr and (mcpu in _BF16_ARM_CPUS or "+bf16" in mattr) else None
+    if "-avx512bf16" not in mattr and (mcpu in _BF16_X86_CPUS or "+avx512bf16" in mattr):
+        return "avx512_bf16"
+    return None
 
 
 def has_bf16_dot(target: Target) -> bool:
-    """Whether the target's CPU has the bf16 dot-product instruction mlc's bf16 kernels use (x86 AVX512-BF16)."""
-    tvm = target.tvm
-    if tvm.get("kind") != "llvm" or not str(tvm.get("mtriple", "x86_64")).startswith("x86_64"):
-        return False
-    mattr = tvm.get("mattr") or []
-    mattr = mattr.split(",") if isinstance(mattr, str) else list(mattr)
-    if "-avx512bf16" in mattr:
-        return False
-    return str(tvm.get("mcpu", "")) in _BF16_X86_CPUS or "+avx512bf16" in mattr
+    """Whether the target's CPU has the bf16 dot-product instructions mlc's bf16 kernels use (--precision bf16)."""
+    return bf16_dot_feature(target) is not None
