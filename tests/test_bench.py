@@ -194,7 +194,7 @@ def test_matrix_records_failures_and_goes_on(monkeypatch, tmp_path):
         if source == "zoo:bert-tiny":
             raise RuntimeError("TVM exploded")
         return {"artifact": str(dest), "compile_s": 1.0, "compile_breakdown_s": {}, "tuning_s": None,
-                "artifact_bytes": 1, "kernels": {"default": 1}}
+                "artifact_bytes": 1, "kernels": {"default": 1}, "precision": precision}
 
     monkeypatch.setattr(matrix, "run_child", fake_child)
     monkeypatch.setattr(matrix, "_compile_mlc", fake_compile)
