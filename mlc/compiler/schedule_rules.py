@@ -528,8 +528,10 @@ def _bf16_dot_block(sch, block, reduction, lanes: int, target) -> bool:
         return False
     if sum(str(r.source.dtype) == "bfloat16" for r in stmt.reads) < 2:
         return False
+    if (lanes == 4) != ("aarch64" in str(target.attrs.get("mtriple", ""))):  # bfdot is ARM's, vdpbf16ps x86's
+        return False
     depth = _extent(sch, reduction[-1])
-    if depth is None or depth % 2 or (lanes == 4) != ("aarch64" in str(target.attrs.get("mtriple", ""))):
+    if depth is None or depth % 2:
         return False
     try:
         return bool(codegen.target_has_features(BF16_DOTS[lanes][3], target))

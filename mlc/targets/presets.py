@@ -300,16 +300,24 @@ _DOTPROD_CPUS = ("neoverse-n1", "neoverse-n2", "neoverse-n3", "neoverse-v1", "ne
                  "cortex-x4", "apple-m1", "apple-m2", "apple-m3", "apple-m4", "ampere1", "ampere1a")
 
 
-def int8_dot_feature(target: Target) -> str | None:
-    """The CPU feature (its /proc/cpuinfo flag) of the target's int8 dot-product instructions, or None: x86
-    avx512_vnni or avx_vnni (vpdpbusd), ARM asimddp (dotprod)."""
+def _llvm_cpu(target: Target) -> tuple[str, list[str], bool] | None:
+    """(mcpu, mattr, whether ARM) of an LLVM target; None for another kind."""
     tvm = target.tvm
     if tvm.get("kind") != "llvm":
         return None
     mattr = tvm.get("mattr") or []
     mattr = mattr.split(",") if isinstance(mattr, str) else list(mattr)
-    mcpu = str(tvm.get("mcpu", ""))
-    if str(tvm.get("mtriple", "x86_64")).startswith(("aarch64", "arm64")):
+    return str(tvm.get("mcpu", "")), mattr, str(tvm.get("mtriple", "x86_64")).startswith(("aarch64", "arm64"))
+
+
+def int8_dot_feature(target: Target) -> str | None:
+    """The CPU feature (its /proc/cpuinfo flag) of the target's int8 dot-product instructions, or None: x86
+    avx512_vnni or avx_vnni (vpdpbusd), ARM asimddp (dotprod)."""
+    cpu = _llvm_cpu(target)
+    if cpu is None:
+        return None
+    mcpu, mattr, arm = cpu
+    if arm:
         return "asimddp" if "-dotprod" not in mattr and (mcpu in _DOTPROD_CPUS or "+dotprod" in mattr) else None
     if "-avx512vnni" not in mattr and (mcpu in _AVX512_VNNI_CPUS or "+avx512vnni" in mattr):
         return "avx512_vnni"
@@ -334,13 +342,11 @@ _BF16_ARM_CPUS = ("neoverse-v1", "neoverse-v2", "neoverse-v3", "neoverse-n2", "n
 def bf16_dot_feature(target: Target) -> str | None:
     """The CPU feature (its /proc/cpuinfo flag) of the target's bf16 dot-product instructions, or None: x86
     avx512_bf16 (vdpbf16ps), ARM bf16 (bfdot)."""
-    tvm = target.tvm
-    if tvm.get("kind") != "llvm":
+    cpu = _llvm_cpu(target)
+    if cpu is None:
         return None
-    mattr = tvm.get("mattr") or []
-    mattr = mattr.split(",") if isinstance(mattr, str) else list(mattr)
-    mcpu = str(tvm.get("mcpu", ""))
-    if str(tvm.get("mtriple", "x86_64")).startswith(("aarch64", "arm64")):
+    mcpu, mattr, arm = cpu
+    if arm:
         return "bf16" if "-bf16" not in mattr and (mcpu in _BF16_ARM_CPUS or "+bf16" in mattr) else None
     if "-avx512bf16" not in mattr and (mcpu in _BF16_X86_CPUS or "+avx512bf16" in mattr):
         return "avx512_bf16"
