@@ -28,6 +28,7 @@ sys.path.append(str(Path(__file__).resolve().parent))  # accuracy.py's ONNX Runt
 
 SEED = 0
 SIZE = 64
+MLC = [sys.executable, "-m", "mlc"]  # the mlc of the venv running this script
 
 
 def digit_images(images: np.ndarray, size: int = SIZE) -> np.ndarray:
@@ -76,7 +77,7 @@ def onnxruntime_int8(torchscript: Path, calibration: list[dict], folder: Path):
     from mlc.passes import quantize
 
     exported = folder / "model.onnx"
-    subprocess.run([str(ROOT / ".venv/bin/mlc"), "export", str(torchscript), "--input-shape",
+    subprocess.run([*MLC, "export", str(torchscript), "--input-shape",
                     f"input:1x3x{SIZE}x{SIZE}", "-o", str(exported)], check=True, capture_output=True)
     model = onnx.load(str(exported))
     for k, node in enumerate(model.graph.node):
@@ -142,9 +143,9 @@ def main(argv=None) -> int:
             np.savez(path, input=images[k:k + 1])  # nn.Sequential.forward(input)
             calibration += ["--calibration", str(path)]
         artifact = folder / "int8"
-        command = [str(ROOT / ".venv/bin/mlc"), "compile", str(saved),
+        command = [*MLC, "compile", str(saved),
                    "--input-shape", f"input:1x3x{SIZE}x{SIZE}", "--quantize", "int8", *calibration, "-o", str(artifact)]
-        print("+", " ".join(command[1:]), flush=True)
+        print("+ mlc", " ".join(command[len(MLC):]), flush=True)
         compiled = subprocess.run(command, text=True, capture_output=True)
         print(compiled.stdout[-3000:], compiled.stderr[-3000:], sep="\n")
         if compiled.returncode not in (0, 3):  # 3: the gate failed, and the artifact is there to measure
@@ -168,7 +169,7 @@ def main(argv=None) -> int:
         gate = json.loads((artifact / "manifest.json").read_text()).get("gate")
     doc = {"machine": machine_info(), "model": f"zoo:resnet50's layers, a 10-class head, digits at {SIZE}x{SIZE}",
            "train_digits": args.train, "epochs": args.epochs, "calibration_digits": args.calibration,
-           "command": " ".join(command[1:]), "compile_exit": compiled.returncode,
+           "command": " ".join(["mlc", *command[len(MLC):]]), "compile_exit": compiled.returncode,
            "results": rows, "gate": gate}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(doc, indent=1) + "\n")
