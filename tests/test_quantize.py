@@ -226,6 +226,44 @@ def test_int8_calibrated_on_the_users_data_is_judged_on_it(tmp_path):
     assert proc.returncode == 0 and "on 8 of your --calibration inputs" in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.parametrize("fails", ["import", "build"])
+def test_int8_that_tvm_fails_on_builds_a_checked_fp32_artifact_with_a_warning(monkeypatch, tmp_path, fails):
+    """--quantize is an optional step: where TVM fails to import the quantised graph, or to build it, the graph as it
+    was before --quantize is built, checked at fp32 and recorded so (no quantisation, no gate inputs), and a note
+    names the step and TVM's reason (a valid model never ends in exit 70). Failures injected in-process
+    (isolate=False) wherever the graph holds int8."""
+    pytest.importorskip("tvm")
+    from mlc.compiler import importer, worker
+
+    if fails == "import":
+        to_relax = importer.to_relax
+
+        def broken(model, *args):
+            if any(n.op_type == "QuantizeLinear" for n in model.graph.node):
+                raise RuntimeError("Check failed: int8 import blew up (injected)")
+            return to_relax(model, *args)
+        monkeypatch.setattr(importer, "to_relax", broken)
+    else:
+        build = worker._build
+
+        def broken(mod, *args):
+            if "int8" in mod.script(show_meta=False):
+                raise RuntimeError("Check failed: int8 kernel blew up (injected)")
+            return build(mod, *args)
+        monkeypatch.setattr(worker, "_build", broken)
+    path = tmp_path / "conv.onnx"
+    onnx.save(conv_net(), path)
+    vnni = targets.int8_dot_feature(targets.resolve("x86"))
+    result = api.compile(str(path), output=tmp_path / "art", quantize="int8", emulated=vnni is None, isolate=False)
+    assert result.check.passed and result.check.gate is None  # judged at fp32 tolerances
+    manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
+    assert manifest["precision"] == "fp32" and manifest["quantization"] is None
+    assert not manifest["reference"]["gate_cases"] and manifest["reference"]["gate_judges_reference"]
+    assert not any(p["name"] == "quantize" for p in manifest["compile"]["passes"])
+    assert [n for n in result.notes if "without --quantize int8 (the artifact is fp32)" in n and "blew up" in n]
+    assert not [n for n in result.notes if "calibrated on" in n]
+
+
 def test_int8_gate_counts_real_top1_flips():
     ref = np.tile(np.array([[4.0, 3.8, 1.0, 0.0, -1.0, -2.0, 0.5]], np.float32), (50, 1))
     flipped = ref.copy()

@@ -39,8 +39,10 @@ PANEL_BLOCK_BYTES = 256 * 1024  # L2 is 512 KB to 2 MB on the x86 and ARM cores 
 # On a register tile's reduction loop: elements from one packed weight panel to the next, which tir_pipeline
 # prefetches (`_schedule_register_tile` says where)
 PREFETCH = "mlc.prefetch_ahead"
+PREFETCH_LIMIT = "mlc.prefetch_limit"  # elements from the weight's data pointer to its end (its load may be a view)
 PREFETCH_WEIGHTS = True
 PREFETCH_MIN_ROWS = 8
+PREFETCH_MAX_PASSES = 8  # a bf16 conv's row tiles per weight panel, at most, for prefetching the next
 # On a conv tile's kernel-row (-column) loop: [padded input buffer's name, its row (column) dim, first and end
 # index that are not padding, elements per index, indices], so tir_pipeline skips the kernel rows (and each
 # pixel's kernel columns) that read zero padding only (`_padding_extents`)
@@ -580,7 +582,12 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     # Rows come from the innermost other spatial loop only (a conv's output width): a tile that
     # crossed into the next output row would make the accumulator a non-rectangular region,
     # which LLVM can no longer keep in registers.
+    passes = None  # the row tiles of one image (of the static dims after the last symbolic one) per weight panel
     if len(spatial) > 1:
+        outer = [_extent(sch, loop) for loop in spatial[:-2]]
+        if row_extent is not None:
+            static = outer[len(outer) - outer[::-1].index(None):] if None in outer else outer
+            passes = math.prod(static) * -(-row_extent // row_tile)
         head += spatial[:-2]
         if row_tile > 1:
             mo, rows = sch.split(spatial[-2], factors=[None, row_tile])
@@ -638,6 +645,17 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
         # time, swin's 49 rows: 1.08x), on shallower panels (two to a block) or symbolic-row tiles (--dynamic
         # seq: 1.07x at seq 8). benchmarks/dense-kblock
         sch.annotate(reduction[0], PREFETCH, depths[0] * vectors * lanes)
+    elif PREFETCH_WEIGHTS and group == 2 and len(reduction) > 1 and passes is not None \
+            and passes <= PREFETCH_MAX_PASSES and columns is None and None not in depths \
+            and math.prod(depths) * vectors * lanes * 2 > PANEL_BLOCK_BYTES:
+        # A bf16 conv whose weight panels are each read by a few row tiles waited on memory: resnet50's 3x3 convs
+        # at 7 x 7 (7 passes over 288 KB panels) took 0.53 ms in the model, 0.38 with the weights in cache. Each
+        # pass prefetches the next block's panel: 0.45-0.48 ms. Prefetching in the first pass only hid little
+        # (0.52-0.54); with more passes the redundant prefetches cost more than they hid (the 3x3 convs at 14 x 14,
+        # 28 passes: 1.05x the time), and at fp32 the same convs read 0.94-1.12x the time. A symbolic batch counts
+        # one image's passes.
+        sch.annotate(reduction[-1], PREFETCH, panels * math.prod(depths) * vectors * lanes)
+        sch.annotate(reduction[-1], PREFETCH_LIMIT, j_extent * math.prod(depths))
     if row_loop is not None:
         # The accumulator indexed by row % row_tile (injective within the tile, the only rows it holds at a
         # time): its compacted size is then row_tile rows, not min(rows, row_tile), a size known only at run

@@ -318,17 +318,21 @@ def _with_prefetches(loop):
     import tvm
     from tvm import tirx
 
-    from mlc.compiler.schedule_rules import PREFETCH
+    from mlc.compiler.schedule_rules import PREFETCH, PREFETCH_LIMIT
 
     ahead, k = int(loop.annotations[PREFETCH]), loop.loop_var
+    limit = loop.annotations.get(PREFETCH_LIMIT)
     inner = {v: tirx.IntImm(dtype, 0) for v, dtype in _loop_vars(loop.body)}
     analyzer = tvm.sym.Analyzer()
     prefetches, seen = [], set()
+    views = [s for s in _statements(loop.body, []) if isinstance(s, tirx.DeclBuffer)]
     for load in _loads(loop.body, []):
         size = load.source.shape[0] if len(load.source.shape) == 1 else None
+        size = tirx.IntImm("int64", int(limit)) if limit is not None else size
         if len(load.indices) != 1 or not isinstance(size, tirx.IntImm) or k not in _undefined_vars(load.indices[0]):
             continue
         index = load.indices[0]
+        index = index.base if isinstance(index, tirx.Ramp) else index
         step = analyzer.simplify(_substitute(index, {k: k + 1}) - index)
         per_line = 64 // tvm.DataType(str(load.source.dtype)).itemsize
         if not isinstance(step, tirx.IntImm) or step.value % per_line or step.value < per_line:
@@ -340,13 +344,16 @@ def _with_prefetches(loop):
         seen.add(key)
         for line in range(step.value // per_line):
             at = tirx.Min(base + (ahead + line * per_line), tirx.IntImm(str(index.ty.dtype), size.value - 1))
-            address = tirx.call_intrin("handle", "tirx.address_of", tirx.BufferLoad(load.source, [at]))
+            # From the data pointer, outside the body: the load's buffer may be a view declared in it (a bf16 tile's
+            # B_bits over the packed weight)
+            data = next((v.data for v in views if v.buffer.same_as(load.source)), load.source.data)
+            address = tirx.handle_add_byte_offset(data, at * tvm.DataType(str(load.source.dtype)).itemsize)
             # TVM 0.27's tirx.prefetch finds no llvm.prefetch declaration (LLVM 22 overloads it by address space)
             prefetches.append(tirx.Evaluate(tirx.call_llvm_intrin("void", "llvm.prefetch.p0", address, *[
                 tirx.IntImm("int32", v) for v in (0, 2, 1)])))  # read, into L2 (locality 2), data
     if not prefetches:
         return loop
-    annotations = {key: value for key, value in loop.annotations.items() if key != PREFETCH}
+    annotations = {key: value for key, value in loop.annotations.items() if key not in (PREFETCH, PREFETCH_LIMIT)}
     return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, tirx.SeqStmt([*prefetches, loop.body]),
                     loop.thread_binding, annotations, loop.step, loop.span)
 

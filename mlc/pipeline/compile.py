@@ -3,6 +3,7 @@ reference), build with TVM (once, or once per bucket), package, verify."""
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,8 @@ from mlc.pipeline import schedules as tuning_records
 from mlc.pipeline import source as sources
 from mlc.pipeline.options import CompileOptions, ModelSpec, check_tolerances, recipe
 from mlc.pipeline.package import KERNELS, LIBRARY, OBJECTS, default_output, package
-from mlc.pipeline.prepare import Prepared, References, bind_to_reference, dynamic_ranges, prepare, references
+from mlc.pipeline.prepare import (Prepared, References, bind_to_reference, drop_quantization, dynamic_ranges, prepare,
+                                  references)
 from mlc.pipeline.run import check
 from mlc.pipeline.steps import StepReporter, Timer, quiet_step
 from mlc.runtime import runner as thin_runtime
@@ -81,6 +83,8 @@ def compile(model: ModelSpec, options: CompileOptions, step: StepReporter = quie
         _release_weights(prepared, "model")  # the buckets' graph passes ran on it
         with artifacts.staging_dir(plan.output) as staged:
             results = _build(plan, prepared, refs, builds, staged, timed)
+            if refs.gate_cases and not prepared.quantization:  # built without --quantize: an fp32 artifact
+                refs = dataclasses.replace(refs, gate_cases=[], gate_judges_reference=True)
             changed = onnx_weights.changed_files(workdir)  # the weights were read from them all along
             if changed:
                 raise InputError(f"{', '.join(changed)} changed during the compile (its weights were read from it "
@@ -212,15 +216,24 @@ def _build(plan: CompilePlan, prepared: Prepared, refs: References, builds: list
                     dim_upper_bounds={name: hi for name, (_, hi) in plan.ranges.items()},
                     precision=options.precision)
 
-            try:
+            def compile_bound(onnx_path: Path) -> dict:
                 try:
-                    results[build.library] = compile_(build.onnx)
+                    return compile_(onnx_path)
                 except (CompilerError, NodeConversionError) as e:
                     # A dim TVM cannot keep symbolic (no --dynamic asked for it): compile at the reference sizes.
                     imported = isinstance(e, NodeConversionError) or e.stage == "import"
                     if not imported or plan.dynamic or plan.buckets or not bind_to_reference(prepared, plan.steps, e):
                         raise
-                    results[build.library] = compile_(prepared.cleaned_path)
+                    return compile_(prepared.cleaned_path)
+
+            try:
+                try:
+                    results[build.library] = compile_bound(build.onnx)
+                except (CompilerError, NodeConversionError) as e:
+                    if not prepared.quantization:  # --quantize is an optional step: fp32 where TVM fails on it
+                        raise
+                    drop_quantization(prepared, e)
+                    results[build.library] = compile_bound(prepared.cleaned_path)
             except CompilerError as e:
                 cause = _user_cause(e, plan, prepared, refs)
                 if cause is None:

@@ -70,7 +70,7 @@ def package(staged: Path, *, runtime: runtimes.RuntimeFiles, preset: targets.Tar
         tvm_version=result["tvm_version"],
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         source=prepared.source,
-        target=TargetInfo(**_target_info(preset, recipe, precision)),
+        target=TargetInfo(**_target_info(preset, recipe, precision, bool(prepared.quantization))),
         library=library,
         runtime=runtime_info,
         reference=reference_info,
@@ -89,7 +89,7 @@ def package(staged: Path, *, runtime: runtimes.RuntimeFiles, preset: targets.Tar
     return artifacts.seal(staged, manifest)
 
 
-def _target_info(preset: targets.Target, recipe: Recipe, precision: str) -> dict:
+def _target_info(preset: targets.Target, recipe: Recipe, precision: str, quantized: bool) -> dict:
     """The preset, and for a bf16 or int8 build on the dot-product instructions the CPU feature they need (a JSON target
     names no features: without it, a host lacking them would die of SIGILL instead of being told)."""
     info = preset.to_json()
@@ -97,7 +97,7 @@ def _target_info(preset: targets.Target, recipe: Recipe, precision: str) -> dict
     if precision == "bf16" and not recipe.options.get("emulated") and bf16:  # vdpbf16ps, bfdot
         info["required_cpu_features"] = list(dict.fromkeys(info["required_cpu_features"] + [bf16]))
     int8 = targets.int8_dot_feature(preset)
-    if recipe.options.get("quantize") and not recipe.options.get("emulated") and int8:  # vpdpbusd, sdot/udot
+    if quantized and not recipe.options.get("emulated") and int8:  # vpdpbusd, sdot/udot
         info["required_cpu_features"] = list(dict.fromkeys(info["required_cpu_features"] + [int8]))
     return info
 

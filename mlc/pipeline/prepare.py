@@ -43,6 +43,7 @@ class Prepared:
     pass_records: list[dict] = field(default_factory=list)  # what each graph pass did
     quantization: Optional[dict] = None  # --quantize: what it did (the manifest's record)
     calibration: list = field(default_factory=list)  # --quantize int8: the calibration feeds
+    unquantized_path: Optional[Path] = None  # --quantize: the cleaned graph before it, built where TVM fails on int8
 
 
 def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Mapping[str, np.ndarray]] = None,
@@ -88,8 +89,10 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
         cleaned, records, notes = onnx_passes.run(onnx_frontend.fix_input_shapes(onnx_model, fixed), steps,
                                                   Path(dump_ir) if dump_ir else None, workdir)
         compiler.check_supported(cleaned, notes=notes)  # after the passes: lower_rnn makes LSTMs importable
-    quantization, calibration_feeds = None, []
+    quantization, calibration_feeds, unquantized_path = None, [], None
     if quantize:
+        unquantized_path = workdir / "unquantized.onnx"
+        onnx_passes.save(cleaned, unquantized_path)
         with timed("quantize", f"Quantising matmul/conv to {quantize}"):
             calibration_feeds, how = calibration_inputs(specs, feeds, calibration, quantize)
             if how == "seeded":
@@ -104,7 +107,7 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
     onnx_passes.save(cleaned, cleaned_path)  # the weights it reads by reference stay where they are
     notes = (converted.notes if converted else []) + notes
     return Prepared(source.path, source.info, onnx_model, specs, fixed, dict(feeds), cleaned, cleaned_path, notes,
-                    converted, records, quantization, calibration_feeds)
+                    converted, records, quantization, calibration_feeds, unquantized_path)
 
 
 def calibration_inputs(specs: list, feeds: Mapping[str, np.ndarray], files: tuple, mode: str
@@ -221,6 +224,18 @@ def gate_cases(prepared: Prepared) -> list[tuple[dict, dict]]:
         except InputError:
             return []
     return cases
+
+
+def drop_quantization(prepared: Prepared, error: MlcError) -> None:
+    """TVM failed on the quantised graph: build the graph as it was before --quantize (fp32), with a note naming the
+    step and TVM's reason; the manifest then records no quantisation and the artifact is checked as fp32."""
+    mode = prepared.quantization["mode"]
+    prepared.notes = [n for n in prepared.notes if not n.startswith(f"--quantize {mode}: calibrated")]
+    prepared.notes.append(f"built without --quantize {mode} (the artifact is fp32): TVM failed with it: {error}")
+    prepared.pass_records = [r for r in prepared.pass_records if r["name"] != "quantize"]
+    prepared.cleaned_path = prepared.unquantized_path
+    prepared.cleaned = onnx.load(str(prepared.cleaned_path), load_external_data=False)
+    prepared.quantization, prepared.calibration = None, []
 
 
 def bind_to_reference(prepared: Prepared, steps: list, error: MlcError) -> bool:
