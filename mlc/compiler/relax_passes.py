@@ -223,12 +223,15 @@ def _conv_inputs_in_bf16(mod):
 def _conv_tile_padding(call) -> tuple[tuple[int, int], tuple[int, int]]:
     """((output width, extra columns), (output channels, extra channels)) for the bf16 register tile, which
     takes no predicated tail (tensorize), computed on zero padding and sliced off:
-    - channels no multiple of the vector (16 floats) ran as fp32 arithmetic on bf16 values in 8-float vectors
+    - channels no multiple of the vector (x86: 16 floats) ran as fp32 arithmetic on bf16 values in 8-float vectors
       (squeezenet1_0's 512 -> 1000 classifier at 49 % of the bf16 peak); to two vectors where that adds at most
       1/16 of the work (1000 -> 1024), so the tile is two vectors wide;
     - output rows (the width) that the tile does not divide (71: inception_v3's 80 -> 192 3x3 conv; 17: its 1x7
-      convs) ran without vdpbf16ps or on a narrower tile."""
-    from mlc.compiler.schedule_rules import tile_row_padding
+      convs) ran without vdpbf16ps or on a narrower tile.
+    The vector is the current target's (ARM's bfdot: 4 floats, whose tile has 6 rows at most)."""
+    import tvm
+
+    from mlc.compiler.schedule_rules import tile_row_padding, vector_lanes
 
     shape = getattr(call.ty, "shape", None)
     layout = str(call.attrs.out_layout)  # Relax fills it from data_layout when not given
@@ -238,7 +241,8 @@ def _conv_tile_padding(call) -> tuple[tuple[int, int], tuple[int, int]]:
         width, channels = int(shape[layout.index("W")]), int(shape[layout.index("C")])
     except (TypeError, ValueError):  # symbolic
         return (0, 0), (0, 0)
-    lanes = 16
+    target = tvm.target.Target.current(allow_none=True)
+    lanes = vector_lanes(target) if target is not None else 16
     extra_channels = -channels % lanes
     if 16 * (-channels % (2 * lanes)) <= channels:  # two vectors for at most 1/16 more work
         extra_channels = -channels % (2 * lanes)

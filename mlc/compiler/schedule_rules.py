@@ -49,7 +49,7 @@ PREFETCH_MAX_PASSES = 8  # a bf16 conv's row tiles per weight panel, at most, fo
 VALID_ROWS, VALID_COLS = "mlc.valid_rows", "mlc.valid_cols"
 
 
-def _lanes(target) -> int:
+def vector_lanes(target) -> int:
     mcpu = str(target.attrs.get("mcpu", "")) if target.attrs else ""
     if any(name in mcpu for name in ("avx512", "skylake-avx512", "cascadelake", "cooperlake", "sapphirerapids",
                                      "icelake", "znver4", "znver5")):
@@ -932,7 +932,7 @@ def _rule():
                 return self.schedule(func, target, bf16_dot=False)
 
         def schedule(self, func, target, bf16_dot: bool):
-            copies = schedule_concatenation(func, _lanes(target))
+            copies = schedule_concatenation(func, vector_lanes(target))
             if copies is not None:
                 return copies
             sch = s_tir.Schedule(func)
@@ -954,7 +954,7 @@ def _rule():
                 if _is_copy(sch.get(info.block_rv)):
                     sch.compute_inline(info.block_rv)
             infos = pads + concat_inputs + (infos or [])
-            lanes = _lanes(target)
+            lanes = vector_lanes(target)
             deferred = []  # row reductions whose rows wait for their consumer's schedule
             for info in infos:
                 try:

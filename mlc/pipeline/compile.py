@@ -229,7 +229,7 @@ def _build(plan: CompilePlan, prepared: Prepared, refs: References, builds: list
             try:
                 try:
                     results[build.library] = compile_bound(build.onnx)
-                except (CompilerError, NodeConversionError) as e:
+                except (CompilerError, NodeConversionError, UnsupportedModelError) as e:
                     if not prepared.quantization:  # --quantize is an optional step: fp32 where TVM fails on it
                         raise
                     drop_quantization(prepared, e)
