@@ -648,12 +648,11 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     elif PREFETCH_WEIGHTS and group == 2 and len(reduction) > 1 and passes is not None \
             and passes <= PREFETCH_MAX_PASSES and columns is None and None not in depths \
             and math.prod(depths) * vectors * lanes * 2 > PANEL_BLOCK_BYTES:
-        # A bf16 conv whose weight panels are each read by a few row tiles waited on memory: resnet50's 3x3 convs
-        # at 7 x 7 (7 passes over 288 KB panels) took 0.53 ms in the model, 0.38 with the weights in cache. Each
-        # pass prefetches the next block's panel: 0.45-0.48 ms. Prefetching in the first pass only hid little
-        # (0.52-0.54); with more passes the redundant prefetches cost more than they hid (the 3x3 convs at 14 x 14,
-        # 28 passes: 1.05x the time), and at fp32 the same convs read 0.94-1.12x the time. A symbolic batch counts
-        # one image's passes.
+        # A bf16 conv whose weight panels only a few row tiles read waits on memory in the first of them (resnet50's
+        # 3x3 convs at 7 x 7: 0.53 ms in the model, 0.38 with the weights in cache): each pass prefetches the next
+        # block's panel (0.45-0.48 ms). With more passes the redundant prefetches cost more than they hide, in the
+        # first pass only they hid little, and at fp32 they did not pay (benchmarks/precision, run 11). A symbolic
+        # batch counts one image's passes.
         sch.annotate(reduction[-1], PREFETCH, panels * math.prod(depths) * vectors * lanes)
         sch.annotate(reduction[-1], PREFETCH_LIMIT, j_extent * math.prod(depths))
     if row_loop is not None:

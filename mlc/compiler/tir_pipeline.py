@@ -314,7 +314,8 @@ def _with_prefetches(loop):
     """The register tile's reduction loop (marked schedule_rules.PREFETCH with the distance in elements from
     one packed weight panel to the next) with prefetches (into L2) of the next panel's lines at the same depth,
     one per cache line the step reads (clamped to the buffer): the next panel streams from memory while this one
-    is computed, where the hardware prefetcher fell behind (bert-base's 3072-deep panels at seq 8-12)."""
+    is computed, where the hardware prefetcher fell behind (bert-base's 3072-deep panels at seq 8-12; resnet50's
+    bf16 3x3 convs at 7 x 7)."""
     import tvm
     from tvm import tirx
 
@@ -328,7 +329,8 @@ def _with_prefetches(loop):
     views = [s for s in _statements(loop.body, []) if isinstance(s, tirx.DeclBuffer)]
     for load in _loads(loop.body, []):
         size = load.source.shape[0] if len(load.source.shape) == 1 else None
-        size = tirx.IntImm("int64", int(limit)) if limit is not None else size
+        if limit is not None:  # the load is a view (a bf16 tile's): the weight's own size
+            size = tirx.IntImm("int64", int(limit))
         if len(load.indices) != 1 or not isinstance(size, tirx.IntImm) or k not in _undefined_vars(load.indices[0]):
             continue
         index = load.indices[0]
@@ -342,11 +344,11 @@ def _with_prefetches(loop):
         if key in seen:
             continue
         seen.add(key)
+        # From the data pointer, outside the body: the load's buffer may be a view declared in it (a bf16 tile's
+        # B_bits over the packed weight)
+        data = next((v.data for v in views if v.buffer.same_as(load.source)), load.source.data)
         for line in range(step.value // per_line):
             at = tirx.Min(base + (ahead + line * per_line), tirx.IntImm(str(index.ty.dtype), size.value - 1))
-            # From the data pointer, outside the body: the load's buffer may be a view declared in it (a bf16 tile's
-            # B_bits over the packed weight)
-            data = next((v.data for v in views if v.buffer.same_as(load.source)), load.source.data)
             address = tirx.handle_add_byte_offset(data, at * tvm.DataType(str(load.source.dtype)).itemsize)
             # TVM 0.27's tirx.prefetch finds no llvm.prefetch declaration (LLVM 22 overloads it by address space)
             prefetches.append(tirx.Evaluate(tirx.call_llvm_intrin("void", "llvm.prefetch.p0", address, *[
