@@ -39,6 +39,20 @@ def reseal(artifact: Path) -> None:
     artifacts.seal(artifact, artifacts.load(artifact, verify=False))
 
 
+def break_tvm_builds_of(monkeypatch, marker: str) -> None:
+    """Make TVM's build (in-process: compile with isolate=False) fail on every module whose script holds `marker`
+    (a dtype: the optional step that introduced it), as a TVM bug would."""
+    from mlc.compiler import worker
+
+    build = worker._build
+
+    def broken(mod, *args):
+        if marker in mod.script(show_meta=False):
+            raise RuntimeError(f"Check failed: {marker} kernel blew up (injected)")
+        return build(mod, *args)
+    monkeypatch.setattr(worker, "_build", broken)
+
+
 def mlp_onnx(path: Path, seed: int = 0) -> Path:
     """MatMul/Add/Relu MLP with a dynamic batch dimension."""
     rng = np.random.default_rng(seed)

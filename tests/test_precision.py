@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import assert_clean_error, reseal, run_mlc
+from helpers import assert_clean_error, break_tvm_builds_of, reseal, run_mlc
 
 from mlc import targets
 from mlc.check import LIMITS, gate
@@ -75,7 +75,7 @@ def test_bf16_that_tvm_fails_on_builds_a_checked_fp32_artifact_with_a_warning(mo
     the model is built at fp32, checked as fp32 and recorded so, and a note names the step and TVM's reason (a
     valid model never ends in exit 70). Failures injected in-process (isolate=False)."""
     from mlc import api
-    from mlc.compiler import relax_passes, worker
+    from mlc.compiler import relax_passes
 
     emulated = not targets.has_bf16_dot(targets.resolve("x86"))
     if fails == "pass":
@@ -83,13 +83,7 @@ def test_bf16_that_tvm_fails_on_builds_a_checked_fp32_artifact_with_a_warning(mo
             raise RuntimeError("Check failed: bf16 blew up (injected)")
         monkeypatch.setattr(relax_passes, "bf16_matmul", broken)
     else:
-        build = worker._build
-
-        def broken(mod, *args):
-            if "bfloat16" in mod.script(show_meta=False):
-                raise RuntimeError("Check failed: bf16 kernel blew up (injected)")
-            return build(mod, *args)
-        monkeypatch.setattr(worker, "_build", broken)
+        break_tvm_builds_of(monkeypatch, "bfloat16")
     result = api.compile("zoo:mlp", output=tmp_path / "art", precision="bf16", emulated=emulated, isolate=False)
     assert result.check.passed and result.check.gate is None  # judged at fp32 tolerances
     manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())

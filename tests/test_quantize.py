@@ -6,7 +6,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_clean_error, reseal, run_mlc
+from helpers import assert_clean_error, break_tvm_builds_of, reseal, run_mlc
 from onnx import TensorProto, helper, numpy_helper
 
 from mlc import api, targets
@@ -233,7 +233,7 @@ def test_int8_that_tvm_fails_on_builds_a_checked_fp32_artifact_with_a_warning(mo
     names the step and TVM's reason (a valid model never ends in exit 70). Failures injected in-process
     (isolate=False) wherever the graph holds int8."""
     pytest.importorskip("tvm")
-    from mlc.compiler import importer, worker
+    from mlc.compiler import importer
 
     if fails == "import":
         to_relax = importer.to_relax
@@ -244,13 +244,7 @@ def test_int8_that_tvm_fails_on_builds_a_checked_fp32_artifact_with_a_warning(mo
             return to_relax(model, *args)
         monkeypatch.setattr(importer, "to_relax", broken)
     else:
-        build = worker._build
-
-        def broken(mod, *args):
-            if "int8" in mod.script(show_meta=False):
-                raise RuntimeError("Check failed: int8 kernel blew up (injected)")
-            return build(mod, *args)
-        monkeypatch.setattr(worker, "_build", broken)
+        break_tvm_builds_of(monkeypatch, "int8")
     path = tmp_path / "conv.onnx"
     onnx.save(conv_net(), path)
     vnni = targets.int8_dot_feature(targets.resolve("x86"))
