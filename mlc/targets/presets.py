@@ -310,6 +310,12 @@ def _llvm_cpu(target: Target) -> tuple[str, list[str], bool] | None:
     return str(tvm.get("mcpu", "")), mattr, str(tvm.get("mtriple", "x86_64")).startswith(("aarch64", "arm64"))
 
 
+def _has(mcpu: str, mattr: list[str], feature: str, cpus: tuple[str, ...]) -> bool:
+    """Whether an LLVM target has `feature`: its cpu is one of `cpus` or its mattr adds it, and mattr does not
+    take it away."""
+    return f"-{feature}" not in mattr and (mcpu in cpus or f"+{feature}" in mattr)
+
+
 def int8_dot_feature(target: Target) -> str | None:
     """The CPU feature (its /proc/cpuinfo flag) of the target's int8 dot-product instructions, or None: x86
     avx512_vnni or avx_vnni (vpdpbusd), ARM asimddp (dotprod)."""
@@ -318,10 +324,10 @@ def int8_dot_feature(target: Target) -> str | None:
         return None
     mcpu, mattr, arm = cpu
     if arm:
-        return "asimddp" if "-dotprod" not in mattr and (mcpu in _DOTPROD_CPUS or "+dotprod" in mattr) else None
-    if "-avx512vnni" not in mattr and (mcpu in _AVX512_VNNI_CPUS or "+avx512vnni" in mattr):
+        return "asimddp" if _has(mcpu, mattr, "dotprod", _DOTPROD_CPUS) else None
+    if _has(mcpu, mattr, "avx512vnni", _AVX512_VNNI_CPUS):
         return "avx512_vnni"
-    if "-avxvnni" not in mattr and (mcpu in _AVX_VNNI_CPUS or "+avxvnni" in mattr):
+    if _has(mcpu, mattr, "avxvnni", _AVX_VNNI_CPUS):
         return "avx_vnni"
     return None
 
@@ -347,8 +353,8 @@ def bf16_dot_feature(target: Target) -> str | None:
         return None
     mcpu, mattr, arm = cpu
     if arm:
-        return "bf16" if "-bf16" not in mattr and (mcpu in _BF16_ARM_CPUS or "+bf16" in mattr) else None
-    if "-avx512bf16" not in mattr and (mcpu in _BF16_X86_CPUS or "+avx512bf16" in mattr):
+        return "bf16" if _has(mcpu, mattr, "bf16", _BF16_ARM_CPUS) else None
+    if _has(mcpu, mattr, "avx512bf16", _BF16_X86_CPUS):
         return "avx512_bf16"
     return None
 
