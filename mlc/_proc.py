@@ -108,8 +108,15 @@ def release_memory() -> None:
 
 def one_line(e: BaseException) -> str:
     """'Type: first line of the message' of an exception from code we do not control."""
-    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    if lines and lines[0] in _HEADERS:  # a header over a traceback: the cause is the last line
+        cause = lines[-1][:300]
+        return cause if cause.split(":")[0].endswith(("Error", "Exception")) else f"{type(e).__name__}: {cause}"
     return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
+
+
+# First lines that only say an error follows (a TorchScript module's errors, raised in its interpreter).
+_HEADERS = ("The following operation failed in the TorchScript interpreter.",)
 
 
 def result_path(request_path: Path) -> Path:

@@ -74,6 +74,11 @@ def _fmt(value: float, spec: str = ".2e") -> str:
     return "nan" if math.isnan(value) else format(value, spec)
 
 
+def _dims(shape) -> str:
+    """1x128; a 0-d tensor as "scalar" (an empty field reads as a missing shape)."""
+    return "x".join(map(str, shape)) or "scalar"
+
+
 def _check_table(result, title: str) -> Table:
     table = Table(title=title, title_justify="left")
     for column in ("output", "shape", "dtype", "max abs err", "max rel err", "cosine", "mismatched", "atol/rtol",
@@ -87,7 +92,7 @@ def _check_table(result, title: str) -> Table:
         if not o.passed and getattr(result, "gate", None) is not None and o.dtype.startswith("float"):
             verdict = "[yellow]outside[/] " + escape("; ".join(problems))  # the gate decides
         table.add_row(
-            escape(o.name), "x".join(map(str, o.shape)) or "scalar", o.dtype,
+            escape(o.name), _dims(o.shape), o.dtype,
             _fmt(o.max_abs_error), _fmt(o.max_rel_error), _fmt(o.cosine_similarity, ".6f"),
             f"{o.mismatch_fraction:.2%}", f"{o.atol:.2g}/{o.rtol:.2g}", verdict.strip(),
         )
@@ -126,7 +131,7 @@ def _gate_table(gate, title: str) -> Table:
             f"{o.top1_agreement:.0%}" + (f" (+{o.top1_near_ties} near tie)" if o.top1_near_ties else ""))
         top5 = "-" if o.top5_agreement is None else f"{o.top5_agreement:.0%}"
         verdict = "[green]pass[/]" if o.passed else "[red]FAIL[/] " + escape("; ".join(o.problems))
-        table.add_row(escape(o.name), "x".join(map(str, o.shape)) or "scalar", _fmt(o.cosine_similarity, ".6f"),
+        table.add_row(escape(o.name), _dims(o.shape), _fmt(o.cosine_similarity, ".6f"),
                       _fmt(o.max_abs_error), _fmt(100 * o.rel_error, ".2f"), top1, top5, verdict.strip())
     table.caption = (f"gate: cosine >= {limits.min_cosine}, max abs error <= {limits.max_rel_error:.0%} of the "
                      f"peak |ref|, top-1 >= {limits.min_top1:.0%} of rows (near ties agree), top-5 >= "
@@ -297,7 +302,7 @@ def _report_compile(result, as_json: bool) -> None:
         out.print(_passes_table(m.compile.passes))
     if check is not None:
         _print_check(check, "")
-    shapes = ", ".join(f"{i.name} {'x'.join(map(str, i.shape))} {i.dtype}" for i in m.inputs)
+    shapes = ", ".join(f"{i.name} {_dims(i.shape)} {i.dtype}" for i in m.inputs)
     size = sum(p.stat().st_size for p in result.path.rglob("*") if p.is_file())
     out.print(f"artifact: {result.path}  ({size / 2**20:.1f} MiB; inputs: {shapes})")
     if result.archive:
@@ -406,11 +411,15 @@ def passes_cmd(as_json: bool = typer.Option(False, "--json", help="Print the reg
     out.print(table)
 
 
+_DEVICE_HELP = "GPU artifacts: the GPU to run on, e.g. cuda:1 (default: the first)."
+
+
 @app.command("run")
 def run_cmd(
     artifact: Path = typer.Argument(..., help="Artifact directory written by `mlc compile`."),
     inputs: Optional[Path] = typer.Option(None, "--inputs", "-i",
-                                          help=".npz with one array per input (default: reference inputs)."),
+                                          help=".npz with one array per input, or a .npy for a one-input model "
+                                               "(default: reference inputs)."),
     outputs: Optional[Path] = typer.Option(None, "--outputs", "-o", help="Write the outputs to this .npz."),
     warmup: int = typer.Option(3, help="Untimed runs first."),
     repeat: int = typer.Option(50, help="Timed runs (0: run once, no timing)."),
@@ -419,11 +428,13 @@ def run_cmd(
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads to run with (default: "
                                           "TVM_NUM_THREADS where set, else one per physical core)."),
     as_json: bool = typer.Option(False, "--json", help="Print latency and output shapes as JSON."),
+    device: Optional[str] = typer.Option(None, "--device", help=_DEVICE_HELP),
 ) -> None:
     """Run an artifact and report latency (mean, p50, p90, p99, throughput)."""
     from mlc import api
 
-    result = api.run(artifact, inputs, warmup=warmup, repeat=repeat, profile=profile, threads=threads)
+    result = api.run(artifact, inputs, warmup=warmup, repeat=repeat, profile=profile, threads=threads,
+                     device=device)
     for warning in result.warnings:
         err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
     if outputs:
@@ -470,11 +481,12 @@ def check_cmd(
                                          help="Relative tolerance (default: by dtype: "
                                               "fp32 1e-3, fp16 5e-2, ints exact)."),
     as_json: bool = typer.Option(False, "--json", help="Print per-output statistics as JSON."),
+    device: Optional[str] = typer.Option(None, "--device", help=_DEVICE_HELP),
 ) -> None:
     """Run the artifact on its reference inputs and compare with the reference outputs (exit 3 on mismatch)."""
     from mlc import api
 
-    result = api.check(artifact, atol=atol, rtol=rtol)
+    result = api.check(artifact, atol=atol, rtol=rtol, device=device)
     if as_json:
         out.print_json(json.dumps(result.to_json()))
     else:
@@ -487,7 +499,7 @@ def _value_rows(table: Table, report, style: str = "") -> None:
     s = report.stats
     verdict = "[green]ok[/]" if s.passed else "[red]DIFFERS[/]"
     table.add_row(f"#{report.position}", escape(report.node_name), report.op_type, escape(report.value),
-                  "x".join(map(str, s.shape)), _fmt(s.max_abs_error), _fmt(s.max_rel_error),
+                  _dims(s.shape), _fmt(s.max_abs_error), _fmt(s.max_rel_error),
                   _fmt(s.cosine_similarity, ".6f"), f"{s.mismatch_fraction:.2%}", verdict, style=style)
 
 

@@ -192,3 +192,20 @@ def test_interrupted_compile_leaves_old_artifact_and_no_debris(mlp_artifact, mlp
     assert (out / "manifest.json").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
     assert run_mlc("check", out).returncode == 0
+
+
+def test_missing_external_data_file(tmp_path):
+    """An .onnx whose weights file was not copied along: one line naming that file, exit 1 (was exit 70)."""
+    from onnx import numpy_helper
+
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "0.weight"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+                              [numpy_helper.from_array(np.ones((4, 4), np.float32), "0.weight")])
+    path = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path),
+              save_as_external_data=True, location="model.weights.bin", size_threshold=0)
+    (tmp_path / "model.weights.bin").unlink()
+    proc = run_mlc("compile", path, "-o", tmp_path / "art")
+    assert_clean_error(proc, 1, "in a file that is missing", "model.weights.bin")
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "art").exists()

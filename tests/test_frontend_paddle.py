@@ -48,8 +48,9 @@ def jobs(tmp_path_factory):
         plan += [{"id": f"copy {prefix}{suffix}", "kind": "truncate", "src": str(files / f"cnn{suffix}"),
                   "path": str(files / f"{prefix}{suffix}"), "keep": keep}
                  for suffix, keep in ((".json", program), (".pdiparams", weights))]
+    plan.append({"id": "save static_batch", "kind": "static_batch_paddle", "path": str(files / "static_batch")})
     sources = ["cnn", "bert_tiny.json", "legacy.pdmodel", "random", "plain.json", "short_params", "short_program",
-               "missing"]
+               "missing", "static_batch"]
     plan += [{"id": f"open {p}", "kind": "open", "framework": FW, "path": str(files / p)} for p in sources]
     return out, {**legacy, **run_jobs(out, plan)}
 
@@ -91,12 +92,27 @@ def test_saved_prefixes(jobs, source):
     job = f"open {source}"
     assert results[job]["ok"] and results[job]["detect"], results[job]
     assert results[job]["dims"][0][0] == "batch"  # None in the saved InputSpec -> symbolic "batch"
+    outputs = results[job]["outputs"]  # a saved program's fetch_name_0...: named as torch's bare outputs are
+    assert outputs == (["output"] if len(outputs) == 1 else [f"output_{i}" for i in range(len(outputs))]), outputs
     _, inputs, eager = load_case(out, job)
     assert_matches(ort_outputs(out, job), eager)
     if source == "cnn":  # jit.load runs the zoo model's saved weights: same inputs, same outputs
         _, zoo_inputs, zoo_eager = load_case(out, "cnn")
         np.testing.assert_array_equal(inputs["image"], zoo_inputs["image"])
         np.testing.assert_allclose(list(eager.values())[0], zoo_eager["logits"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_static_input_spec_is_the_compile_shape(jobs):
+    """Saved with InputSpec([1, 4, 8, 8]) and a reshape that holds that batch of 1 (as shufflenet's channel
+    shuffle does): the declared batch is kept, never made a symbolic batch that mlc runs at 2."""
+    out, results = jobs
+    job = "open static_batch"
+    assert results["save static_batch"]["ok"], results["save static_batch"]
+    assert results[job]["ok"], results[job]
+    assert results[job]["dims"] == [[1, 4, 8, 8]]
+    _, inputs, eager = load_case(out, job)
+    assert inputs["x"].shape == (1, 4, 8, 8)
+    assert_matches(ort_outputs(out, job), eager)
 
 
 @pytest.mark.parametrize("source,fragment", [

@@ -90,6 +90,7 @@ def test_file_sources(jobs, path, zoo):
     assert all(np.array_equal(a, b) for a, b in zip(inputs.values(), zoo_inputs.values()))
     np.testing.assert_allclose(list(eager.values())[0], list(zoo_eager.values())[0], rtol=1e-6, atol=1e-6)
     assert results[job]["dims"][0][0] == "batch"  # None in the Keras signature -> symbolic "batch"
+    assert results[job]["notes"] == []  # the SavedModel's serving_default signature is no warning
 
 
 @pytest.mark.parametrize("path,fragment", [
@@ -113,6 +114,16 @@ def test_custom_layers_point_to_savedmodel(jobs):
     result = results["open bert_custom.keras"]  # bert_tiny has a custom layer and a Python activation
     assert result["ok"] is False and result["error"] == "UnsupportedModelError", result
     assert "model.export" in result["message"], result
+
+
+def test_a_long_keras_error_is_cut_after_a_whole_sentence():
+    """Keras's error for an unregistered subclass runs on into the model's config: it was cut mid-word."""
+    error = ValueError("Could not locate class 'Sub'. Make sure custom classes and functions are decorated with "
+                       "`@keras.saving.register_keras_serializable()`. If they are already decorated, make sure they "
+                       "are all imported so that the decorator is run before trying to load them. Full object config: "
+                       "{'module': None, 'class_name': 'Sub', 'config': {'trainable': True, 'dtype': 'float32'}}")
+    assert frontend._first_line(error).endswith("before trying to load them.")
+    assert frontend._first_line(ValueError("word " * 100)).endswith("word ...")
 
 
 def test_detect_imports_nothing(tmp_path):

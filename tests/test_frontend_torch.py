@@ -62,6 +62,37 @@ def stacked_lstm():
     return Stacked(), (torch.randn(1, 6, 8),), {"x": ["batch", 6, 8]}
 
 
+class Swapped(torch.nn.Module):
+    """forward's order is not the dict's: inputs must be bound by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(6, 6)
+
+    def forward(self, b, a, mask=None, c=None):
+        return self.proj(a) - b if c is None else self.proj(a) - b * c
+
+
+def by_name():
+    torch.manual_seed(0)
+    return Swapped(), {"a": torch.randn(2, 6), "b": torch.randn(2, 6)}
+
+
+def skips_a_parameter():
+    torch.manual_seed(0)
+    return Swapped(), {"c": torch.randn(2, 6), "a": torch.randn(2, 6), "b": torch.randn(2, 6)}
+
+
+def unknown_name():
+    return Swapped(), {"a": torch.randn(2, 6), "z": torch.randn(2, 6)}
+
+
+def bf16_weights():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU()).bfloat16().eval()
+    return model, (torch.randn(2, 16).bfloat16(),)
+
+
 def broken():
     raise RuntimeError("weights missing")
 
@@ -116,6 +147,35 @@ def test_factory_compiles_and_records_recipe(factory_file, tmp_path):
     assert "--framework torch" in m["compile"]["recipe"]
 
 
+@pytest.mark.parametrize("factory, names", [("by_name", ["b", "a"]), ("skips_a_parameter", ["b", "a", "c"])])
+def test_dict_examples_are_bound_by_name(factory, names, factory_file, tmp_path):
+    """A dict of example inputs is passed by name, not in the dict's order (the eager reference made the same
+    swap, so the check passed); the ONNX inputs are forward()'s, in its order, even where the dict skips one."""
+    import onnxruntime as ort
+
+    out = tmp_path / "model.onnx"
+    assert api.export(f"{factory_file}:{factory}", out).conversion.passed
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == names
+    rng = np.random.default_rng(1)
+    feeds = {n: rng.standard_normal((2, 6)).astype(np.float32) for n in names}
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("factories", factory_file)
+    factories = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(factories)
+    model = getattr(factories, factory)()[0]
+    expected = model(**{n: torch.from_numpy(v) for n, v in feeds.items()}).detach().numpy()
+    np.testing.assert_allclose(session.run(None, feeds)[0], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_model_runs_eagerly_and_in_onnx_runtime(factory_file, tmp_path):
+    """`m.bfloat16()`: the eager reference is fed and gives bf16 (torch's numpy() has none), and ONNX Runtime, with
+    no bf16 Gemm, checks the export on a float32 copy of its graph."""
+    report = api.export(f"{factory_file}:bf16_weights", tmp_path / "bf16.onnx")
+    assert report.conversion.passed and [o.dtype for o in report.conversion.outputs] == ["bfloat16"]
+
+
 def test_torchscript_trace_is_caught_at_a_new_sequence_length(factory_file, tmp_path):
     """Traced at seq 8, compiled with seq symbolic and checked at seq 16: the TorchScript export divides by 8 for
     ever. ONNX Runtime agrees with TVM, so only the eager reference shows it — and the check must fail."""
@@ -144,12 +204,18 @@ def test_export_command_writes_onnx_and_compares(factory_file, tmp_path):
 def test_exported_program_and_torchscript_files(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten()).eval()
-    example = (torch.randn(2, 3, 8, 8),)
+    example = (torch.randn(4, 3, 8, 8),)
     pt2 = tmp_path / "conv.pt2"
-    torch.export.save(torch.export.export(model, example, dynamic_shapes=({0: torch.export.Dim("b")},)), str(pt2))
+    batch = torch.export.Dim("batch", min=1, max=64)
+    torch.export.save(torch.export.export(model, example, dynamic_shapes=({0: batch},)), str(pt2))
     result = api.compile(str(pt2), target="x86", output=tmp_path / "pt2")
     assert result.check.passed and result.manifest.source.format == "torch"
     assert "ExportedProgram" in result.manifest.source.exporter
+    # The program's dynamic batch stays dynamic, in its range, named as --dynamic knows it; the example's size is
+    # the reference's (torch.export.save keeps no Dim names: axis 0 is `batch`, as in a factory).
+    assert result.manifest.inputs[0].shape == ["batch", 3, 8, 8]
+    assert result.manifest.dynamic_ranges == {"batch": (1, 64)}
+    assert api.read_npz(result.path / "reference/inputs.npz")["input"].shape == (4, 3, 8, 8)
 
     scripted = tmp_path / "conv.pt"
     torch.jit.save(torch.jit.trace(model, example), str(scripted))
@@ -163,6 +229,7 @@ def test_exported_program_and_torchscript_files(tmp_path):
     ("{factory}:broken", ["broken() raised RuntimeError: weights missing"]),
     ("{factory}:not_a_module", ["torch.nn.Module was expected"]),
     ("{factory}:missing", ["has no function 'missing'"]),
+    ("{factory}:unknown_name", ["example input(s) 'z', which forward() does not take", "b, a, mask, c"]),
     ("{garbage}.pt2", ["is not a torch.export program"]),
     ("{garbage}.pt", ["is not a TorchScript file"]),
     ("{garbage}.bin", ["unrecognised model format"]),

@@ -242,6 +242,61 @@ def test_output_never_replaces_a_folder_mlc_did_not_write(mlp_model, tmp_path):
     assert_clean_error(run_mlc("compile", mlp_model, "-o", a_file), 1, "is not a directory mlc wrote")
 
 
+def test_output_keeps_the_files_mlc_did_not_write(mlp_model, mlp_artifact, tmp_path):
+    """Any manifest.json is not an artifact; replacing an artifact replaces only the files its manifest lists."""
+    webapp = tmp_path / "webapp"
+    webapp.mkdir()
+    (webapp / "manifest.json").write_text('{"name": "app"}')
+    (webapp / "index.html").write_text("<html>")
+    assert_clean_error(run_mlc("compile", mlp_model, "-o", webapp), 1, "its manifest.json is not one mlc wrote")
+    assert sorted(p.name for p in webapp.iterdir()) == ["index.html", "manifest.json"]
+
+    art = tmp_path / "art"
+    shutil.copytree(mlp_artifact, art)
+    shutil.copyfile(mlp_model, art / "src_model.onnx")
+    (art / "NOTES.md").write_text("mine")
+    (art / "reference" / "mine").mkdir()
+    (art / "reference" / "mine" / "x.npy").write_bytes(b"mine too")
+    (art / "empty").mkdir()
+    (art / "link").symlink_to("NOTES.md")
+    result = api.compile(str(art / "src_model.onnx"), output=art, isolate=False)
+    assert result.check.passed and Path(result.manifest.source.path).is_file()
+    assert (art / "NOTES.md").read_text() == "mine" and (art / "reference/mine/x.npy").read_bytes() == b"mine too"
+    assert (art / "empty").is_dir() and os.readlink(art / "link") == "NOTES.md"
+    reseal(art)  # sealing again lists what mlc wrote, never the user's files
+    assert not {"NOTES.md", "src_model.onnx", "link"} & set(json.loads((art / "manifest.json").read_text())["files"])
+
+
+def test_replacing_refuses_a_user_file_where_the_new_artifact_writes(tmp_path):
+    import pytest
+
+    from mlc import artifacts
+    from mlc.errors import InputError
+
+    final = tmp_path / "art"
+    final.mkdir()
+    (final / "manifest.json").write_text(json.dumps({"schema_version": 1, "files": {}}))
+    (final / "run.py").write_text("the user's")  # not listed: the user's
+    with artifacts.staging_dir(final) as staged:
+        (staged / "run.py").write_text("mlc's")
+        with pytest.raises(InputError, match="is not a file mlc wrote"):
+            artifacts.publish(staged, final)
+    assert (final / "run.py").read_text() == "the user's"
+
+
+def test_a_run_killed_mid_publish_leaves_the_old_folder_to_be_put_back(tmp_path):
+    """Killed between publish's two renames, the old folder (with the user's files) sits aside: put it back."""
+    from mlc import artifacts
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    aside = tmp_path / f".art.old-{dead.pid}-0000abcd"
+    aside.mkdir()
+    (aside / "NOTES.md").write_text("mine")
+    artifacts.sweep_stale(tmp_path / "art")
+    assert (tmp_path / "art" / "NOTES.md").read_text() == "mine" and not aside.exists()
+
+
 def test_bad_tolerance_is_refused_before_compiling(mlp_model, tmp_path):
     assert_clean_error(run_mlc("compile", mlp_model, "--atol", "-1", "-o", tmp_path / "a"), 1, "--atol must be")
     assert not (tmp_path / "a").exists()

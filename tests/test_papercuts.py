@@ -163,3 +163,119 @@ def test_cli_help_and_debug_flag_anywhere(tmp_path):
     after = run_mlc("compile", missing, "--debug")
     assert after.returncode == 1 and "Traceback" in after.stderr and "model file not found" in after.stderr
     assert "Traceback" not in run_mlc("compile", missing).stderr
+
+
+def test_run_a_single_npy_for_a_one_input_model(mlp_artifact, tmp_path):
+    """A .npy feeds a one-input model (`mlc run` and run.py); for a model with more inputs, one line asks for an .npz
+    (it was exit 70, and a traceback from run.py)."""
+    import sys
+
+    import numpy as np
+
+    from mlc.runtime import FeedError, load_npz
+
+    x = tmp_path / "x.npy"
+    np.save(x, np.ones((3, 16), np.float32))
+    proc = run_mlc("run", mlp_artifact, "-i", x, "--repeat", "0", "-o", tmp_path / "out.npz")
+    assert proc.returncode == 0, proc.stderr
+    assert np.load(tmp_path / "out.npz")["y"].shape == (3, 4)
+    proc = subprocess.run([sys.executable, str(mlp_artifact / "run.py"), "-i", str(x), "--repeat", "0"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and "y: shape (3, 4)" in proc.stdout, proc.stderr
+    with pytest.raises(FeedError, match="single .npy array.*the model's inputs are a, b.*numpy.savez"):
+        load_npz(x, ["a", "b"])
+
+
+def test_unpack_a_truncated_archive(tmp_path):
+    """A .tar.gz cut short in the copy: one line saying so (it was a bare "Aborted.", even with --debug)."""
+    import io
+    import tarfile
+
+    import numpy as np
+
+    data = np.random.default_rng(0).bytes(200_000)  # incompressible: the cut lands inside the member
+    whole = tmp_path / "art.tar.gz"
+    with tarfile.open(whole, "w:gz") as tar:
+        info = tarfile.TarInfo("art/model.so")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(whole.read_bytes()[:100_000])
+    proc = run_mlc("unpack", cut, "-d", tmp_path / "out")
+    assert_clean_error(proc, 1, "truncated or corrupt", "copy it again")
+    assert "Aborted" not in proc.stderr + proc.stdout and not (tmp_path / "out" / "art").exists()
+
+
+TORCHSCRIPT_FIXED_VIEW = '''
+import sys
+import torch
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.linear(x.view(2, 8))
+
+
+torch.jit.script(Model().eval()).save(sys.argv[1])
+'''
+
+
+@pytest.fixture(scope="module")
+def torchscript_fixed_view(tmp_path_factory):
+    import sys
+
+    pytest.importorskip("torch")
+    folder = tmp_path_factory.mktemp("torchscript")
+    (folder / "make.py").write_text(TORCHSCRIPT_FIXED_VIEW)
+    subprocess.run([sys.executable, str(folder / "make.py"), str(folder / "m.pt")], check=True)
+    return folder / "m.pt"
+
+
+def test_torchscript_failing_at_a_new_input_shape_names_the_cause(torchscript_fixed_view, tmp_path):
+    """TorchScript's error starts with a header ("The following operation failed in the TorchScript interpreter."):
+    the message gives its last line, the cause."""
+    proc = run_mlc("compile", torchscript_fixed_view, "--input-shape", "x:3x8", "-o", tmp_path / "art")
+    assert_clean_error(proc, 1, "shape '[2, 8]' is invalid for input of size 24")
+    assert "TorchScript interpreter" not in proc.stderr
+
+
+def test_torchscript_input_shape_for_an_unknown_input(torchscript_fixed_view, tmp_path):
+    """`--input-shape y:2x8` for a model whose input is x says y is unknown (it asked for x's shape again)."""
+    proc = run_mlc("compile", torchscript_fixed_view, "--input-shape", "y:2x8", "-o", tmp_path / "art")
+    assert_clean_error(proc, 1, "names unknown input 'y'; the model's inputs are: x")
+
+
+def test_a_0d_input_is_listed_as_a_scalar(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "s"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3]),
+                               helper.make_tensor_value_info("s", TensorProto.FLOAT, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "m.onnx")
+    proc = run_mlc("compile", tmp_path / "m.onnx", "-o", tmp_path / "art", check=True)
+    assert "inputs: x 3 float32, s scalar float32)" in proc.stdout, proc.stdout
+
+
+def test_output_names_follow_one_rule_on_every_route(tmp_path):
+    """Outputs the model does not name are `output` (or output_0, output_1...) for a .pt2 as for a factory; a dict's
+    keys name them. torch.export named them after graph nodes (`linear`). Paddle: test_frontend_paddle."""
+    torch = pytest.importorskip("torch")
+    import onnx
+
+    from mlc.frontends import torch as frontend
+
+    class Pair(torch.nn.Module):
+        def forward(self, x):
+            return {"a": x + 1, "b": (x * 2, x - 1)}
+
+    for module, want in ((torch.nn.Linear(3, 2), ["output"]), (Pair(), ["a", "b_0", "b_1"])):
+        path = tmp_path / f"{type(module).__name__}.pt2"
+        torch.export.save(torch.export.export(module, (torch.randn(4, 3),)), str(path))
+        frontend.open_model(str(path)).export(tmp_path / "m.onnx", set())
+        assert [o.name for o in onnx.load(str(tmp_path / "m.onnx")).graph.output] == want

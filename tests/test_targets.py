@@ -28,7 +28,7 @@ def test_presets_resolve_to_valid_tvm_targets():
     assert lines["x86-avx2"] == "llvm haswell"
     assert lines["x86-avx512"] == "llvm skylake-avx512"
     assert lines["graviton3"] == "llvm neoverse-v1" and lines["rpi5"] == "llvm cortex-a76"
-    assert lines["cuda-h100"] == "cuda sm_90a" and lines["metal"] == "metal -"
+    assert lines["cuda-h100"] == "cuda sm_90" and lines["metal"] == "metal -"
     assert set(lines) == set(targets.PRESETS)
 
 

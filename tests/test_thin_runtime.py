@@ -120,3 +120,25 @@ def test_runner_starts_one_thread_per_physical_core(mlp_artifact):
     cores = physical_cores()
     assert pool() == [cores, cores]
     assert pool("1") == [1, 1]
+
+
+def test_run_py_check_in_thin_venv_judges_against_the_reference(thin_python, mlp_artifact, tmp_path):
+    """`python run.py --check` needs nothing of mlc: it passes on the artifact as built, and exits 3 naming the output
+    once the reference it is judged against is not what the model computes."""
+    import shutil
+
+    from helpers import reseal
+
+    proc = subprocess.run([thin_python, mlp_artifact / "run.py", "--check", "--repeat", "0"], capture_output=True,
+                          text=True, env=thin_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "check passed on cpu:0" in proc.stdout
+    wrong = tmp_path / "wrong"
+    shutil.copytree(mlp_artifact, wrong)
+    reference = dict(np.load(wrong / "reference/outputs.npz"))
+    np.savez(wrong / "reference/outputs.npz", **{k: v + 1 for k, v in reference.items()})
+    reseal(wrong)
+    proc = subprocess.run([thin_python, wrong / "run.py", "--check", "--repeat", "0"], capture_output=True,
+                          text=True, env=thin_env(), cwd=tmp_path)
+    assert proc.returncode == 3, (proc.stdout, proc.stderr)
+    assert "check FAILED for y" in proc.stdout and "Traceback" not in proc.stderr

@@ -54,6 +54,9 @@ class RuntimeInfo(_Strict):
     link: Optional[str] = None  # macOS: the script that links the shipped objects into `library` on the Mac
     device_libraries: list[str] = Field(default_factory=list)  # e.g. the CUDA runtime, loaded in order
     host_functions: list[str] = Field(default_factory=list)  # numpy functions of the thin runtime the model calls
+    # CUDA: the compiled GPU code in the library (mlc.compiler.cuda_binary.GpuCode): format, cubin and ptx archs,
+    # the CUDA release; the runtime checks the GPU and the driver against it before loading
+    gpu_code: Optional[dict[str, str]] = None
 
 
 class ReferenceInfo(_Strict):

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gzip
+import json
 import os
 import shutil
 import tarfile
 import tempfile
 import uuid
+import zlib
 from pathlib import Path
 from typing import Iterator
 
@@ -16,17 +19,69 @@ from pydantic import ValidationError
 
 from mlc.artifacts.manifest import Manifest
 from mlc.errors import IntegrityError, InputError
-from mlc.runtime.runner import MANIFEST, ArtifactError, read_manifest, sha256_file, verify_files
+from mlc.runtime.runner import MANIFEST, ArtifactError, read_manifest, safe_member, sha256_file, verify_files
+
+
+def written_by_mlc(folder: Path, marker: str = MANIFEST) -> set[str] | None:
+    """The files mlc wrote in `folder`: its `marker` and the files the marker lists. None where the marker is
+    missing or is not one mlc writes (a web app's manifest.json is the user's)."""
+    try:
+        record = json.loads((folder / marker).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("files"), dict):
+        return None
+    if marker == MANIFEST and not isinstance(record.get("schema_version"), int):
+        return None
+    return {marker, f".{marker}.tmp", *record["files"]}  # .tmp: what an interrupted seal leaves
 
 
 def check_replaceable(final: Path, marker: str = MANIFEST) -> None:
-    """`final` may be (re)written: it does not exist, is empty, or holds what we write there
-    (`marker`: manifest.json for artifacts). Anything else is the user's and is never replaced."""
+    """`final` may be (re)written: it does not exist, is empty, or is what mlc wrote there (`marker`:
+    manifest.json for artifacts). Only the files its marker lists are replaced; publish keeps the rest."""
     if final.is_symlink() or (final.exists() and not final.is_dir()):
         raise InputError(f"output path {final} exists and is not a directory mlc wrote; choose another -o")
-    if final.is_dir() and any(final.iterdir()) and not (final / marker).is_file():
-        raise InputError(f"output folder {final} is not empty and holds no {marker}; "
+    if final.is_dir() and any(final.iterdir()) and written_by_mlc(final, marker) is None:
+        what = f"its {marker} is not one mlc wrote" if (final / marker).exists() else f"holds no {marker}"
+        raise InputError(f"output folder {final} is not empty and {what}; "
                          "mlc replaces only what it wrote: choose another path or empty it")
+
+
+def _user_entries(final: Path, marker: str) -> list[str]:
+    """What `final` holds that mlc did not write: files, links and empty folders, relative to it."""
+    ours = written_by_mlc(final, marker) or set()
+    found = []
+    for folder, dirs, files in os.walk(final):
+        rel = Path(folder).relative_to(final)
+        found += [(rel / n).as_posix() for n in files if (rel / n).as_posix() not in ours]
+        found += [(rel / d).as_posix() for d in dirs if (Path(folder) / d).is_symlink()]  # os.walk skips them
+        if not dirs and not files and rel.parts:
+            found.append(rel.as_posix())
+    return found
+
+
+def _carry_user_files(final: Path, staged: Path, marker: str) -> None:
+    """Put the user's files of `final` into `staged` as hard links (a copy across filesystems), so that they are in
+    the published folder and, until then, still in `final`: no moment loses them."""
+    entries = _user_entries(final, marker) if final.is_dir() else []
+    for rel in entries:
+        src, dst = final / rel, staged / rel
+        if dst.exists() or dst.is_symlink() or any(p.is_file() for p in dst.parents if p != staged and
+                                                   p.is_relative_to(staged)):
+            raise InputError(f"{src} is not a file mlc wrote, and the new output has one of that name; "
+                             "move yours out of the way and run again")
+    for rel in entries:
+        src, dst = final / rel, staged / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            os.symlink(os.readlink(src), dst)
+        elif src.is_dir():
+            dst.mkdir()
+        else:
+            try:
+                os.link(src, dst)
+            except OSError:  # another filesystem mounted inside, or no hard links there
+                shutil.copy2(src, dst)
 
 
 @contextlib.contextmanager
@@ -63,7 +118,10 @@ def sweep_stale(final: Path) -> None:
         kind, _, rest = leftover.name[len(final.name) + 2:].partition("-")
         pid = rest.split("-", 1)[0]
         if kind in ("tmp", "old") and pid.isdigit() and not _pid_alive(int(pid)) and leftover.is_dir():
-            shutil.rmtree(leftover, ignore_errors=True)
+            if kind == "old" and not final.exists() and not final.is_symlink():
+                os.rename(leftover, final)  # killed between publish's two renames: the old folder, user files and all
+            else:
+                shutil.rmtree(leftover, ignore_errors=True)
 
 
 def publish(staged: Path, final: Path, marker: str = MANIFEST) -> None:
@@ -74,6 +132,7 @@ def publish(staged: Path, final: Path, marker: str = MANIFEST) -> None:
     try:
         fcntl.flock(parent_fd, fcntl.LOCK_EX)
         check_replaceable(final, marker)
+        _carry_user_files(final, staged, marker)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(staged, 0o777 & ~umask)  # mkdtemp made it private
@@ -94,10 +153,13 @@ def publish(staged: Path, final: Path, marker: str = MANIFEST) -> None:
 
 
 def seal(root: Path, manifest: Manifest) -> Manifest:
-    """Record the sha256 of every file under `root` and write manifest.json (atomically)."""
-    files = {}
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST):
-        files[path.relative_to(root).as_posix()] = sha256_file(path)
+    """Record the sha256 of every file under `root` and write manifest.json (atomically). Sealing again (the
+    manifest lists files) rehashes those only: a published folder also holds files of the user's, never listed."""
+    if manifest.files:
+        files = {rel: sha256_file(safe_member(root, rel)) for rel in manifest.files}
+    else:
+        files = {p.relative_to(root).as_posix(): sha256_file(p)
+                 for p in sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)}
     manifest = manifest.model_copy(update={"files": files})
     tmp = root / f".{MANIFEST}.tmp"
     tmp.write_text(manifest.model_dump_json(indent=2) + "\n")
@@ -164,4 +226,7 @@ def unpack(archive_path: Path, dest: Path) -> Path:
                          ) from None
     except tarfile.TarError as e:
         raise IntegrityError(f"cannot unpack {archive_path}: {str(e).splitlines()[0]}") from None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:  # click would turn EOFError into a bare "Aborted."
+        raise IntegrityError(f"cannot unpack {archive_path}: the archive is truncated or corrupt ({e}); "
+                             "copy it again") from None
     return final

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 import numpy as np
 
-from mlc.check.gate import GateResult
+if TYPE_CHECKING:  # numpy only at run time: artifacts ship this file for `run.py --check` (mlc.runtime.runner)
+    from mlc.check.gate import GateResult
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import onnx
 
 from mlc.compiler import onnx_fixes, onnx_ops
@@ -70,6 +71,7 @@ def to_relax(model: onnx.ModelProto, dim_upper_bounds: Optional[dict[str, int]] 
     from tvm.relax.frontend.onnx import from_onnx
 
     _read_external_weights()
+    _bfloat16_as_bfloat16()
     _keep_symbolic_range_lengths()
     _shape_inputs_as_tensors()
     apply_conformance_overrides()
@@ -110,6 +112,27 @@ def _read_external_weights() -> None:
         return original(self, tensor_proto)
 
     ONNXGraphImporter._parse_array = parse_array
+
+
+@functools.lru_cache(maxsize=1)
+def _bfloat16_as_bfloat16() -> None:
+    """TVM's importer takes ONNX's BFLOAT16 for float32 (onnx 1.17's numpy mapping): a bf16 input became a float32
+    one, and a bf16 weight (onnx's structured uint16) failed ("unknown dtype"). Both as TVM's bfloat16."""
+    from tvm import runtime
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    get_type, parse_array = onnx_frontend.get_type, onnx_frontend.ONNXGraphImporter._parse_array
+
+    def bf16_type(elem_type):
+        return "bfloat16" if elem_type == onnx.TensorProto.BFLOAT16 else get_type(elem_type)
+
+    def bf16_array(self, tensor_proto):
+        if tensor_proto.data_type != onnx.TensorProto.BFLOAT16:
+            return parse_array(self, tensor_proto)
+        return runtime.tensor(np.ascontiguousarray(onnx_weights.array(tensor_proto)))
+
+    onnx_frontend.get_type = bf16_type
+    onnx_frontend.ONNXGraphImporter._parse_array = bf16_array
 
 
 @functools.lru_cache(maxsize=1)

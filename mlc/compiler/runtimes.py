@@ -153,10 +153,21 @@ def _cuda_libraries() -> tuple[tuple[Path, ...], tuple[str, ...]]:
     proc = subprocess.run(["ldd", str(plugin)], capture_output=True, text=True)
     cudart = next((Path(line.split("=>")[1].split("(")[0].strip()) for line in proc.stdout.splitlines()
                    if "libcudart.so" in line and "=>" in line and "not found" not in line), None)
-    if cudart is None or not cudart.is_file():
+    if cudart is None or not cudart.is_file():  # not on the loader's path: the `cuda` extra's (nvidia-cuda-runtime)
+        cudart = _pip_cudart()
+    if cudart is None:
         wanted = next((line.split()[0] for line in proc.stdout.splitlines() if "libcudart" in line), "libcudart")
         return (plugin,), (f"{wanted} (the CUDA runtime) was not found here; the GPU machine must provide it",)
     return (cudart.resolve(), plugin), ()
+
+
+def _pip_cudart() -> Optional[Path]:
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        return Path(load_nvidia_dynamic_lib("cudart").abs_path)
+    except Exception:  # noqa: BLE001 - not installed (ImportError) or not found: the caller says so
+        return None
 
 
 def runtime_files(arch: str, device: str = "cpu", os_name: str = "linux") -> RuntimeFiles:

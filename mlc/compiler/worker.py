@@ -10,6 +10,7 @@ log lines in a log file rather than on the user's terminal."""
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 import time
@@ -49,14 +50,9 @@ def _write_device_sources(executable, out_dir: str) -> dict[str, list[str]]:
     """Save the generated GPU source (CUDA C, Metal Shading Language) of every device module;
     returns the kernel names per kind. Metal gets one file per kernel (TVM marks each with a
     '// Function: NAME' line); CUDA one file for the module."""
-    def walk(module):
-        yield module
-        for child in module.imports:
-            yield from walk(child)
-
     kernels: dict[str, list[str]] = {}
     folder = Path(out_dir)
-    for module in walk(executable.mod):
+    for module in _modules(executable.mod):
         if module.kind not in _DEVICE_SOURCES:
             continue
         folder.mkdir(parents=True, exist_ok=True)
@@ -134,11 +130,12 @@ def _elf_object(path: Path, symbol: str, blob, like: Path) -> bool:
     return True
 
 
-def _pack_imports(module, is_system_lib: bool, prefix: str, workspace_dir: str) -> str:
+def _pack_imports(module, is_system_lib: bool, prefix: str, workspace_dir: str, device_code=None) -> str:
     """export_library's fpack_imports: the serialized imports (the VM executable; its weights are lifted out, see
     mlc.compiler.weights, unless that step was skipped) written straight into an ELF object (else an assembler
     `.incbin` of them). TVM's default builds an LLVM module holding them as one constant, which held weights three
-    times over (bert-base: +1.3 GB peak) and took 5 s. The library is the same: one read-only symbol."""
+    times over (bert-base: +1.3 GB peak) and took 5 s. The library is the same: one read-only symbol.
+    `device_code(blob)`: the blob with its GPU source compiled (mlc.compiler.cuda_binary), or None to keep it."""
     import numpy as np
     from tvm.runtime import _ffi_api
 
@@ -152,6 +149,9 @@ def _pack_imports(module, is_system_lib: bool, prefix: str, workspace_dir: str) 
     workspace = Path(workspace_dir)
     packed = _ffi_api.ModulePackImportsToTensor(module)
     data = np.from_dlpack(packed)  # a view: no copy of the weights
+    compiled = device_code(data) if device_code is not None else None
+    if compiled is not None:
+        data = np.frombuffer(compiled, dtype=np.uint8)
     host_objects = sorted(workspace.glob("lib*.o"))  # what export_library wrote for the host code
     if host_objects and _elf_object(workspace / "devc.o", _LIBRARY_BIN, data, host_objects[0]):
         return str(workspace / "devc.o")
@@ -173,7 +173,29 @@ def _pack_imports(module, is_system_lib: bool, prefix: str, workspace_dir: str) 
     return str(source)
 
 
-def _build(mod, request: dict, default_schedules: bool, notes: list[str]):
+def _cuda_code(executable, request: dict, record: dict):
+    """export_library's device_code for a CUDA target: its CUDA source compiled to a fatbin for the target's arch
+    (mlc.compiler.cuda_binary); what was compiled goes into `record`."""
+    from mlc.compiler import cuda_binary
+    from mlc.compiler.runtimes import cache_dir
+
+    sources = [m.inspect_source() for m in _modules(executable.mod) if m.kind == "cuda"]
+
+    def compile_source(source: str) -> bytes:
+        fatbin, code = cuda_binary.compile_fatbin(source, request["target"]["arch"], cache_dir())
+        record.update(code.to_json())
+        return fatbin
+
+    return lambda blob: cuda_binary.rewrite(blob, sources, compile_source)
+
+
+def _modules(module):
+    yield module
+    for child in module.imports:
+        yield from _modules(child)
+
+
+def _build(mod, request: dict, default_schedules: bool, notes: list[str], use_db: bool = True):
     """The executable, the schedule report, and the weights its `main` takes after the inputs."""
     from mlc.compiler import build
 
@@ -181,32 +203,37 @@ def _build(mod, request: dict, default_schedules: bool, notes: list[str]):
     if request.get("schedules"):  # CPU: tuning records and/or default schedules (mlc.tuning)
         from mlc.compiler import schedules
 
-        executable, report = schedules.build(mod, request["target"], request["schedules"].get("db"),
-                                             default_schedules, notes, lifted)
+        db = request["schedules"].get("db") if use_db else None
+        executable, report = schedules.build(mod, request["target"], db, default_schedules, notes, lifted)
         return executable, report, lifted
     return build.build(mod, request["target"], lifted), None, lifted
 
 
 def _build_with_fallbacks(mod, passes_applied: bool, imported, request: dict, notes: list[str], at_fp32=None):
     """Build `mod`; where TVM fails, build again without the optional steps, the likeliest culprit first:
-    mlc's default CPU schedules, then the Relax passes (when `passes_applied`; `imported()` makes the module
-    without them), then, for a reduced-precision build, the precision (`at_fp32()` makes the fp32 module).
+    the tuning records (--db: records an older mlc wrote broke builds, #41), mlc's default CPU schedules, then
+    the Relax passes (when `passes_applied`; `imported()` makes the module without them), then, for a
+    reduced-precision build, the precision (`at_fp32()` makes the fp32 module).
     A fallback that builds adds a note naming the step left out and TVM's reason; when every try fails, the
     first error is raised (a mandatory step failed). Returns the executable, the schedule report, the lifted
     weights and whether the precision was left out."""
     default = bool(request.get("schedules") and request["schedules"].get("default", True))
-    attempts = [(lambda: mod, default, None)]
+    db = request.get("schedules") and request["schedules"].get("db")
+    attempts = [(lambda: mod, default, None, True)]
+    if db:
+        attempts.append((lambda: mod, default, f"the tuning records (--db {db})", False))
     if default:
-        attempts.append((lambda: mod, False, "mlc's default CPU schedules"))
+        attempts.append((lambda: mod, False, "mlc's default CPU schedules", True))
     if passes_applied:
-        attempts.append((imported, False, "the Relax passes" + (" and mlc's default CPU schedules" if default else "")))
+        attempts.append((imported, False, "the Relax passes" + (" and mlc's default CPU schedules" if default else ""),
+                         True))
     if at_fp32 is not None:
-        attempts.append((at_fp32, default, _AT_FP32.format(precision=request.get("precision"))))
+        attempts.append((at_fp32, default, _AT_FP32.format(precision=request.get("precision")), True))
     first = None
-    for module, default_schedules, skipped in attempts:
+    for module, default_schedules, skipped, use_db in attempts:
         tried: list[str] = []
         try:
-            executable, report, lifted = _build(module(), request, default_schedules, tried)
+            executable, report, lifted = _build(module(), request, default_schedules, tried, use_db)
         except Exception as e:  # noqa: BLE001 - TVM raises many kinds; the last try re-raises the first
             traceback.print_exc()  # into the log file
             first = first or e
@@ -317,7 +344,7 @@ def compile_request(request: dict) -> dict:
         timings["build"] = time.perf_counter() - start
         del mod  # `lifted` holds the weights main needs (packed ones replace the originals)
         _proc.release_memory()
-        written = None
+        written, gpu_code = None, {}
         if request.get("library"):
             stage = "export"
             start = time.perf_counter()
@@ -329,7 +356,10 @@ def compile_request(request: dict) -> dict:
             if request.get("object_dir"):
                 _export_objects(executable, Path(request["object_dir"]))
             else:
-                executable.export_library(request["library"], fcompile=fcompile, fpack_imports=_pack_imports)
+                pack = _pack_imports
+                if request["target"].get("kind") == "cuda":
+                    pack = functools.partial(_pack_imports, device_code=_cuda_code(executable, request, gpu_code))
+                executable.export_library(request["library"], fcompile=fcompile, fpack_imports=pack)
             path = Path(request["library"]).with_suffix(weights.SUFFIX)
             written = {"file": path.name, "tensors": weights.write(lifted, path)} if lifted else None
             timings["export"] = time.perf_counter() - start
@@ -340,7 +370,8 @@ def compile_request(request: dict) -> dict:
             timings["run"] = time.perf_counter() - start
         kernels = _write_device_sources(executable, request["kernels_dir"]) if request.get("kernels_dir") else {}
         return {"ok": True, "tvm_version": tvm.__version__, "outputs": outputs, "timings": timings, "kernels": kernels,
-                "schedules": schedule_report, "passes": passes, "weights": written, "precision": precision}
+                "schedules": schedule_report, "passes": passes, "weights": written, "precision": precision,
+                "gpu_code": gpu_code or None}
     except importer.ConversionError as e:  # a valid model TVM cannot import: exit 1 naming the op, not 70
         return {"ok": False, "kind": "unsupported_node", "message": str(e)}
     except Exception as e:

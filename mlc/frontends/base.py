@@ -43,6 +43,9 @@ class FrameworkModel:
     native: Any = None
     # The user gave example inputs (a factory, a .pt2): their sizes are the reference and compile shapes.
     user_examples: bool = False
+    # Dims the model itself declares dynamic (a .pt2's torch.export Dims), {dim: (min, max) or None}: without
+    # --dynamic they stay symbolic, as the program allows.
+    declared_dynamic: dict[str, Optional[tuple[int, int]]] = field(default_factory=dict)
 
     def symbolic_dims(self) -> list[str]:
         return list(dict.fromkeys(d for i in self.inputs for d in i.dims if isinstance(d, str)))

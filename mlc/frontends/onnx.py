@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnx.external_data_helper
 from google.protobuf.message import DecodeError
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from mlc.errors import InputError, UnsupportedModelError
 
@@ -68,7 +69,10 @@ def load(path: str | Path, weights_dir: Optional[Path] = None) -> onnx.ModelProt
         if _has_external_data(model.graph):
             # the checker reads the file with its weights' data (a model over 2 GB cannot be serialised again)
             serialized = str(path)
+            _check_weight_files(model, path)
             onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
+    except onnx.checker.ValidationError as e:  # a weight file that a subgraph's tensor names is missing
+        raise InputError(f"cannot read the weights of {path}: {_first_line(e)}") from None
     except (DecodeError, ValueError, RuntimeError, OSError) as e:
         raise InputError(f"{path} is not an ONNX model (cannot parse it: {_first_line(e)}); "
                          "pass a valid .onnx file") from None
@@ -100,6 +104,16 @@ def _load_light(path: Path, weights_dir: Path) -> Optional[onnx.ModelProto]:
     finally:
         checked.unlink()
     return model
+
+
+def _check_weight_files(model: onnx.ModelProto, path: Path) -> None:
+    """The files an external-data model keeps its weights in are beside it: name a missing one (a user's mistake)."""
+    for tensor in model.graph.initializer:
+        if tensor.data_location == TensorProto.EXTERNAL:
+            location = onnx.external_data_helper.ExternalDataInfo(tensor).location
+            if not (path.parent / location).is_file():
+                raise InputError(f"{path} keeps weights ({tensor.name}) in a file that is missing: "
+                                 f"{path.parent / location}; copy it next to the model")
 
 
 def _has_external_data(graph: onnx.GraphProto) -> bool:
@@ -165,6 +179,8 @@ def _first_line(e: BaseException) -> str:
 
 
 def _dtype_name(elem_type: int) -> str:
+    if elem_type == TensorProto.BFLOAT16:  # onnx 1.17 maps it to float32; fed as ml_dtypes.bfloat16, as ORT's users do
+        return "bfloat16"
     try:
         return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
     except (KeyError, TypeError):
@@ -344,7 +360,7 @@ def make_inputs(specs: list[InputSpec], shapes: dict[str, list[int]],
     feeds = {}
     for spec in specs:
         shape, dtype = shapes[spec.name], np.dtype(spec.dtype)
-        if dtype.kind == "f":
+        if dtype.kind == "f" or dtype == ml_dtypes.bfloat16:
             value = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind == "b":
             value = rng.random(shape) < 0.5
@@ -387,6 +403,11 @@ def onnxruntime_reference(path: Path, inputs: dict[str, np.ndarray]) -> Referenc
                                         f" on the opset-{CONVERSION_OPSET} conversion")
             except Exception:  # noqa: BLE001 - fall through to the reference evaluator
                 pass
+        if _has_bfloat16(model):  # ORT's CPU kernels and onnx's evaluator lack most bf16 ops
+            try:
+                return _float32_twin_reference(model, inputs)
+            except Exception:  # noqa: BLE001 - fall through to the reference evaluator
+                pass
         try:
             return _reference_evaluator(model, inputs)
         except Exception as e:  # noqa: BLE001 - onnx's evaluator raises anything numpy raises
@@ -405,9 +426,73 @@ def _run_onnxruntime(model: str | bytes, inputs: dict[str, np.ndarray], how: str
     options.log_severity_level = 4  # failures are reported by the exception, not printed on the terminal
     session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    values = session.run(names, inputs)
+    if any(np.asarray(v).dtype == ml_dtypes.bfloat16 for v in inputs.values()):  # ORT's numpy binding has no bf16
+        values = [_from_ort(v) for v in session.run_with_ort_values(names, {k: _to_ort(v) for k, v in inputs.items()})]
+    else:
+        values = session.run(names, inputs)
     outputs = {name: np.asarray(v) for name, v in zip(names, values)}
     return Reference(producer=f"onnxruntime {ort.__version__}{how}", inputs=inputs, outputs=outputs)
+
+
+def _to_ort(value: np.ndarray):
+    import onnxruntime as ort
+
+    value = np.ascontiguousarray(value)
+    if value.dtype != ml_dtypes.bfloat16:
+        return ort.OrtValue.ortvalue_from_numpy(value)
+    return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(value.view(np.uint16), TensorProto.BFLOAT16)
+
+
+def _from_ort(value) -> np.ndarray:
+    if value.data_type() != "tensor(bfloat16)":
+        return value.numpy()
+    import ctypes  # ORT's numpy() has no bf16: copy its bits
+
+    shape = tuple(value.shape())
+    count = int(np.prod(shape, dtype=np.int64))
+    bits = np.ctypeslib.as_array((ctypes.c_uint16 * count).from_address(value.data_ptr())) if count else \
+        np.empty(0, np.uint16)
+    return bits.copy().view(ml_dtypes.bfloat16).reshape(shape)
+
+
+def _has_bfloat16(model: onnx.ModelProto) -> bool:
+    graph = model.graph
+    return any(v.type.tensor_type.elem_type == TensorProto.BFLOAT16
+               for v in [*graph.input, *graph.output, *graph.value_info]) \
+        or any(t.data_type == TensorProto.BFLOAT16 for t in graph.initializer)
+
+
+def _bf16_to_float32(tensor: TensorProto) -> TensorProto:
+    from mlc.frontends.onnx_weights import bfloat16_array
+
+    return numpy_helper.from_array(bfloat16_array(tensor).astype(np.float32), tensor.name)
+
+
+def _float32_twin_reference(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> Reference:
+    """ONNX Runtime on the graph with bfloat16 computed in float32 (weights, casts, values), its bf16 outputs
+    rounded to bf16: the reference for a bf16 graph ORT has no kernels for (within bf16's tolerance)."""
+    twin = onnx.ModelProto()
+    twin.CopyFrom(model)
+    graph = twin.graph
+    for i, tensor in enumerate(graph.initializer):
+        if tensor.data_type == TensorProto.BFLOAT16:
+            graph.initializer[i].CopyFrom(_bf16_to_float32(tensor))
+    bf16_outputs = {o.name for o in graph.output if o.type.tensor_type.elem_type == TensorProto.BFLOAT16}
+    for value in [*graph.input, *graph.output, *graph.value_info]:
+        if value.type.tensor_type.elem_type == TensorProto.BFLOAT16:
+            value.type.tensor_type.elem_type = TensorProto.FLOAT
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.name == "to" and attr.i == TensorProto.BFLOAT16:
+                attr.i = TensorProto.FLOAT
+            elif attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == TensorProto.BFLOAT16:
+                attr.t.CopyFrom(_bf16_to_float32(attr.t))
+    feeds = {k: v.astype(np.float32) if v.dtype == ml_dtypes.bfloat16 else v for k, v in inputs.items()}
+    reference = _run_onnxruntime(twin.SerializeToString(), feeds, " on a float32 copy of the bf16 graph")
+    reference.inputs = inputs
+    reference.outputs = {k: v.astype(ml_dtypes.bfloat16) if k in bf16_outputs else v
+                         for k, v in reference.outputs.items()}
+    return reference
 
 
 def _upgraded(model: onnx.ModelProto) -> Optional[onnx.ModelProto]:

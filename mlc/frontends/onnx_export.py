@@ -96,6 +96,11 @@ def _constants_to_initializers(model: onnx.ModelProto) -> None:
     model.graph.node.extend(keep)
 
 
+def unnamed_outputs(count: int) -> list[str]:
+    """Names of the outputs a model does not name itself (a bare tensor, a tuple), the same on every route."""
+    return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
+
+
 def rename_outputs(model: onnx.ModelProto, names: Sequence[str]) -> None:
     """Give the graph outputs `names` (same order), e.g. 'logits' for tf2onnx's 'Identity:0'."""
     if len(names) != len(model.graph.output) or len(set(names)) != len(names):

@@ -254,7 +254,21 @@ def external_array(tensor: TensorProto, base_dir: Path) -> np.ndarray:
 
 def array(tensor: TensorProto) -> np.ndarray:
     """A tensor's value, read from its file when it is external (relative to weights_in's folder)."""
+    if tensor.data_type == TensorProto.BFLOAT16:
+        return bfloat16_array(loaded(tensor) if is_external(tensor) else tensor)
     return numpy_helper.to_array(tensor) if not is_external(tensor) else external_array(tensor, _folder(tensor.name))
+
+
+def bfloat16_array(tensor: TensorProto) -> np.ndarray:
+    """A BFLOAT16 tensor (its data in the message) as ml_dtypes.bfloat16: onnx 1.17's to_array reads raw_data as if
+    it were int32_data (wrong values) and returns its own structured dtype, which TVM does not know."""
+    import ml_dtypes
+
+    if tensor.HasField("raw_data"):
+        bits = np.frombuffer(tensor.raw_data, dtype="<u2")
+    else:  # int32_data holds one bf16 per element, in its low 16 bits
+        bits = np.asarray(tensor.int32_data, dtype=np.uint32).astype(np.uint16)
+    return bits.astype(np.uint16).view(ml_dtypes.bfloat16).reshape(tuple(tensor.dims))
 
 
 def _folder(name: str, given: Optional[Path] = None) -> Path:

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from mlc.frontends.base import FrameworkModel, InputDecl
-from mlc.frontends.onnx_export import OPSET, example_sizes_for, finalize, trace_shape
+from mlc.frontends.onnx_export import OPSET, example_sizes_for, finalize, trace_shape, unnamed_outputs
 from mlc.errors import InputError, MissingDependencyError, UnsupportedModelError
 
 MODEL_SUFFIXES = (".json", ".pdmodel")  # PIR programs (Paddle 3) and the legacy format
@@ -74,7 +74,9 @@ def open_model(path: str) -> FrameworkModel:
     except Exception as e:  # corrupt programs and parameters raise many exception types
         raise InputError(f"cannot load the Paddle model {prefix} ({_first_line(e)}); save it again with "
                          "paddle.jit.save") from None
-    inputs = [InputDecl(name, _dtype_name(dtype), ["batch" if axis == 0 else f"{name}_dim{axis}"
+    # Only the dims the InputSpec leaves open (None, -1) are symbolic: a declared size may be baked into the
+    # program (shufflenet's channel-shuffle reshape holds the saved batch of 1).
+    inputs = [InputDecl(name, _dtype_name(dtype), ["batch" if axis == 0 else (f"{name}_dim{axis}")
                                                    if d is None or d < 0 else int(d) for axis, d in enumerate(shape)])
               for name, shape, dtype in specs]
 
@@ -182,6 +184,12 @@ def _native_stdout_to_stderr():
         os.close(saved)
 
 
+def _count_outputs(onnx_path: Path) -> int:
+    import onnx
+
+    return len(onnx.load(str(onnx_path), load_external_data=False).graph.output)
+
+
 def _dtype_name(dtype) -> str:
     return str(dtype).rsplit(".", 1)[-1]  # paddle.int64 -> int64
 
@@ -204,7 +212,8 @@ def _framework_model(run: Callable[[list[np.ndarray]], list], inputs: list[Input
         import paddle2onnx
 
         convert(Path(onnx_path), dynamic)
-        finalize(Path(onnx_path), inputs, dynamic, sizes, output_names)
+        # A saved program names its outputs fetch_name_0, ...: named as torch's bare tensors are instead.
+        finalize(Path(onnx_path), inputs, dynamic, sizes, output_names or unnamed_outputs(_count_outputs(onnx_path)))
         return f"paddle2onnx {paddle2onnx.__version__} (opset {OPSET})"
 
     def eager(values: list[np.ndarray]) -> list[np.ndarray]:

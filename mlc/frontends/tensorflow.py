@@ -44,9 +44,14 @@ def import_tensorflow():
     return tf
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0][:300]
+def _first_line(e: BaseException, limit: int = 300) -> str:
+    """The first line of an error, a long one cut after its last whole sentence (else word) that fits."""
+    line = (str(e).strip() or type(e).__name__).splitlines()[0]
+    if len(line) <= limit:
+        return line
+    cut = line[:limit]
+    end = cut.rfind(". ")
+    return cut[:end + 1] if end > 0 else cut[:cut.rfind(" ")] + " ..."
 
 
 def open_model(path: str) -> FrameworkModel:
@@ -126,7 +131,8 @@ def _open_saved_model(path: Path) -> FrameworkModel:
         return [outputs[name] for name in output_names]
 
     model = _framework_model(call, inputs, None, output_names)
-    model.notes.append(f"SavedModel signature '{key}'")
+    if key != "serving_default":  # the default needs no word; another one is worth knowing
+        model.notes.append(f"the SavedModel has no 'serving_default' signature: compiled its signature '{key}'")
     return model
 
 

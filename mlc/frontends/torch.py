@@ -54,7 +54,29 @@ def flatten_outputs(value: Any) -> list[np.ndarray]:
     import torch
     from torch.utils import _pytree
 
-    return [leaf.detach().cpu().numpy() for leaf in _pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)]
+    return [to_numpy(leaf) for leaf in _pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)]
+
+
+def to_numpy(tensor) -> np.ndarray:
+    """A tensor as numpy; bfloat16 as ml_dtypes.bfloat16 (torch's .numpy() has none)."""
+    import torch
+
+    tensor = tensor.detach().cpu()
+    if tensor.dtype != torch.bfloat16:
+        return tensor.numpy()
+    import ml_dtypes
+
+    return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+
+
+def to_torch(array: np.ndarray):
+    """numpy (ml_dtypes.bfloat16 too) as a tensor."""
+    import torch
+
+    array = np.ascontiguousarray(array)
+    if array.dtype.kind == "V" and array.dtype.itemsize == 2:  # bf16: torch.from_numpy knows no such dtype
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
 
 
 def _output_names(value: Any) -> list[str]:
@@ -120,7 +142,7 @@ def from_module(module, example_inputs: Sequence, input_names: Sequence[str],
 
     def eager(inputs: list[np.ndarray]) -> list[np.ndarray]:
         with torch.no_grad():
-            return flatten_outputs(module(*[torch.from_numpy(np.ascontiguousarray(x)) for x in inputs]))
+            return flatten_outputs(module(*[to_torch(x) for x in inputs]))
 
     return FrameworkModel("torch", decls, sizes, export, eager, native=module)
 
@@ -137,6 +159,8 @@ def _export(module, examples: tuple, input_names: list[str], output_names, axes:
             dynamic_shapes = tuple({a: shared[d] for a, d in axes[name].items()} or None for name in input_names)
             if not any(dynamic_shapes):
                 dynamic_shapes = None
+            elif getattr(module, "mlc_varargs", False):  # forward(*args): one entry, a tuple
+                dynamic_shapes = (dynamic_shapes,)
             # torch.export fixes any dim whose example size is 1: give dynamic dims at least 2.
             widened = tuple(_at_least_two(x, axes.get(name, {})) for x, name in zip(examples, input_names))
             program = torch.onnx.export(module, widened, dynamo=True, input_names=input_names,
@@ -224,18 +248,61 @@ def _load_factory(path: Path, name: str, exporter: Optional[str]) -> FrameworkMo
         raise InputError(f"{path}:{name}() returned a {type(module).__name__} where a torch.nn.Module was expected")
     if isinstance(examples, torch.Tensor):
         examples = (examples,)
+    positional, keywords = _forward_parameters(module)
     if isinstance(examples, dict):
-        names, examples = list(examples), list(examples.values())
+        module, names, examples = _bind_by_name(module, examples, positional, keywords, f"{path}:{name}()")
     else:
-        params = [p for p in inspect.signature(module.forward).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        names = [p.name for p in params[:len(examples)]]
+        names = positional[:len(examples)]
         names += [f"input_{i}" for i in range(len(names), len(examples))]
     return dataclasses.replace(from_module(module, examples, names, dims=dims, exporter=exporter), user_examples=True)
 
 
+def _forward_parameters(module) -> tuple[list[str], bool]:
+    """forward()'s parameters that can be passed by position, and whether it takes **kwargs."""
+    import torch
+
+    if isinstance(module, torch.jit.ScriptModule):  # inspect cannot read a ScriptMethod
+        return [a.name for a in module.forward.schema.arguments[1:]], False
+    params = inspect.signature(module.forward).parameters.values()
+    return ([p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)],
+            any(p.kind == p.VAR_KEYWORD for p in params))
+
+
+def _bind_by_name(module, examples: dict, positional: list[str], keywords: bool, where: str):
+    """(module, names, examples) for a dict of example inputs, bound by name (the exporters and the eager
+    reference pass inputs by position): in forward()'s order, and where the dict skips a parameter (one with a
+    default) or names a **kwargs one, through a module that passes them by keyword."""
+    unknown = [k for k in examples if k not in positional]
+    if unknown and not keywords:
+        raise InputError(f"{where} gives example input(s) {', '.join(map(repr, unknown))}, which forward() does not "
+                         f"take; its parameters: {', '.join(positional) or 'none'}")
+    names = [p for p in positional if p in examples] + unknown
+    values = [examples[n] for n in names]
+    if names == positional[:len(names)]:
+        return module, names, values
+    return _by_keyword(module, names), names, values
+
+
+def _by_keyword(inner, names: list[str]):
+    """A module whose forward(*args) calls `inner` with args passed by keyword, as `names`."""
+    import torch
+
+    class ByKeyword(torch.nn.Module):
+        mlc_varargs = True  # _export nests the dynamic shapes of forward(*args)
+
+        def __init__(self):
+            super().__init__()
+            self.inner, self.names = inner, list(names)
+
+        def forward(self, *args):
+            return self.inner(**dict(zip(self.names, args)))
+
+    return ByKeyword()
+
+
 def _load_exported_program(path: Path) -> FrameworkModel:
     import torch
+    from torch.utils import _pytree
 
     try:
         program = torch.export.load(str(path))
@@ -248,35 +315,73 @@ def _load_exported_program(path: Path) -> FrameworkModel:
                                     "export the program with positional inputs")
     names = [spec.arg.name for spec in program.graph_signature.input_specs if spec.kind.name == "USER_INPUT"]
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    decls, sizes = [], {}
+    decls, sizes, symbols = [], {}, {}  # symbols: torch's symbol (s31) -> the dim's name
     for name, example in zip(names, args):
         shape = placeholders[name].meta["val"].shape
         dims = []
         for axis, (dim, size) in enumerate(zip(shape, example.shape)):
             if isinstance(dim, torch.SymInt):
-                symbol = "batch" if axis == 0 else str(dim)
-                sizes.setdefault(symbol, int(size))
-                dims.append(symbol)
+                symbol = str(dim)
+                if symbol not in symbols:  # torch.export.save keeps no Dim names: name them as a factory's are
+                    default = _default_dims(name, example)[axis]
+                    taken = isinstance(default, str) and default in symbols.values()
+                    symbols[symbol] = default if isinstance(default, str) and not taken else f"{name}_dim{axis}"
+                sizes.setdefault(symbols[symbol], int(size))
+                dims.append(symbols[symbol])
             else:
                 dims.append(int(dim))
         decls.append(InputDecl(name, _dtype_name(example), dims))
+    declared = _declared_ranges(program, symbols)
     module = program.module()
+    # Named from the output's structure as a factory's are (torch.export would name them after graph nodes: linear)
+    out_spec = program.call_spec.out_spec
+    output_names = _output_names(_pytree.tree_unflatten([torch.empty(0)] * out_spec.num_leaves, out_spec))
 
     def export(out: Path, dynamic: set[str]) -> str:
-        # The program carries its own dynamic shapes; the dynamo exporter keeps them.
+        # The program carries its own dynamic shapes; the dynamo exporter keeps them, under torch's symbols.
         try:
-            onnx_program = torch.onnx.export(program, dynamo=True, input_names=names, opset_version=OPSET)
+            onnx_program = torch.onnx.export(program, dynamo=True, input_names=names, output_names=output_names,
+                                             opset_version=OPSET)
             onnx_program.save(str(out))
         except Exception as e:
             raise UnsupportedModelError(f"torch's dynamo ONNX exporter failed on {path.name}: "
                                         f"{_first_line(e)}") from None
+        _rename_dims(out, symbols)
         return f"torch.onnx dynamo exporter on an ExportedProgram (torch {torch.__version__}, opset {OPSET})"
 
     def eager(inputs: list[np.ndarray]) -> list[np.ndarray]:
         with torch.no_grad():
-            return flatten_outputs(module(*[torch.from_numpy(np.ascontiguousarray(x)) for x in inputs]))
+            return flatten_outputs(module(*[to_torch(x) for x in inputs]))
 
-    return FrameworkModel("torch", decls, sizes, export, eager, user_examples=True)
+    return FrameworkModel("torch", decls, sizes, export, eager, user_examples=True, declared_dynamic=declared)
+
+
+def _declared_ranges(program, symbols: dict[str, str]) -> dict[str, Optional[tuple[int, int]]]:
+    """{dim: (min, max)} of the program's dynamic dims; None where it set no finite bound."""
+    declared: dict[str, Optional[tuple[int, int]]] = {}
+    for symbol, bounds in program.range_constraints.items():
+        if str(symbol) in symbols:
+            try:
+                declared[symbols[str(symbol)]] = (max(1, int(bounds.lower)), int(bounds.upper))
+            except (TypeError, ValueError, OverflowError, AttributeError):  # an unbounded dim (int_oo)
+                declared[symbols[str(symbol)]] = None
+    return declared
+
+
+def _rename_dims(path: Path, symbols: dict[str, str]) -> None:
+    """The export's dims named as the frontend declares them (s31 -> batch), in expressions too (2*s31)."""
+    import onnx
+
+    if not symbols:
+        return
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, symbols)) + r")\b")
+    model = onnx.load(str(path), load_external_data=False)
+    graph = model.graph
+    for value in [*graph.input, *graph.output, *graph.value_info]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param:
+                dim.dim_param = pattern.sub(lambda m: symbols[m.group(1)], dim.dim_param)
+    onnx.save(model, str(path))
 
 
 def _is_export_archive(path: Path) -> bool:
@@ -307,6 +412,10 @@ def _load_torchscript(path: Path, input_shapes: Sequence[str], exporter: Optiona
     shapes = dict(parse_input_shape(text) for text in input_shapes)
     if None in shapes and len(names) == 1:
         shapes[names[0]] = shapes.pop(None)
+    unknown = [n for n in shapes if n is not None and n not in names]
+    if unknown:  # not "give --input-shape for x" when the user gave one, for a name the model lacks
+        raise InputError(f"--input-shape names unknown input {unknown[0]!r}; the model's inputs are: "
+                         f"{', '.join(names)}")
     missing = [n for n in names if n not in shapes]
     if missing:
         raise InputError(f"a TorchScript file does not record input shapes: give --input-shape for "

@@ -12,10 +12,10 @@ from typing import Optional
 from mlc import _proc, artifacts, compiler, frontends, targets
 from mlc.artifacts.manifest import Manifest
 from mlc.check import PRECISIONS, CheckResult
-from mlc.compiler import runtimes
+from mlc.compiler import cuda_binary, runtimes
 from mlc.frontends import onnx_weights
-from mlc.errors import (CompilerError, InputError, MlcError, NodeConversionError, TargetError,
-                        UnsupportedModelError)
+from mlc.errors import (CompilerError, InputError, MissingDependencyError, MlcError, NodeConversionError,
+                        TargetError, UnsupportedModelError)
 from mlc.passes.quantize import MODES as QUANTIZE_MODES
 from mlc.pipeline import buckets as bucketing
 from mlc.pipeline import schedules as tuning_records
@@ -41,6 +41,11 @@ class CompileResult:
 def prepare_target(preset: targets.Target) -> tuple[runtimes.RuntimeFiles, Optional[str]]:
     """The runtime files and cross compiler a target needs (fetched or built now, or an error)."""
     runtime = runtimes.runtime_files(preset.runtime_arch, preset.device, preset.runtime_os)
+    if preset.device == "cuda":  # the GPU code ships compiled: without NVRTC the artifact could never load
+        problem = cuda_binary.missing()
+        if problem:
+            raise MissingDependencyError(f"compiling for {preset.name} needs NVRTC and nvFatbin here, and {problem}; "
+                                         f"install them: {cuda_binary.INSTALL}")
     cross = None
     if preset.runtime_arch != runtimes.HOST_ARCH and preset.runtime_os != "macos":
         cross = runtimes.toolchain(preset.runtime_arch).compiler
@@ -75,6 +80,9 @@ def compile(model: ModelSpec, options: CompileOptions, step: StepReporter = quie
         prepared = prepare(plan.model, workdir, timed, static=options.db is not None and not plan.dynamic,
                            steps=plan.steps, dump_ir=options.pass_options.dump_ir, quantize=options.quantize,
                            calibration=options.calibration)
+        if prepared.declared_dynamic:  # a .pt2's own dynamic dims, as if given with --dynamic
+            plan = dataclasses.replace(plan, dynamic=prepared.declared_dynamic,
+                                       ranges={d: r for d, r in prepared.declared_dynamic.items() if r})
         # cleaned.onnx is written: ONNX Runtime and TVM read the weights from the files.
         _release_weights(prepared, "cleaned")
         with timed("reference", "Computing reference outputs with ONNX Runtime"):

@@ -29,6 +29,7 @@ class Converted:
     eager: dict[str, np.ndarray]  # by ONNX output name
     dynamic: list[str]
     notes: list[str] = field(default_factory=list)
+    declared_dynamic: dict = field(default_factory=dict)  # {dim: [min, max] or None} the model declares (.pt2)
 
 
 def convert(source: str, framework: str, workdir: Path, dynamic: Optional[Sequence[str]] = None,
@@ -52,4 +53,5 @@ def convert(source: str, framework: str, workdir: Path, dynamic: Optional[Sequen
         raise result.error(default=InputError)
     done = result.payload
     return Converted(out / MODEL, done["framework"], done["framework_version"], done["exporter"],
-                     load_npz(out / FEEDS), load_npz(out / EAGER), done["dynamic"], done["notes"])
+                     load_npz(out / FEEDS), load_npz(out / EAGER), done["dynamic"], done["notes"],
+                     done.get("declared_dynamic", {}))

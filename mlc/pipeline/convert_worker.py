@@ -68,7 +68,9 @@ def convert(request: dict) -> dict:
     kept = set(request["dynamic"] or ())
     sizes = {d: n for d, n in fm.example_sizes.items() if d not in kept} if fm.user_examples else None
     feeds = onnx_frontend.make_inputs(specs, onnx_frontend.concrete_shapes(specs, fixed, sizes))
-    outputs = fm.eager([feeds[s.name] for s in specs])
+    # eager takes fm.inputs' order: bind by name where the export kept the names (it may reorder inputs).
+    order = [d.name for d in fm.inputs] if {d.name for d in fm.inputs} == set(feeds) else [s.name for s in specs]
+    outputs = fm.eager([feeds[n] for n in order])
     names = [o.name for o in model.graph.output]
     if len(outputs) != len(names):
         raise InputError(f"the {fm.framework} model returns {len(outputs)} tensors but its ONNX export has "
@@ -77,6 +79,7 @@ def convert(request: dict) -> dict:
     save_npz(out / EAGER, {n: np.asarray(v) for n, v in zip(names, outputs)})
     return {"ok": True, "framework": fm.framework, "framework_version": framework_version(fm.framework),
             "exporter": exporter, "dynamic": sorted(dynamic), "notes": fm.notes,
+            "declared_dynamic": {d: list(r) if r else None for d, r in fm.declared_dynamic.items()},
             "onnx_opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None),
             "onnx_nodes": len(model.graph.node), "onnx_ir": onnx.IR_VERSION}
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from mlc import __version__, artifacts, targets
+from mlc import check as check_package
 from mlc.artifacts.manifest import (BucketInfo, CompileInfo, Manifest, ReferenceInfo, RuntimeInfo, TargetInfo,
                                     TensorSpec, WeightsInfo)
 from mlc.compiler import runtimes
@@ -46,6 +47,7 @@ def package(staged: Path, *, runtime: runtimes.RuntimeFiles, preset: targets.Tar
     `weights`: library -> the weights file the worker wrote beside it."""
     precision = result.get("precision", "fp32")  # what was built: fp32 where TVM failed on the asked precision
     runtime_info, library = _copy_runtime(staged, runtime, preset)
+    runtime_info.gpu_code = result.get("gpu_code")
     _check_runtime_functions(staged, runtime_info)
     reference_info = _write_reference(staged, references)
     inputs = [
@@ -125,6 +127,8 @@ def _copy_runtime(staged: Path, runtime: runtimes.RuntimeFiles, preset: targets.
         shutil.copyfile(device_library, staged / "runtime" / device_library.name)
         device_libraries.append(f"runtime/{device_library.name}")
     shutil.copyfile(Path(thin_runtime.__file__), staged / RUNTIME_MODULE)
+    for shipped, module in thin_runtime.ACCURACY_MODULES.items():  # what `run.py --check` judges with
+        shutil.copyfile(Path(check_package.__file__).with_name(module), staged / "runtime" / shipped)
     shutil.copyfile(Path(thin_runtime.__file__).with_name("run_entry.py"), staged / RUN_ENTRY)
     info = RuntimeInfo(library=runtime_library, module=RUNTIME_MODULE, entry=RUN_ENTRY,
                        requires=["numpy", "apache-tvm-ffi==0.1.14.post1"],

@@ -44,6 +44,9 @@ class Prepared:
     quantization: Optional[dict] = None  # --quantize: what it did (the manifest's record)
     calibration: list = field(default_factory=list)  # --quantize int8: the calibration feeds
     unquantized_path: Optional[Path] = None  # --quantize: the cleaned graph before it, built where TVM fails on int8
+    # The dims kept symbolic because the model declares them dynamic (a .pt2's Dims) where --dynamic was not given,
+    # {dim: (min, max) or None}: the compile's --dynamic then.
+    declared_dynamic: Optional[dict] = None
 
 
 def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Mapping[str, np.ndarray]] = None,
@@ -59,6 +62,9 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
     converted = source.converted
     if converted is not None and feeds is None:
         feeds = converted.feeds  # the inputs the framework ran on
+    declared = None
+    if dynamic is None and not static and converted is not None and converted.declared_dynamic:
+        declared = dynamic = {d: tuple(r) if r else None for d, r in converted.declared_dynamic.items()}
     with timed("load", "Loading the model"):
         onnx_model = onnx_frontend.load(source.path, weights_dir=workdir)  # the weights stay in their files
         if not source.info.sha256:
@@ -107,7 +113,7 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
     onnx_passes.save(cleaned, cleaned_path)  # the weights it reads by reference stay where they are
     notes = (converted.notes if converted else []) + notes
     return Prepared(source.path, source.info, onnx_model, specs, fixed, dict(feeds), cleaned, cleaned_path, notes,
-                    converted, records, quantization, calibration_feeds, unquantized_path)
+                    converted, records, quantization, calibration_feeds, unquantized_path, declared)
 
 
 def calibration_inputs(specs: list, feeds: Mapping[str, np.ndarray], files: tuple, mode: str
@@ -126,7 +132,7 @@ def calibration_inputs(specs: list, feeds: Mapping[str, np.ndarray], files: tupl
     out = []
     for path in files:
         try:
-            data = thin_runtime.load_npz(path)
+            data = thin_runtime.load_npz(path, [s.name for s in specs])
         except thin_runtime.FeedError as e:
             raise InputError(f"--calibration: {e}") from None
         missing = [s.name for s in specs if s.name not in data]

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from mlc import artifacts
-from mlc.check import CheckResult, compare, gate
+from mlc.check import CheckResult, compare
 from mlc.compiler import runtimes
 from mlc.errors import AccuracyError, InputError, IntegrityError, MissingDependencyError
 from mlc.pipeline.options import check_tolerances
@@ -33,21 +33,22 @@ def runtime_errors():
         raise IntegrityError(str(e)) from None
 
 
-def open_runner(artifact: str | Path, threads: Optional[int] = None
+def open_runner(artifact: str | Path, threads: Optional[int] = None, device: Optional[str] = None
                 ) -> thin_runtime.Runner | thin_runtime.NativeRunner:
     """Validate an artifact (schema + sha256) and load it for running: in this process when it
     was built for this machine, else through its native runner under emulation. `threads`: CPU
-    threads (default: TVM_NUM_THREADS, else one per physical core; thin_runtime.set_threads)."""
+    threads (default: TVM_NUM_THREADS, else one per physical core; thin_runtime.set_threads);
+    `device`: which GPU ("cuda:1"; default the first)."""
     manifest = artifacts.load(artifact)
     with runtime_errors():
         if manifest.target.runtime_arch == runtimes.HOST_ARCH:
-            return thin_runtime.Runner(artifact, verify=False, threads=threads)  # just verified
+            return thin_runtime.Runner(artifact, verify=False, threads=threads, device=device)  # just verified
         return thin_runtime.NativeRunner(artifact, verify=False, threads=threads)
 
 
-def read_npz(path: str | Path) -> dict[str, np.ndarray]:
+def read_npz(path: str | Path, names: list[str] | tuple[str, ...] = ()) -> dict[str, np.ndarray]:
     with runtime_errors():
-        return thin_runtime.load_npz(path)
+        return thin_runtime.load_npz(path, names)
 
 
 def save_outputs(path: str | Path, outputs: Mapping[str, np.ndarray]) -> None:
@@ -60,7 +61,7 @@ def load_inputs(runner: thin_runtime.Runner, inputs: Inputs) -> dict[str, np.nda
         return read_npz(runner.root / runner.manifest["reference"]["inputs"])
     if isinstance(inputs, Mapping):
         return dict(inputs)
-    return read_npz(inputs)
+    return read_npz(inputs, [i["name"] for i in runner.manifest["inputs"]])
 
 
 @dataclass
@@ -73,14 +74,14 @@ class RunResult:
 
 
 def run(artifact: str | Path, inputs: Inputs = None, *, warmup: int = 3, repeat: int = 50,
-        profile: bool = False, threads: Optional[int] = None) -> RunResult:
+        profile: bool = False, threads: Optional[int] = None, device: Optional[str] = None) -> RunResult:
     """Run an artifact on inputs (an .npz path, a dict, or None for its reference inputs);
     `profile` also times each kernel call (Runner.profile)."""
     if warmup < 0 or repeat < 0:
         raise InputError("--warmup and --repeat must be >= 0")
     if threads is not None and threads < 1:
         raise InputError(f"--threads must be at least 1, not {threads}")
-    runner = open_runner(artifact, threads)
+    runner = open_runner(artifact, threads, device)
     if profile and not isinstance(runner, thin_runtime.Runner):
         raise InputError(f"--profile needs an artifact built for this machine; {artifact} runs under emulation here")
     feeds = load_inputs(runner, inputs)
@@ -90,11 +91,12 @@ def run(artifact: str | Path, inputs: Inputs = None, *, warmup: int = 3, repeat:
     return RunResult(outputs, latency, warnings, kernels, runner.threads)
 
 
-def check(artifact: str | Path, *, atol: Optional[float] = None, rtol: Optional[float] = None) -> CheckResult:
+def check(artifact: str | Path, *, atol: Optional[float] = None, rtol: Optional[float] = None,
+          device: Optional[str] = None) -> CheckResult:
     """Run the artifact on its reference inputs and compare with its reference outputs (and, for
     bucketed artifacts, each bucket at its most padded length)."""
     check_tolerances(atol, rtol)
-    runner = open_runner(artifact)
+    runner = open_runner(artifact, device=device)
     reference = read_npz(runner.root / runner.manifest["reference"]["outputs"])
     feeds = load_inputs(runner, None)
     try:
@@ -102,49 +104,13 @@ def check(artifact: str | Path, *, atol: Optional[float] = None, rtol: Optional[
             actual = runner.run(feeds)
     except InputError as e:  # the inputs are the artifact's own: a broken artifact, not a user mistake
         raise IntegrityError(f"the artifact's reference inputs do not fit its model: {e}") from None
+    with runtime_errors():
+        result = thin_runtime.check_outputs(runner, actual, atol, rtol)
     info = runner.manifest["reference"]
-    result = compare(reference, actual, atol=atol, rtol=rtol)
-    result.reference = info["producer"]
-    precision = runner.manifest.get("precision", "fp32")
-    if runner.manifest.get("quantization"):  # --quantize: the int8 gate, judged on all its inputs together
-        precision = runner.manifest["quantization"]["mode"]
-        on_reference = info.get("gate_judges_reference", True)
-        expected, got = ([reference], [actual]) if on_reference else ([], [])
-        for case in info.get("gate_cases", []):
-            expected.append(read_npz(runner.root / case["outputs"]))
-            with runtime_errors():
-                got.append(runner.run(read_npz(runner.root / case["inputs"])))
-        result.gate = gate(*stacked(expected, got), precision)
-        result.gate.inputs, result.gate.calibration_inputs = len(expected), not on_reference
-    elif precision != "fp32":  # judged by the reduced-precision gate against the same fp32 reference
-        result.gate = gate(reference, actual, precision)
     if info.get("onnxruntime"):
         result.conversion = compare(reference, read_npz(runner.root / info["onnxruntime"]), atol=atol, rtol=rtol)
     result.conversion_error = info.get("onnxruntime_error") or ""
-    for case in (runner.buckets or {}).get("checks", []):  # each bucket at its most padded length
-        expected = read_npz(runner.root / case["outputs"])
-        with runtime_errors():
-            got = runner.run(read_npz(runner.root / case["inputs"]))
-        where = f" [{runner.buckets['dim']}={case['length']} in bucket {case['bucket']}]"
-        for stats in compare(expected, got, atol=atol, rtol=rtol).outputs:
-            stats.name += where
-            result.outputs.append(stats)
-        if result.gate is not None:
-            for figures in gate(expected, got, precision).outputs:
-                figures.name += where
-                result.gate.outputs.append(figures)
     return result
-
-
-def stacked(expected: list[dict], got: list[dict]) -> tuple[dict, dict]:
-    """Each output's values over several inputs, joined along the first axis (a classifier's rows add up)."""
-    names = [n for n in expected[0] if all(n in e for e in expected) and all(n in g for g in got)
-             and len({np.shape(e[n])[1:] for e in expected + got}) == 1 and np.ndim(expected[0][n])]
-    reference = {n: np.concatenate([e[n] for e in expected]) for n in names}
-    actual = {n: np.concatenate([np.asarray(g[n]) for g in got]) for n in names}
-    reference.update({n: v for n, v in expected[0].items() if n not in reference})
-    actual.update({n: v for n, v in got[0].items() if n not in actual})
-    return reference, actual
 
 
 def require_pass(result: CheckResult) -> None:

@@ -25,10 +25,16 @@ from typing import Any, Mapping
 
 import numpy as np
 
+try:  # optional: bf16 inputs and outputs as ml_dtypes.bfloat16 arrays, as ONNX Runtime's users give them
+    import ml_dtypes as _ml_dtypes
+except ImportError:
+    _ml_dtypes = None
+
 # Newest manifest schema this runtime understands; bump together with mlc.artifacts.manifest.
 # 2: bucketed artifacts (manifest "buckets": one static library per length, inputs padded).
 # 3: weights in a file beside each library (manifest "weights"), passed to `main` after the inputs.
-SCHEMA_VERSION = 3
+# 4: CUDA code compiled into the library (manifest runtime.gpu_code), checked against the GPU before loading.
+SCHEMA_VERSION = 4
 MANIFEST = "manifest.json"
 # DLDeviceType codes the VM is initialised with.
 _DEVICE_TYPES = {"cpu": 1, "cuda": 2, "metal": 8}
@@ -139,10 +145,119 @@ def device_present(device: str) -> bool:
     if device == "cpu":
         return True
     if device == "cuda":
-        return Path("/dev/nvidiactl").exists() and any(
-            Path(d, "libcuda.so.1").exists() for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib",
-                                                       "/usr/local/nvidia/lib64", "/usr/lib/wsl/lib"))
+        try:
+            return CudaDriver().count() > 0
+        except DeviceMissing:
+            return False
     return device == "metal" and platform.system() == "Darwin"
+
+
+def parse_device(device: str | None, kind: str) -> int:
+    """The index of `device` ("cuda", "cuda:1", "1"; None: 0) for an artifact that runs on `kind`."""
+    if device is None:
+        return 0
+    name, _, index = device.partition(":") if not device.isdigit() else (kind, ":", device)
+    if name != kind or (index and not index.isdigit()):
+        raise FeedError(f"device {device!r} does not fit this {kind} artifact; give {kind} or {kind}:N (N from 0)")
+    return int(index or 0)
+
+
+class CudaDriver:
+    """The NVIDIA driver (libcuda.so.1) through ctypes: which GPUs there are and the CUDA release the driver
+    supports, asked before TVM loads an artifact, so that a mismatch is one line instead of a CUDA error mid-run."""
+
+    _COMPUTE_MAJOR, _COMPUTE_MINOR = 75, 76  # CUdevice_attribute
+
+    def __init__(self) -> None:
+        try:
+            self.lib = ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            raise DeviceMissing("no NVIDIA driver here (libcuda.so.1 is not on the loader's path)") from None
+        status = self.lib.cuInit(0)
+        if status != 0:
+            raise DeviceMissing(f"the NVIDIA driver does not start (cuInit error {status}): no usable GPU here")
+
+    def _ask(self, function: str, *args: Any) -> None:
+        status = getattr(self.lib, function)(*args)
+        if status != 0:
+            raise DeviceMissing(f"the NVIDIA driver failed on {function} (error {status})")
+
+    def version(self) -> int:
+        """The newest CUDA release the driver supports, as 1000 * major + 10 * minor (13000: CUDA 13.0)."""
+        value = ctypes.c_int()
+        self._ask("cuDriverGetVersion", ctypes.byref(value))
+        return value.value
+
+    def count(self) -> int:
+        value = ctypes.c_int()
+        self._ask("cuDeviceGetCount", ctypes.byref(value))
+        return value.value
+
+    def describe(self, index: int) -> tuple[str, int, int]:
+        """(name, compute capability major, minor) of GPU `index`."""
+        device, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        self._ask("cuDeviceGet", ctypes.byref(device), index)
+        self._ask("cuDeviceGetAttribute", ctypes.byref(major), self._COMPUTE_MAJOR, device)
+        self._ask("cuDeviceGetAttribute", ctypes.byref(minor), self._COMPUTE_MINOR, device)
+        name = ctypes.create_string_buffer(256)
+        self._ask("cuDeviceGetName", name, 256, device)
+        return name.value.decode(errors="replace"), major.value, minor.value
+
+
+def _release(version: str) -> int:
+    major, _, minor = version.partition(".")
+    return 1000 * int(major) + 10 * int(minor or 0)
+
+
+# The first driver branch of each CUDA major release (its .0): what `gpu_code["cuda"]` needs at least.
+_MIN_DRIVER = {12: "525", 13: "580"}
+
+
+def gpu_code_loads(gpu_code: Mapping[str, str], major: int, minor: int) -> bool:
+    """Whether a GPU of compute capability major.minor loads the cubin or JIT-compiles the PTX of `gpu_code`. A
+    cubin sm_XY runs on X.Y and later minors of X; PTX compute_XY on X.Y and later; an "a" variant (sm_90a) only on
+    exactly its own."""
+    def split(arch: str) -> tuple[int, int, bool]:
+        number = arch.split("_", 1)[1]
+        digits = number.rstrip("abcdefghijklmnopqrstuvwxyz")
+        return int(digits[:-1]), int(digits[-1]), digits != number
+
+    def fits(arch: str | None, same_major: bool) -> bool:
+        if not arch:
+            return False
+        want_major, want_minor, specific = split(arch)
+        if specific:
+            return (major, minor) == (want_major, want_minor)
+        if same_major and major != want_major:
+            return False
+        return (major, minor) >= (want_major, want_minor)
+
+    return fits(gpu_code.get("cubin"), True) or fits(gpu_code.get("ptx"), False)
+
+
+def check_gpu(manifest: Mapping[str, Any], index: int) -> None:
+    """One line for what would keep this CUDA artifact from running on GPU `index`: no such GPU, a driver older
+    than the CUDA release the artifact ships, a GPU whose architecture its code does not cover, or an artifact
+    with CUDA source (built before GPU code was shipped compiled)."""
+    gpu_code = manifest["runtime"].get("gpu_code")
+    if not gpu_code:
+        raise ArtifactError("this CUDA artifact holds CUDA source, which only TVM's compiler can load; recompile "
+                            "it with this mlc, which ships the GPU code compiled")
+    driver = CudaDriver()
+    count = driver.count()
+    if index >= count:
+        raise DeviceMissing(f"cuda:{index} was asked for, and this machine has {count} GPU(s) (cuda:0..{count - 1})")
+    need, have = _release(gpu_code["cuda"]), driver.version()
+    if have < need:
+        driver_branch = _MIN_DRIVER.get(need // 1000)
+        raise ArtifactError(f"the NVIDIA driver here supports CUDA {have // 1000}.{have % 1000 // 10}, and this "
+                            f"artifact's CUDA runtime is {gpu_code['cuda']}: install NVIDIA driver "
+                            f"{driver_branch + ' or newer' if driver_branch else 'of that release'}")
+    name, major, minor = driver.describe(index)
+    if not gpu_code_loads(gpu_code, major, minor):
+        raise ArtifactError(f"this GPU ({name}, sm_{major}{minor}) cannot load this artifact's code "
+                            f"({gpu_code['cubin']} cubin, {gpu_code['ptx']} PTX for it and later GPUs); recompile "
+                            f"with --target cuda on this machine")
 
 
 def physical_cores(sys_root: Path = Path("/sys")) -> int | None:
@@ -228,6 +343,11 @@ def _load_tvm_runtime(library: Path, device_libraries: list[Path], device: str) 
                                 "device and its driver") from None
 
 
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
 def _nonzero(x):
     return np.stack(np.atleast_1d(np.from_dlpack(x)).nonzero(), axis=0)
 
@@ -292,6 +412,38 @@ def _bind_dims(spec: Mapping[str, Any], array: np.ndarray, dims: dict[str, int])
             bound = dims.setdefault(want, got)
             if bound != got:
                 raise FeedError(f"dimension '{want}' is {bound} in one input but {got} in '{name}'")
+
+
+def spec_dtype(name: str) -> np.dtype:
+    """numpy's dtype for a manifest dtype; bfloat16 is ml_dtypes' (raw 2-byte values without it)."""
+    if name == "bfloat16":
+        return np.dtype(_ml_dtypes.bfloat16) if _ml_dtypes is not None else np.dtype("V2")
+    return np.dtype(name)
+
+
+def as_bfloat16(array: np.ndarray) -> np.ndarray:
+    """A 2-byte void array (what np.save writes for ml_dtypes.bfloat16) as bf16 again; others unchanged."""
+    if array.dtype.kind == "V" and array.dtype.itemsize == 2 and array.dtype.names is None:
+        return array.view(spec_dtype("bfloat16"))
+    return array
+
+
+def host_tensor(tvm_ffi: Any, array: np.ndarray) -> Any:
+    """An ffi Tensor on the CPU sharing `array`'s memory; numpy's DLPack has no bf16: export the bits, view them."""
+    if array.dtype.itemsize != 2 or array.dtype.kind != "V":
+        return tvm_ffi.from_dlpack(array)
+    bits = tvm_ffi.from_dlpack(array.view(np.uint16))
+    return tvm_ffi.get_global_func("runtime.TVMTensorCreateView")(bits, tvm_ffi.Shape(list(array.shape)),
+                                                                   "bfloat16", 0)
+
+
+def host_array(tvm_ffi: Any, tensor: Any) -> np.ndarray:
+    """A numpy copy of a CPU ffi Tensor; bf16 through its bits (ml_dtypes.bfloat16, or raw 2-byte values)."""
+    if str(tensor.dtype) != "bfloat16":
+        return np.from_dlpack(tensor).copy()
+    bits = tvm_ffi.get_global_func("runtime.TVMTensorCreateView")(tensor, tvm_ffi.Shape(list(tensor.shape)),
+                                                                   "uint16", 0)
+    return np.from_dlpack(bits).copy().view(spec_dtype("bfloat16"))
 
 
 def aligned(array: np.ndarray) -> np.ndarray:
@@ -366,7 +518,9 @@ def validate_feeds(specs: list[dict[str, Any]], feeds: Mapping[str, np.ndarray],
     arrays, warnings, dims = [], [], {}
     for spec in specs:
         array = np.asarray(feeds[spec["name"]])
-        if array.dtype != np.dtype(spec["dtype"]):
+        if spec["dtype"] == "bfloat16":
+            array = as_bfloat16(array)
+        if array.dtype != spec_dtype(spec["dtype"]):
             raise FeedError(f"input '{spec['name']}' expects dtype {spec['dtype']}, got {array.dtype}")
         _bind_dims(spec, array, dims)
         if array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
@@ -417,6 +571,26 @@ def slice_outputs(dim: str, specs: list[dict[str, Any]], outputs: dict[str, np.n
         index = tuple(slice(0, length) if d == dim else slice(None) for d in spec["shape"])
         sliced[spec["name"]] = np.ascontiguousarray(value[index])
     return sliced
+
+
+def sync(tvm_ffi: Any, device: Any) -> None:
+    """Wait for the work queued on `device` on its default stream (0: where TVM launches kernels; the CPU's is a
+    no-op)."""
+    tvm_ffi.get_global_func("runtime.Device_StreamSync")(device, 0)
+
+
+def _on_device(value: Any) -> bool:
+    """Whether `value` is a DLPack tensor on a GPU (torch.cuda, cupy), not host memory."""
+    if isinstance(value, np.ndarray) or not hasattr(value, "__dlpack_device__"):
+        return False
+    return int(value.__dlpack_device__()[0]) not in (1, 3)  # kDLCPU, kDLCUDAHost
+
+
+class _Shaped:
+    """The shape of a device tensor, as _bind_dims reads an array's."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape, self.ndim = shape, len(shape)
 
 
 class _ArtifactRunner:
@@ -484,15 +658,20 @@ def import_without_torch(module: str) -> Any:
 
 
 class Runner(_ArtifactRunner):
-    """Loads an artifact's compiled model once, in this process, and runs it on numpy inputs."""
+    """Loads an artifact's compiled model once, in this process, and runs it on numpy inputs, or on DLPack tensors
+    (torch) that stay on the GPU. `device`: which GPU ("cuda:1"; default the first)."""
 
-    def __init__(self, artifact_dir: str | os.PathLike, verify: bool = True, threads: int | None = None):
+    def __init__(self, artifact_dir: str | os.PathLike, verify: bool = True, threads: int | None = None,
+                 device: str | None = None):
         super().__init__(artifact_dir, verify, threads)
         _check_machine(self.manifest)
-        device = self.device_kind
-        if device not in _DEVICE_TYPES:
-            raise ArtifactError(f"device '{device}' is not supported by this runtime "
+        kind = self.device_kind
+        if kind not in _DEVICE_TYPES:
+            raise ArtifactError(f"device '{kind}' is not supported by this runtime "
                                 f"(supported: {', '.join(_DEVICE_TYPES)})")
+        index = parse_device(device, kind)
+        if kind == "cuda":
+            check_gpu(self.manifest, index)
         tvm_ffi = import_without_torch("tvm_ffi")
         self._tvm_ffi = tvm_ffi
         runtime = self.manifest["runtime"]
@@ -500,24 +679,30 @@ class Runner(_ArtifactRunner):
         if host_functions and importlib.util.find_spec("tvm") is not None:
             import tvm  # noqa: F401 - registers TVM's relax.run.* now, not later over ours (which would fail)
         _load_tvm_runtime(safe_member(self.root, runtime["library"]),
-                          [safe_member(self.root, rel) for rel in runtime.get("device_libraries", [])], device)
+                          [safe_member(self.root, rel) for rel in runtime.get("device_libraries", [])], kind)
         register_host_functions(tvm_ffi, host_functions)
         libraries = {None: self.manifest["library"]}
         if self.buckets:  # one static library per bucket
             libraries = {int(size): rel for size, rel in self.buckets["libraries"].items()}
-        self.device = tvm_ffi.device(device, 0)
+        self.device = tvm_ffi.device(kind, index)
         self._mapped: dict[str, np.memmap] = {}
-        self._vms = {bucket: self._load_vm(rel, runtime, _DEVICE_TYPES[device]) for bucket, rel in libraries.items()}
-        self._mains = {bucket: self._main(self._vms[bucket], self._load_weights(rel))
-                       for bucket, rel in libraries.items()}
+        try:
+            self._vms = {bucket: self._load_vm(rel, runtime, _DEVICE_TYPES[kind], index)
+                         for bucket, rel in libraries.items()}
+            self._mains = {bucket: self._main(self._vms[bucket], self._load_weights(rel))
+                           for bucket, rel in libraries.items()}
+        except RuntimeError as e:  # TVM's device runtime (a CUDA error): its own line says what
+            if kind == "cpu":
+                raise
+            raise ArtifactError(f"the model cannot start on {self.device}: {_first_line(e)}") from None
 
-    def _load_vm(self, rel: str, runtime: Mapping[str, Any], code: int) -> Any:
+    def _load_vm(self, rel: str, runtime: Mapping[str, Any], code: int, index: int) -> Any:
         library_path = safe_member(self.root, rel)
         if not library_path.is_file() and runtime.get("link"):
             raise ArtifactError(f"{library_path.name} is not linked yet: run ./{runtime['link']} in the artifact once")
         vm = self._tvm_ffi.load_module(str(library_path))["vm_load_executable"]()
         # (device type, id, allocator) for the compute device, then the same for the host.
-        vm["vm_initialization"](code, 0, _POOLED_ALLOCATOR, 1, 0, _POOLED_ALLOCATOR)
+        vm["vm_initialization"](code, index, _POOLED_ALLOCATOR, 1, 0, _POOLED_ALLOCATOR)
         return vm
 
     def _load_weights(self, library: str) -> list[Any]:
@@ -584,18 +769,61 @@ class Runner(_ArtifactRunner):
         return sorted(rows, key=lambda row: -row["ms"])
 
     def _to_device(self, array: np.ndarray) -> Any:
-        host = self._tvm_ffi.from_dlpack(array)
+        host = host_tensor(self._tvm_ffi, array)
         return host if self.device.dlpack_device_type() == 1 else copy_tensor(host, self.device)
 
     def _to_host(self, tensor: Any) -> np.ndarray:
         if self.device.dlpack_device_type() != 1:
             tensor = copy_tensor(tensor, self._tvm_ffi.device("cpu", 0))
         # Copy: the VM's pooled allocator may reuse these buffers on the next call.
-        return np.from_dlpack(tensor).copy()
+        return host_array(self._tvm_ffi, tensor)
 
     def _sync(self) -> None:
         if self.device.dlpack_device_type() != 1:
-            self._tvm_ffi.get_global_func("runtime.Device_StreamSync")(self.device, None)
+            sync(self._tvm_ffi, self.device)
+
+    def run(self, feeds: Mapping[str, Any], device_outputs: bool = False) -> dict[str, Any]:
+        """The outputs for `feeds`: numpy arrays, or DLPack tensors (torch, cupy); tensors on the artifact's device
+        are used where they are, with no copy. `device_outputs`: return tvm_ffi tensors left on the device
+        (torch.from_dlpack takes them without a copy) instead of numpy arrays."""
+        if not device_outputs and not any(_on_device(value) for value in feeds.values()):
+            return super().run(feeds)
+        if self.buckets:
+            raise FeedError("a bucketed artifact pads its inputs on the host: give numpy arrays")
+        tensors = self._device_feeds(feeds)
+        results = _flatten(self._mains[None](*tensors))
+        if device_outputs:
+            return {spec["name"]: tensor for spec, tensor in zip(self.outputs, results)}
+        return {spec["name"]: self._to_host(tensor) for spec, tensor in zip(self.outputs, results)}
+
+    def _device_feeds(self, feeds: Mapping[str, Any]) -> list[Any]:
+        """The feeds as tensors on the artifact's device: those there already as they are, the others checked by
+        validate_feeds and copied; names, dtypes, shapes and dynamic ranges checked across both."""
+        on_device = {k: self._tvm_ffi.from_dlpack(v) for k, v in feeds.items() if _on_device(v)}
+        host_specs = [spec for spec in self.inputs if spec["name"] not in on_device]
+        unknown = [k for k in on_device if k not in {spec["name"] for spec in self.inputs}]
+        if unknown:
+            raise FeedError(f"input names do not match (unexpected {', '.join(unknown)}); the model takes: "
+                            f"{', '.join(spec['name'] for spec in self.inputs)}")
+        arrays, _ = validate_feeds(host_specs, {k: v for k, v in feeds.items() if k not in on_device})
+        dims: dict[str, int] = {}
+        for spec in self.inputs:
+            tensor = on_device.get(spec["name"])
+            if tensor is not None:
+                if tensor.device.dlpack_device_type() != self.device.dlpack_device_type() \
+                        or tensor.device.index != self.device.index:
+                    raise FeedError(f"input '{spec['name']}' is on {tensor.device}; this artifact runs on "
+                                    f"{self.device}")
+                if str(tensor.dtype) != spec["dtype"]:
+                    raise FeedError(f"input '{spec['name']}' expects dtype {spec['dtype']}, got {tensor.dtype}")
+            _bind_dims(spec, _Shaped(tuple(tensor.shape)) if tensor is not None
+                       else arrays[host_specs.index(spec)], dims)
+        for dim, (lo, hi) in (self.manifest.get("dynamic_ranges") or {}).items():
+            if dim in dims and not lo <= dims[dim] <= hi:
+                raise FeedError(f"dimension '{dim}' is {dims[dim]}, outside the compiled range {lo}..{hi}")
+        host = iter(arrays)
+        return [on_device[spec["name"]] if spec["name"] in on_device else self._to_device(next(host))
+                for spec in self.inputs]
 
     def _measure(self, arrays: list[np.ndarray], warmup: int, repeat: int, bucket: int | None = None
                  ) -> tuple[dict[str, np.ndarray], list[float]]:
@@ -675,6 +903,68 @@ class NativeRunner(_ArtifactRunner):
         return outputs, stats, warnings
 
 
+def _accuracy() -> tuple[Any, Any]:
+    """mlc.check's compare and gate: mlc's own where mlc is installed, else the copies an artifact ships beside this
+    file (ACCURACY_MODULES: numpy only)."""
+    try:
+        from mlc.check import compare, gate
+    except ImportError:
+        from mlc_compare import compare  # type: ignore[no-redef]
+        from mlc_gate import gate  # type: ignore[no-redef]
+    return compare, gate
+
+
+# mlc.check's modules an artifact ships in runtime/ for `run.py --check`, by the names it imports them as.
+ACCURACY_MODULES = {"mlc_compare.py": "compare.py", "mlc_gate.py": "gate.py"}
+
+
+def check_outputs(runner: _ArtifactRunner, actual: Mapping[str, np.ndarray], atol: float | None = None,
+                  rtol: float | None = None) -> Any:
+    """`actual` (the outputs on the reference inputs) judged against the reference outputs as `mlc check` judges
+    them: per-dtype tolerances (or atol/rtol); a reduced-precision build by its accuracy gate, and a quantised one
+    over its gate cases too; each bucket at its most padded length. Returns mlc.check's CheckResult."""
+    compare, gate = _accuracy()
+    info = runner.manifest["reference"]
+    reference = load_npz(runner.root / info["outputs"])
+    result = compare(reference, actual, atol=atol, rtol=rtol)
+    result.reference = info["producer"]
+    precision = runner.manifest.get("precision", "fp32")
+    if runner.manifest.get("quantization"):  # --quantize: the int8 gate, judged on all its inputs together
+        precision = runner.manifest["quantization"]["mode"]
+        on_reference = info.get("gate_judges_reference", True)
+        expected, got = ([reference], [actual]) if on_reference else ([], [])
+        for case in info.get("gate_cases", []):
+            expected.append(load_npz(runner.root / case["outputs"]))
+            got.append(runner.run(load_npz(runner.root / case["inputs"])))
+        result.gate = gate(*_stacked(expected, got), precision)
+        result.gate.inputs, result.gate.calibration_inputs = len(expected), not on_reference
+    elif precision != "fp32":  # judged by the reduced-precision gate against the same fp32 reference
+        result.gate = gate(reference, actual, precision)
+    for case in (runner.buckets or {}).get("checks", []):  # each bucket at its most padded length
+        expected = load_npz(runner.root / case["outputs"])
+        got = runner.run(load_npz(runner.root / case["inputs"]))
+        where = f" [{runner.buckets['dim']}={case['length']} in bucket {case['bucket']}]"
+        for stats in compare(expected, got, atol=atol, rtol=rtol).outputs:
+            stats.name += where
+            result.outputs.append(stats)
+        if result.gate is not None:
+            for figures in gate(expected, got, precision).outputs:
+                figures.name += where
+                result.gate.outputs.append(figures)
+    return result
+
+
+def _stacked(expected: list[dict], got: list[dict]) -> tuple[dict, dict]:
+    """Each output's values over several inputs, joined along the first axis (a classifier's rows add up)."""
+    names = [n for n in expected[0] if all(n in e for e in expected) and all(n in g for g in got)
+             and len({np.shape(e[n])[1:] for e in expected + got}) == 1 and np.ndim(expected[0][n])]
+    reference = {n: np.concatenate([e[n] for e in expected]) for n in names}
+    actual = {n: np.concatenate([np.asarray(g[n]) for g in got]) for n in names}
+    reference.update({n: v for n, v in expected[0].items() if n not in reference})
+    actual.update({n: v for n, v in got[0].items() if n not in actual})
+    return reference, actual
+
+
 def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
     """Write arrays as an .npz (what np.savez writes), atomically, with any tensor names: np.savez
     takes them as keyword arguments, which breaks on names like 'file'."""
@@ -695,11 +985,14 @@ def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
             pass
 
 
-def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Arrays from an .npz file; never unpickles (object arrays are refused)."""
+def load_npz(path: str | os.PathLike, names: list[str] | tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """Arrays from an .npz file; never unpickles (object arrays are refused). A single .npy array is accepted for
+    a model with one input, `names` being the model's input names."""
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.ndarray):
+            with data:
+                return {k: as_bfloat16(data[k]) for k in data.files}
     except FileNotFoundError:
         raise FeedError(f"input file not found: {path}") from None
     except (ValueError, OSError, EOFError):  # includes zipfile.BadZipFile and pickled arrays
@@ -708,30 +1001,51 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
                             ) from None
         raise FeedError(f"cannot read {path}: not an .npz file; write inputs with numpy.savez(path, name=array, ...)"
                         ) from None
+    if len(names) == 1:  # a .npy: the one input of a one-input model
+        return {names[0]: as_bfloat16(data)}
+    inputs = f"the model's inputs are {', '.join(names)}: " if names else ""
+    raise FeedError(f"{path} is a single .npy array, which feeds only a model with one input; {inputs}"
+                    "write inputs to an .npz with numpy.savez(path, name=array, ...)")
 
 
 def main(argv: list[str] | None = None, artifact_dir: str | os.PathLike | None = None) -> int:
-    """`python run.py` inside an artifact: run it on .npz inputs (default: its reference inputs)."""
+    """`python run.py` inside an artifact: run it on .npz inputs (default: its reference inputs); with --check,
+    judge the outputs against the artifact's reference as `mlc check` does. Exit 0, 1 (bad input or artifact),
+    3 (--check failed), 4 (no device or emulator for it here)."""
     import argparse
     import sys
 
     root = Path(artifact_dir or Path(__file__).resolve().parent.parent)
     parser = argparse.ArgumentParser(description=f"Run the mlc artifact in {root}")
-    parser.add_argument("-i", "--inputs", help=".npz with one array per model input (default: reference inputs)")
+    parser.add_argument("-i", "--inputs", help=".npz with one array per model input, or a .npy for a one-input "
+                        "model (default: reference inputs)")
     parser.add_argument("-o", "--outputs", help="write the outputs to this .npz")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--json", action="store_true", help="print latency as JSON")
     parser.add_argument("--threads", type=int, help="CPU threads (default: TVM_NUM_THREADS, else one per core)")
+    parser.add_argument("--device", help="the GPU to run on, e.g. cuda:1 (default: the first)")
+    parser.add_argument("--check", action="store_true",
+                        help="compare the outputs on the reference inputs with the artifact's reference (exit 3 if "
+                             "they differ), by the tolerances or the accuracy gate `mlc check` uses")
+    parser.add_argument("--atol", type=float, help="--check: absolute tolerance (default: by dtype)")
+    parser.add_argument("--rtol", type=float, help="--check: relative tolerance (default: by dtype)")
     args = parser.parse_args(argv)
+    if args.check and args.inputs:
+        parser.error("--check runs the reference inputs; leave out --inputs")
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be at least 1")
     try:
-        runner = Runner(root, threads=args.threads)
-        feeds = load_npz(args.inputs or root / runner.manifest["reference"]["inputs"])
+        runner = Runner(root, threads=args.threads, device=args.device)
+        feeds = load_npz(args.inputs or root / runner.manifest["reference"]["inputs"],
+                         [i["name"] for i in runner.inputs])
         outputs, stats, _ = runner.measure(feeds, args.warmup, args.repeat)
         if args.outputs:
             save_npz(args.outputs, outputs)
+        checked = check_outputs(runner, outputs, args.atol, args.rtol) if args.check else None
+    except (DeviceMissing, EmulatorMissing) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 4
     except (ArtifactError, FeedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -747,4 +1061,22 @@ def main(argv: list[str] | None = None, artifact_dir: str | os.PathLike | None =
                 f"p90 {stats['p90_ms']:.3f}, p99 {stats['p99_ms']:.3f}; {stats['throughput_per_s']:.1f} runs/s"
                 + (f"; {runner.threads} thread(s)" if runner.threads else "")
             )
+    if checked is not None:
+        _print_check(checked, runner.device)
+        return 0 if checked.passed else 3
     return 0
+
+
+def _print_check(result: Any, device: Any) -> None:
+    """One line per output (and per gate figure), then the verdict."""
+    for stats in result.outputs:
+        print(f"check {stats.name}: max abs error {stats.max_abs_error:.3g}, {stats.mismatch_fraction:.2%} of values "
+              f"outside atol {stats.atol:.3g} + rtol {stats.rtol:.3g}" + (f" ({stats.problem})" if stats.problem
+                                                                             else ""))
+    if result.gate is not None:
+        for figures in result.gate.outputs:
+            print(f"gate {result.gate.precision} {figures.name}: cosine {figures.cosine_similarity:.6f}, max error "
+                  f"{figures.rel_error:.2%} of the peak" + (f"; {'; '.join(figures.problems)}" if figures.problems
+                                                             else ""))
+    verdict = "passed" if result.passed else f"FAILED for {', '.join(result.failed())}"
+    print(f"check {verdict} on {device} against {result.reference}")

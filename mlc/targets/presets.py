@@ -7,6 +7,7 @@ import difflib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -177,6 +178,21 @@ def local_cuda_arch() -> str | None:
     return "sm_" + first.replace(".", "") if first.replace(".", "").isdigit() else None
 
 
+def portable_ptx_arch(arch: str) -> str:
+    """compute_XY for sm_XY[a|f]: the PTX an artifact ships beside its cubin. The "a"/"f" variants' PTX would
+    JIT-compile on that one architecture (family) only."""
+    return "compute_" + re.sub(r"[a-z]+$", "", arch.split("_", 1)[1])
+
+
+def cuda_loads_on(arch: str) -> str:
+    """Which GPUs run an artifact built for `arch` (mlc.compiler.cuda_binary ships a cubin and PTX)."""
+    number = arch.split("_", 1)[1]
+    cubin = f"sm_{number.rstrip('abcdefghijklmnopqrstuvwxyz')} GPUs only" if not number.isdigit() \
+        else f"sm_{number} and later sm_{number[:-1]}x GPUs"
+    return f"ships an {arch} cubin (runs on {cubin}) and {portable_ptx_arch(arch)} PTX (the driver compiles it on " \
+           "every later GPU)"
+
+
 def _cuda(name: str, arch: str | None, what: str) -> Callable[[], Target]:
     def make() -> Target:
         sm, how = arch, what
@@ -184,7 +200,8 @@ def _cuda(name: str, arch: str | None, what: str) -> Callable[[], Target]:
             local = local_cuda_arch()
             sm = local or _DEFAULT_CUDA_ARCH
             how = f"this machine's GPU ({sm})" if local else f"no GPU visible here: {sm} (A100 class) by default"
-        return Target(name=name, description=f"NVIDIA {how}; kernels scheduled with TVM's dlight GPU rules",
+        return Target(name=name, description=f"NVIDIA {how}; {cuda_loads_on(sm)}; kernels scheduled with TVM's "
+                                             "dlight GPU rules",
                       tvm={"kind": "cuda", "arch": sm, **_CUDA_LIMITS, "host": _GPU_SERVER_HOST},
                       runtime_arch="x86_64", device="cuda")
 
@@ -222,7 +239,9 @@ PRESETS: dict[str, Callable[[], Target]] = {
     "cuda-a10g": _cuda("cuda-a10g", "sm_86", "A10G (Ampere, sm_86)"),
     "cuda-l4": _cuda("cuda-l4", "sm_89", "L4 (Ada, sm_89)"),
     "cuda-a100": _cuda("cuda-a100", "sm_80", "A100 (Ampere, sm_80)"),
-    "cuda-h100": _cuda("cuda-h100", "sm_90a", "H100 (Hopper, sm_90a)"),
+    # sm_90, not sm_90a: TVM's dlight Matmul rule tensorizes (wmma) only where check_sm_version reads a number, and
+    # it reads "sm_90a" as -1; TVM emits no sm_90a-only instruction, so the "a" bought nothing but lost tensor cores.
+    "cuda-h100": _cuda("cuda-h100", "sm_90", "H100/H200 (Hopper, sm_90)"),
     "metal": _metal,
 }
 

@@ -198,6 +198,12 @@ int main(int argc, char** argv) {
   std::string artifact = argv[1], input_dir = argv[2], output_dir = argv[3];
   int repeat = argc > 4 ? std::atoi(argv[4]) : 0;
   try {
+    // CPU only: a GPU artifact's inputs and outputs would need device copies this runner does not make.
+    auto target = ffi::json::Parse(ReadText(artifact + "/manifest.json")).cast<ffi::json::Object>().at("target");
+    auto device = target.cast<ffi::json::Object>().Get("device");
+    if (device.has_value() && device->cast<ffi::String>() != "cpu")
+      throw std::runtime_error("this is a " + std::string(device->cast<ffi::String>()) +
+                               " artifact and the native runner runs CPU artifacts only; run it with python run.py");
     std::string runtime = artifact + "/runtime/libtvm_runtime.so";
     if (dlopen(runtime.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) throw std::runtime_error(dlerror());
     ffi::Module library = ffi::Module::LoadFromFile(artifact + "/model.so");

@@ -1,0 +1,101 @@
+"""Build the CUDA artifacts of one GPU run here (no GPU needed) into a bundle that travels to the GPU machine, within
+its 64 MiB: the artifacts without their runtime libraries (one copy of those, put back there), the apache-tvm-ffi
+wheel for the GPU machine's Python, and, for the dynamic BERT, inputs and ONNX Runtime outputs at three shapes.
+
+    python benchmarks/gpu/prepare.py a      # -> benchmarks/work-gpu/bundle-a (then run_on_gpu.py there)
+
+Bundle a: zoo:mlp for cuda-h100 and for the generic `cuda` target (sm_80: on a Hopper GPU its PTX is what loads),
+and bert2 (bert-base width, 2 layers, dynamic batch and seq) at --precision fp16. Bundle b: zoo:bert-tiny, zoo:resnet18
+at --precision fp16 and squeezenet1_0 at fp32, all cuda-h100."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+WORK = HERE.parent / "work-gpu"
+LIMIT_MIB = 63  # of the 64 MiB a run may take there, the checkout's tracked files included
+TVM_FFI = "apache-tvm-ffi==0.1.14.post1"
+GPU_PYTHON = "3.12"  # the GPU machine's
+BERT_SHAPES = [(1, 16), (4, 64), (8, 128)]  # (batch, seq) the dynamic artifact is checked at there
+
+BUNDLES = {
+    "a": [("mlp-h100", ["zoo:mlp", "--target", "cuda-h100"]),
+          ("mlp-cuda-generic", ["zoo:mlp", "--target", "cuda"]),
+          ("bert2-fp16", ["{work}/bert2.onnx", "--target", "cuda-h100", "--precision", "fp16"])],
+    "b": [("bert-tiny", ["zoo:bert-tiny", "--target", "cuda-h100"]),
+          ("resnet18-fp16", ["zoo:resnet18", "--target", "cuda-h100", "--precision", "fp16"]),
+          ("squeezenet", [f"{HERE}/models.py:squeezenet1_0", "--target", "cuda-h100"])],
+}
+
+
+def mlc(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "mlc", *args], check=True)
+
+
+def strip_runtime(artifact: Path, shared: Path) -> list[str]:
+    """Move the artifact's runtime libraries (the same in every artifact of a target) to `shared`, once."""
+    runtime = json.loads((artifact / "manifest.json").read_text())["runtime"]
+    moved = [rel for rel in [runtime["library"], runtime.get("ffi_library"), *runtime.get("device_libraries", []),
+                             runtime.get("native_runner")] if rel]
+    shared.mkdir(exist_ok=True)
+    for rel in moved:
+        if not (shared / Path(rel).name).exists():
+            shutil.copy2(artifact / rel, shared / Path(rel).name)
+        (artifact / rel).unlink()
+    return moved
+
+
+def bert_shapes(onnx_path: Path, folder: Path) -> None:
+    """Seeded inputs at each of BERT_SHAPES and ONNX Runtime's fp32 outputs for them: what the fp16 artifact is judged
+    against there (the accuracy gate)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for batch, seq in BERT_SHAPES:
+        feeds = {"input_ids": rng.integers(0, 1000, (batch, seq), dtype=np.int64),
+                 "attention_mask": np.ones((batch, seq), dtype=np.int64)}
+        outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+        np.savez(folder / f"{batch}x{seq}.npz", **{f"in:{k}": v for k, v in feeds.items()},
+                 **{f"out:{k}": v for k, v in outputs.items()})
+
+
+def main(name: str) -> None:
+    bundle = WORK / f"bundle-{name}"
+    if bundle.exists():
+        shutil.rmtree(bundle)
+    (bundle / "artifacts").mkdir(parents=True)
+    if name == "a":
+        subprocess.run([sys.executable, HERE / "models.py", WORK], check=True)
+    stripped = {}
+    for artifact, args in BUNDLES[name]:
+        out = bundle / "artifacts" / artifact
+        mlc("compile", *[a.format(work=WORK) for a in args], "-o", str(out))
+        stripped[artifact] = strip_runtime(out, bundle / "runtime-libs")
+    if name == "a":
+        bert_shapes(WORK / "bert2.onnx", bundle / "shapes" / "bert2-fp16")
+    (bundle / "stripped.json").write_text(json.dumps(stripped, indent=1) + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                    "--python-version", GPU_PYTHON, "--platform", "manylinux_2_28_x86_64", "--platform",
+                    "manylinux2014_x86_64", "-d", bundle / "wheels", TVM_FFI], check=True)
+    size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file()) / 2**20
+    tracked = subprocess.run(["git", "ls-files", "-z"], capture_output=True, check=True, cwd=HERE.parents[1]).stdout
+    checkout = sum((HERE.parents[1] / f.decode()).stat().st_size for f in tracked.split(b"\0") if f) / 2**20
+    print(f"{bundle}: {size:.1f} MiB, with the checkout {size + checkout:.1f} MiB")
+    if size + checkout > LIMIT_MIB:
+        sys.exit(f"bundle {name} and the checkout are {size + checkout:.1f} MiB, over the {LIMIT_MIB} MiB a GPU run "
+                 "can take")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] not in BUNDLES:
+        sys.exit(f"usage: prepare.py {{{','.join(BUNDLES)}}}")
+    main(sys.argv[1])
