@@ -359,3 +359,33 @@ def test_quantise_kernel_is_vectorized():
         want = np.clip(np.rint(data / np.float32(0.02)) + 3, 0, 255)
         keep = ~np.isnan(want)
         assert (got[keep] == want[keep].astype(np.uint8)).all()
+
+
+def test_quantize_converts_an_older_opset_and_records_it(tmp_path):
+    """--quantize on an opset-9 file (the Caffe2 model zoo's): the graph is converted to opset 11 by onnx's version
+    converter, quantised, built and checked; the manifest records the conversion."""
+    path = tmp_path / "old.onnx"
+    model = conv_net(batch=2)
+    model.opset_import[0].version = 9
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    result = api.compile(str(path), target="x86", quantize="int8", output=tmp_path / "art")
+    assert result.check.passed
+    assert result.manifest.quantization["opset"] == {"from": 9, "to": quantize.MIN_OPSET}
+    assert result.manifest.quantization["quantized"]["Conv"] == 2
+
+
+def test_quantize_says_when_the_opset_cannot_be_converted(monkeypatch):
+    from onnx import version_converter
+
+    from mlc.errors import UnsupportedModelError
+
+    def fails(model, version):
+        raise RuntimeError("No Adapter For Upsample\nmore")
+
+    monkeypatch.setattr(version_converter, "convert_version", fails)
+    model = conv_net()
+    model.opset_import[0].version = 9
+    with pytest.raises(UnsupportedModelError, match=r"this model is opset 9, and onnx's version converter fails on it "
+                                                    r"\(No Adapter For Upsample\); convert it to opset 11"):
+        quantize.quantize(model, "int8-dynamic", [], None)

@@ -43,10 +43,14 @@ class Quantization:
     calibration_count: int
     quantized: dict[str, int] = field(default_factory=dict)  # op type -> nodes quantised
     kept_fp32: dict[str, int] = field(default_factory=dict)  # MatMul/Gemm/Conv left fp32, by reason
+    converted_from_opset: Optional[int] = None  # the graph's opset, where it was older than MIN_OPSET
 
     def to_json(self) -> dict:
-        return {"mode": self.mode, "calibration": {"source": self.calibration, "count": self.calibration_count},
-                "quantized": dict(self.quantized), "kept_fp32": dict(self.kept_fp32)}
+        record = {"mode": self.mode, "calibration": {"source": self.calibration, "count": self.calibration_count},
+                  "quantized": dict(self.quantized), "kept_fp32": dict(self.kept_fp32)}
+        if self.converted_from_opset is not None:
+            record["opset"] = {"from": self.converted_from_opset, "to": MIN_OPSET}
+        return record
 
 
 @dataclass
@@ -302,14 +306,28 @@ def quantize(model: onnx.ModelProto, mode: str, calibration: Sequence[dict], sou
     """The cleaned model quantised (`calibration`: input feeds for int8, `source` "user" or "seeded")."""
     if mode not in MODES:
         raise InputError(f"--quantize {mode}: choose one of {', '.join(MODES)}")
-    if opset(model) < MIN_OPSET:
-        raise UnsupportedModelError(f"--quantize needs ONNX opset {MIN_OPSET} or newer; this model is opset "
-                                    f"{opset(model)}")
+    original = opset(model)
+    if original < MIN_OPSET:
+        model = _converted(model, original)
     ranges = None
     if mode == "int8":
         found, _ = candidates(model, mode)
         ranges = calibration_ranges(model, [c.activation for c in found], calibration) if found else {}
     quantized, done, kept = rewrite(model, mode, ranges)
     info = Quantization(mode, source if mode == "int8" else None, len(calibration) if mode == "int8" else 0,
-                        dict(done), dict(kept))
+                        dict(done), dict(kept), original if original < MIN_OPSET else None)
     return quantized, info
+
+
+def _converted(model: onnx.ModelProto, original: int) -> onnx.ModelProto:
+    """The graph at MIN_OPSET (the rewrite emits Round, Clip with inputs and Pad with a value input), by onnx's
+    version converter; a one-line error where it fails."""
+    from onnx import version_converter
+
+    try:
+        return version_converter.convert_version(model, MIN_OPSET)
+    except Exception as e:  # noqa: BLE001 - the converter raises RuntimeError or its C++ errors
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UnsupportedModelError(f"--quantize needs ONNX opset {MIN_OPSET} or newer; this model is opset "
+                                    f"{original}, and onnx's version converter fails on it ({reason}); convert it "
+                                    f"to opset {MIN_OPSET} or newer yourself") from None
