@@ -1,9 +1,13 @@
-"""mlc tune / compile --db / default CPU schedules / RPC. The unmarked tests run in CI (~2 min here):
-a tiny MLP tuned with a few trials per kernel. `-m tune` adds interruption and loopback RPC."""
+"""mlc tune / compile --db / default CPU schedules / RPC. The unmarked tests run in CI (~2.5 min here):
+a tiny MLP tuned with a few trials per kernel, and a fire module's database of measured defaults (#41).
+`-m tune` adds interruption, loopback RPC and a short real budget."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -226,3 +230,165 @@ def test_kernel_with_zero_padded_weight_keeps_the_default(tmp_path):
     schedules = json.loads((out / "manifest.json").read_text())["compile"]["schedules"]
     assert summary["left_to_default"][0] in schedules["default"], schedules
     assert run_mlc("check", out).returncode == 0
+
+
+# --- #41: records that read back, a compile that survives those that do not, a budget that holds --------------
+
+def _fire_onnx(path: Path) -> Path:
+    """A SqueezeNet fire module (squeeze conv, two expand convs concatenated) and a conv after it: the
+    concatenation is a kernel of its own, which mlc's default schedules as one copy per input (mlc.compiler.concat)."""
+    rng = np.random.default_rng(0)
+    weights = {"ws": (4, 8, 1, 1), "wa": (16, 4, 1, 1), "wb": (16, 4, 3, 3), "wc": (8, 32, 1, 1)}
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "ws"], ["s"], kernel_shape=[1, 1]), helper.make_node("Relu", ["s"], ["r"]),
+         helper.make_node("Conv", ["r", "wa"], ["a"], kernel_shape=[1, 1]),
+         helper.make_node("Conv", ["r", "wb"], ["b"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+         helper.make_node("Concat", ["a", "b"], ["c"], axis=1),
+         helper.make_node("Conv", ["c", "wc"], ["y"], kernel_shape=[1, 1])], "fire",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [numpy_helper.from_array((0.3 * rng.standard_normal(s)).astype(np.float32), k) for k, s in weights.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def fire_db(tmp_path_factory):
+    """The fire module and a database of its kernels' measured defaults (--trials 1: no search, ~7 s)."""
+    folder = tmp_path_factory.mktemp("fire")
+    model = _fire_onnx(folder / "fire.onnx")
+    proc = run_mlc("tune", model, "--db", folder / "db", "--trials", "1", "--json", check=True)
+    return model, folder / "db", json.loads(proc.stdout)
+
+
+def test_a_concatenation_keeps_its_default_and_every_record_reads_back(fire_db):
+    """mlc's default for a concatenation rewrites the kernel into copies: its trace does not apply to the kernel,
+    and TVM's JSONDatabase failed to open a database holding its record ("parallel_for_dynamic error")."""
+    from tvm.s_tir import meta_schedule as ms
+
+    _, db, summary = fire_db
+    assert [k for k in summary["left_to_default"] if "concatenate" in k], summary
+    assert len(ms.database.JSONDatabase(work_dir=str(db), allow_missing=False)) == summary["records"] > 0
+
+
+def test_tune_keeps_only_records_that_read_back(fire_db, tmp_path):
+    """What TVM's search commits goes through records.checked: a record whose trace does not apply to its kernel
+    (one kernel's schedule on another's) is dropped, counted and explained; a good one is kept."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from mlc.compiler import records
+
+    good = ms.database.JSONDatabase(work_dir=str(fire_db[1]), allow_missing=False).get_all_tuning_records()
+    donor = next(r for r in good if "conv2d" in r.workload.mod.script())
+    kernel = next(r for r in good if "conv2d" not in r.workload.mod.script())
+    bad = ms.database.TuningRecord(donor.trace, kernel.workload, donor.run_secs, donor.target, donor.args_info)
+    (tmp_path / "db").mkdir()
+    database = records.checked(ms.database.JSONDatabase(work_dir=str(tmp_path / "db")), tmp_path / "scratch")
+    database.commit_workload(kernel.workload.mod)  # as TVM's AddToDatabase does, then the records
+    database.commit_tuning_record(bad)  # through TVM's Database interface, as its AddToDatabase calls it
+    database.commit_tuning_record(kernel)
+    assert database.dropped == 1 and "does not apply to its kernel" in database.last_reason, database.last_reason
+    assert len(database) == 1 and len(ms.database.JSONDatabase(work_dir=str(tmp_path / "db"))) == 1
+
+
+def _plant_unreadable_record(db: Path) -> tuple[int, str]:
+    """Append a copy of a record whose trace names a block its kernel lacks (as the copies' records did); returns
+    the record count and the planted line."""
+    lines = [ln for ln in (db / tuning.DB_FILES[1]).read_text().splitlines() if ln.strip()]
+    planted = re.sub(r'("GetSBlock",\[\],\[")[^"]+', r"\1no_such_block", next(ln for ln in lines if "GetSBlock" in ln),
+                     count=1)
+    (db / tuning.DB_FILES[1]).write_text("".join(ln + "\n" for ln in lines + [planted]))
+    return len(lines) + 1, planted
+
+
+def test_compile_skips_an_unreadable_record_and_tune_sets_it_aside(fire_db, tmp_path):
+    model, source_db, summary = fire_db
+    db = tmp_path / "db"
+    shutil.copytree(source_db, db)
+    count, planted = _plant_unreadable_record(db)
+    before = (db / tuning.DB_FILES[1]).read_text()
+    proc = run_mlc("compile", model, "--db", db, "-o", tmp_path / "art")
+    assert proc.returncode == 0, proc.stderr
+    assert f"skipped 1 of the {count} tuning records" in proc.stderr and "no_such_block" in proc.stderr, proc.stderr
+    schedules = json.loads((tmp_path / "art" / "manifest.json").read_text())["compile"]["schedules"]
+    assert len(schedules["tuned"]) == summary["tasks"], schedules  # the readable records all applied
+    assert "tune this model" not in proc.stderr  # the concatenation is left to its default on purpose
+    assert (db / tuning.DB_FILES[1]).read_text() == before  # compile never edits the database
+    # `mlc tune`, which appends to the database, opens it so: the record moves out of TVM's way, kept
+    from mlc.compiler import records
+
+    notes: list[str] = []
+    assert len(records.open_readable(db, notes, repair=True)) == count - 1
+    assert [n for n in notes if "moved 1 tuning records that TVM cannot read" in n], notes
+    assert (db / records.SET_ASIDE).read_text() == planted + "\n"
+    assert planted not in (db / tuning.DB_FILES[1]).read_text()
+
+
+def test_a_build_that_fails_with_the_records_is_built_without_them(fire_db, tmp_path, monkeypatch):
+    """Whatever breaks a build with the records (#41: "parallel_for_dynamic error", exit 70), a valid model is built
+    without them, and a note names the step. In-process (isolate=False), the failure injected."""
+    from mlc import api
+    from mlc.compiler import schedules
+
+    build = schedules.build
+
+    def broken(mod, target, db_dir, *args):
+        if db_dir:
+            raise RuntimeError("parallel_for_dynamic error (injected)")
+        return build(mod, target, db_dir, *args)
+
+    monkeypatch.setattr(schedules, "build", broken)
+    model, db, _ = fire_db
+    result = api.compile(str(model), output=tmp_path / "art", db=db, isolate=False)
+    assert result.check.passed
+    assert [n for n in result.notes if "built without the tuning records" in n and "injected" in n], result.notes
+
+
+_STUCK_TUNER = '''
+import json, signal, sys, time
+from pathlib import Path
+
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # a search busy in TVM's C++ never looks at the stop flag
+request = json.loads(Path(sys.argv[1]).read_text())
+task = {"name": "conv2d", "weight": 1, "key": "0", "trials_done": 0, "best_us": None}
+with open(request["events"], "a") as f:
+    f.write(json.dumps({"event": "tasks", "t": time.time(), "tasks": [task], "threads": 1}) + "\\n")
+    f.write(json.dumps({"event": "measured", "t": time.time(), "task": "conv2d", "trials": 16, "best_us": 5.0,
+                        "errors": 0, "last_error": None}) + "\\n")
+with open(Path(request["db"]) / "database_tuning_record.json", "a") as f:
+    f.write('[0, [[["GetSBlock"')  # killed while writing a record
+for _ in range(600):
+    time.sleep(0.1)
+'''
+
+
+def test_tune_stops_at_its_budget_whatever_the_search_does(tmp_path, monkeypatch):
+    """#41: a search measured every kernel once, then nothing for 12 minutes of a 4-minute budget. The parent stops
+    the child at the budget and kills it soon after; what the events said is the result, and a record line cut by
+    the kill is dropped."""
+    tune_module = importlib.import_module("mlc.tuning.tune")  # the package's `tune` is the function
+    (tmp_path / "stuck_tuner.py").write_text(_STUCK_TUNER)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setattr(tune_module, "WORKER", "stuck_tuner")
+    db = tmp_path / "db"
+    start = time.time()
+    result = tuning.tune(str(mlp_onnx(tmp_path / "mlp.onnx")), db=db, budget="8s", threads=1)
+    assert time.time() - start < 1.2 * 8
+    assert result.reason == "budget" and result.trials == 16 and result.tasks[0].best_us == 5.0, result
+    assert [n for n in result.notes if "was stopped" in n], result.notes
+    assert not (db / tuning.DB_FILES[1]).read_text().strip()
+
+
+@pytest.mark.tune  # ~40 s of real search
+def test_a_short_budget_holds_and_its_records_build(tmp_path):
+    """#41 end to end: `mlc tune --budget` on a model with a concatenation ends within 1.2x its budget, and
+    `mlc compile --db` builds with every record it wrote."""
+    model = _fire_onnx(tmp_path / "fire.onnx")
+    db = tmp_path / "db"
+    start = time.time()
+    summary = json.loads(run_mlc("tune", model, "--db", db, "--budget", "30s", "--json", check=True).stdout)
+    assert time.time() - start < 1.2 * 30 and summary["records"] > 0, summary  # on a busy machine maybe no search
+    proc = run_mlc("compile", model, "--db", db, "-o", tmp_path / "art")
+    assert proc.returncode == 0 and "cannot read" not in proc.stderr, proc.stderr
+    schedules = json.loads((tmp_path / "art" / "manifest.json").read_text())["compile"]["schedules"]
+    assert len(schedules["tuned"]) == summary["tasks"], schedules

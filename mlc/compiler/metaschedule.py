@@ -175,7 +175,7 @@ def task_key(task) -> str:
     return f"{structural_hash(task.dispatched[0]) & 0xFFFFFFFFFFFF:012x}"
 
 
-def _progress_callback(events: Events, names: list[str], start: float, budget_s: float | None, best: dict):
+def _progress_callback(events: Events, names: list[str], deadline: float | None, best: dict, database):
     from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
 
@@ -198,8 +198,9 @@ def _progress_callback(events: Events, names: list[str], start: float, budget_s:
                 if names[task_id] not in best or latency_us < best[names[task_id]]:
                     best[names[task_id]] = latency_us
             events.emit("measured", task=names[task_id], trials=len(builder_results), best_us=best.get(names[task_id]),
-                        errors=self.errors, last_error=self.last_error)
-            out_of_time = budget_s is not None and time.time() - start >= budget_s
+                        errors=self.errors, last_error=self.last_error, dropped=database.dropped,
+                        dropped_reason=database.last_reason)
+            out_of_time = deadline is not None and time.time() >= deadline
             if out_of_time or _proc.stop_requested():
                 # Ends every task after this batch; the database already holds what was measured.
                 for i, record in enumerate(task_scheduler.tasks_):
@@ -233,7 +234,8 @@ def seed_default_schedules(database, tasks, target, builder, runner, events: Eve
     so the record times the kernel alone, as it runs once the build has folded the repacking.
 
     Returns the names of the kernels left to the default rule: those whose repacked default TVM
-    cannot measure (a zero-padded weight: RemoveWeightLayoutRewriteBlock's "Check failed: (load)").
+    cannot measure (a zero-padded weight: RemoveWeightLayoutRewriteBlock's "Check failed: (load)"), and those
+    whose default is no schedule of the kernel itself (a concatenation's copies).
     The search would only have to beat the slower unpacked default, and did: lstm-lm's 10001-wide
     head tuned that way made a --db build 1.5x slower than the untuned one."""
     from mlc.compiler import schedule_rules as rules
@@ -241,8 +243,11 @@ def seed_default_schedules(database, tasks, target, builder, runner, events: Eve
     rule = rules.default_rule()
     left_to_default = []
     for task in tasks:
+        if _proc.stop_requested():  # Ctrl-C or the budget: the defaults measured so far are kept
+            break
         mod = task.dispatched[0]
-        if database.has_workload(mod):
+        # By its records, not its workload: a kernel left to the default has a workload and no record.
+        if database.has_workload(mod) and database.get_top_k(database.commit_workload(mod), 1):
             continue
         func = mod["main"]
         if constant_inputs.get(task.task_name):
@@ -252,7 +257,11 @@ def seed_default_schedules(database, tasks, target, builder, runner, events: Eve
         except Exception:  # noqa: BLE001 - the rule or TVM does not handle this kernel this way
             record = None
         if record is not None:
-            database.commit_tuning_record(record)
+            # A default that rewrites the kernel (a concatenation's copies, mlc.compiler.concat) has a trace that
+            # does not apply to the kernel itself: its record would not read back (#41), and a search without it
+            # to beat could keep a slower schedule. Such a kernel keeps the default, untuned.
+            if database.commit_checked(record) is not None:
+                left_to_default.append(task.task_name)
         elif constant_inputs.get(task.task_name):
             left_to_default.append(task.task_name)
     events.emit("seeded")
@@ -300,7 +309,7 @@ def tune_request(request: dict) -> dict:
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from mlc.compiler import importer
+    from mlc.compiler import importer, records
     from mlc.compiler import schedules
 
     events = Events(request["events"])
@@ -312,7 +321,10 @@ def tune_request(request: dict) -> dict:
     mod = importer.to_relax(onnx.load(request["onnx"]))
     mod, _ = relax_passes.run(mod, request.get("relax_passes") or [], request["target"], None, fused_by_build=True)
     tasks, constant_inputs = schedules.extract_tasks(mod, target)
-    database = ms.database.JSONDatabase(work_dir=request["db"], module_equality="structural")
+    # Only records that read back are kept (mlc.compiler.records); unreadable ones an older mlc wrote are set aside.
+    set_aside: list[str] = []
+    database = records.checked(records.open_readable(request["db"], set_aside, repair=True),
+                               Path(request["events"]).parent / "read-back")  # the parent's scratch folder
     builder = make_builder(keep_in_memory=not request.get("rpc"))
     if request.get("rpc"):
         runner = make_rpc_runner(request["rpc"]["tracker"], request["rpc"]["key"], request["rpc"].get("timeout", 60))
@@ -323,20 +335,29 @@ def tune_request(request: dict) -> dict:
     names = [t.task_name for t in tasks]
     done = count_records(database, tasks)
     prior_best = database_best(database, tasks)
+    threads = tvm.get_global_func("runtime.NumThreads")()  # what the in-process runner measures with
+    # what the parent reports if it has to kill this process at the deadline
     events.emit("tasks", tasks=[{"name": t.task_name, "weight": int(t.weight), "key": task_key(t),
                                  "trials_done": done.get(i, 0), "best_us": prior_best.get(i)}
-                                for i, t in enumerate(tasks)], setup_s=time.time() - start)
-    threads = tvm.get_global_func("runtime.NumThreads")()  # what the in-process runner measures with
+                                for i, t in enumerate(tasks)], setup_s=time.time() - start,
+                left_to_default=left_to_default, notes=set_aside, threads=threads)
+    finished = {"ok": True, "tasks": len(tasks), "left_to_default": left_to_default, "threads": threads,
+                "notes": set_aside}
     if not tasks:
-        return {"ok": True, "tasks": 0, "trials": 0, "left_to_default": left_to_default, "threads": threads}
+        return {**finished, "trials": 0}
     # --trials is the total the database should hold for this model: a rerun continues from there.
     per_task = request["trials_per_task"]
     remaining = [max(0, per_task - done.get(i, 0)) for i in range(len(tasks))]
     todo = [i for i, r in enumerate(remaining) if r > 0]
     if not todo:
         events.emit("finished", trials=0, reason="already tuned")
-        return {"ok": True, "tasks": len(tasks), "trials": 0, "reason": "already tuned",
-                "left_to_default": left_to_default, "threads": threads}
+        return {**finished, "trials": 0, "reason": "already tuned"}
+    # The parent's deadline (mlc.tuning.tune), which also kills this process a little after it.
+    deadline = request.get("deadline") or (start + request["budget_s"] if request.get("budget_s") else None)
+    if _proc.stop_requested() or (deadline is not None and time.time() >= deadline):
+        reason = "interrupted" if _proc.stop_requested() else "budget"
+        events.emit("finished", trials=0, reason=reason)
+        return {**finished, "trials": 0, "reason": reason}
     # Smaller than MetaSchedule's defaults (population 512, 4 generations): on 2 cores the
     # defaults spend minutes per batch searching before anything is measured.
     population = request.get("population", 128)
@@ -347,7 +368,7 @@ def tune_request(request: dict) -> dict:
         [tasks[i] for i in todo], work_dir=request["logs"], strategy=strategy, num_threads=request["threads"],
         seed=request.get("seed"))
     best = {names[i]: v for i, v in prior_best.items()}
-    progress = _progress_callback(events, [names[i] for i in todo], start, request.get("budget_s"), best)
+    progress = _progress_callback(events, [names[i] for i in todo], deadline, best, database)
     batch = max(1, min(request["trials_per_iter"], per_task))
     ms.tune_tasks(
         tasks=contexts, task_weights=[float(tasks[i].weight) for i in todo], work_dir=request["logs"],
@@ -359,10 +380,10 @@ def tune_request(request: dict) -> dict:
         task_scheduler="round-robin",
     )
     reason = "interrupted" if _proc.stop_requested() else (
-        "budget" if request.get("budget_s") and time.time() - start >= request["budget_s"] else "trials")
+        "budget" if deadline is not None and time.time() >= deadline else "trials")
     events.emit("finished", trials=progress.trials, errors=progress.errors, reason=reason)
-    return {"ok": True, "tasks": len(tasks), "trials": progress.trials, "reason": reason,
-            "left_to_default": left_to_default, "threads": threads}
+    return {**finished, "trials": progress.trials, "reason": reason, "dropped": database.dropped,
+            "dropped_reason": database.last_reason}
 
 
 def main(argv: list[str]) -> int:

@@ -131,9 +131,8 @@ def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool
     import tvm
     from tvm import relax
     from tvm.relax.backend.cpu_generic import pipeline as cpu
-    from tvm.s_tir import meta_schedule as ms
 
-    from mlc.compiler import inplace, tir_pipeline, weights
+    from mlc.compiler import inplace, records, tir_pipeline, weights
     from mlc.compiler import schedule_rules as rules
 
     target = tvm.target.Target(target_json)
@@ -146,7 +145,7 @@ def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool
             mod = _legalize_and_fuse(mod, target, notes)
             before = _kernels(mod)
             if db_dir:
-                database = ms.database.JSONDatabase(work_dir=db_dir, module_equality="structural")
+                database = records.open_readable(db_dir, notes if notes is not None else [])
                 with database:
                     mod = relax.transform.MetaScheduleApplyDatabase()(mod)
                 if lengths:  # kernels over symbolic dims: the records of their static twins

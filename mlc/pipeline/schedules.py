@@ -56,6 +56,24 @@ def _repair(path: Path) -> None:
         tmp.replace(path)
 
 
+DEFAULT_KERNELS = "default_kernels.json"  # the kernels `mlc tune` left to mlc's default schedule, by name
+
+
+def default_kernels(db: Path) -> set[str]:
+    try:
+        return set(json.loads((Path(db) / DEFAULT_KERNELS).read_text()))
+    except (OSError, ValueError, TypeError):
+        return set()
+
+
+def add_default_kernels(db: Path, names) -> None:
+    """Remember kernels `mlc tune` does not tune, so a --db build does not ask for them to be tuned."""
+    known = default_kernels(db) | set(names)
+    tmp = Path(db) / (DEFAULT_KERNELS + ".tmp")
+    tmp.write_text(json.dumps(sorted(known)) + "\n")
+    tmp.replace(Path(db) / DEFAULT_KERNELS)
+
+
 def record_count(db: Path) -> int:
     path = db / DB_FILES[1]
     return sum(1 for ln in path.read_text().splitlines() if ln.strip()) if path.is_file() else 0
@@ -82,6 +100,8 @@ def schedule_notes(report: Optional[dict], source: str, target: str, db: Optiona
     kinds = ("tuned", "default", "unscheduled")
     total = sum(len(report.get(k, [])) for k in kinds)
     tuned = len(report.get("tuned", []))
+    if db is not None:  # not tuned on purpose (a concatenation's copies, ...): no reason to tune again
+        total -= len(set(report.get("default", [])) & default_kernels(Path(db)))
     notes = []
     if report.get("tuned_at"):
         twins = sorted({entry.split(": ", 1)[1] for entry in report["tuned_at"]})

@@ -3,8 +3,9 @@
 The parent (this module, no tvm import) validates options, prepares the model with static shapes,
 and runs `mlc.compiler.metaschedule` in a child process in its own session: a TVM crash ends only the
 child, and Ctrl-C reaches the child as a stop request that it honours after the batch it is
-measuring, so the database stays whole. Every measured record is appended to the database as it is
-measured; a rerun skips the trials each kernel already has."""
+measuring, so the database stays whole. A --budget stops it the same way, and the parent kills it at
+HARD_DEADLINE times the budget whatever TVM is doing. Every measured record is appended to the database as
+it is measured (if it reads back: mlc.compiler.records); a rerun skips the trials each kernel already has."""
 
 from __future__ import annotations
 
@@ -18,12 +19,16 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from mlc import _proc
-from mlc.pipeline.schedules import check_db_dir, record_count
+from mlc.pipeline.schedules import add_default_kernels, check_db_dir, record_count
 from mlc.errors import CompilerError, InputError, TargetError
 from mlc.runtime import runner as thin_runtime
 
 DEFAULT_TRIALS_PER_TASK = 64
 STOP_GRACE_S = 60  # how long a stopped child may take to finish its batch before it is killed
+# At the budget the child is asked to stop after its batch; it is killed at this share of the budget past the
+# start, whatever TVM's search is doing (one was seen busy for 12 minutes without measuring anything, #41).
+HARD_DEADLINE = 1.1  # leaves the rest of 1.2x to mlc's start-up and the kill
+WORKER = "mlc.compiler.metaschedule"  # the child's module
 _UNITS = {"s": 1, "m": 60, "h": 3600}
 
 
@@ -142,18 +147,31 @@ def tune(
             "db": str(db.resolve()),
             "logs": str(work / "logs"), "events": str(work / "events.jsonl"),
             "trials_per_task": per_task, "trials_per_iter": 16 if per_task >= 16 else per_task,
-            "budget_s": budget_s, "threads": preset.tvm.get("num-cores", 1), "seed": seed,
+            "budget_s": budget_s, "deadline": start + budget_s if budget_s else None,
+            "threads": preset.tvm.get("num-cores", 1), "seed": seed,
             "rpc": {"tracker": rpc_tracker, "key": rpc_key} if rpc_tracker else None,
         }
-        result, log_path, tasks, errors = _run_child(request, work / "request.json", on_event, threads)
+        hard = start + HARD_DEADLINE * budget_s if budget_s else None
+        result, log_path, tasks, errors = _run_child(request, work / "request.json", on_event, threads, hard)
     if not result.ok:
-        raise CompilerError(f"tuning failed: {result.message or 'the tuning process died'} (full log: {log_path})")
-    log_path.unlink(missing_ok=True)
+        where = f" (full log: {log_path})" if log_path else ""
+        raise CompilerError(f"tuning failed: {result.message or 'the tuning process died'}{where}")
+    if log_path is not None:
+        log_path.unlink(missing_ok=True)
+    check_db_dir(db, create=True)  # a killed child may have left a record line cut short
     result = result.payload
-    notes = list(prepared.notes)
+    notes = list(prepared.notes) + list(result.get("notes", []))
+    if result.get("killed"):
+        notes.append(f"the tuning process was still busy {HARD_DEADLINE * budget_s - budget_s:.0f} s after the "
+                     "budget and was stopped; every record measured before is kept")
+    if result.get("dropped"):
+        notes.append(f"{result['dropped']} measured schedule(s) were not recorded: TVM could not read them back "
+                     f"({result.get('dropped_reason')})")
     if result.get("left_to_default"):
-        notes.append(f"{len(result['left_to_default'])} kernel(s) keep mlc's default schedule (their repacked weights "
-                     f"cannot be measured by MetaSchedule): {', '.join(result['left_to_default'])}")
+        add_default_kernels(db, result["left_to_default"])
+        notes.append(f"{len(result['left_to_default'])} kernel(s) keep mlc's default schedule, which MetaSchedule "
+                     "cannot measure or record (a repacked weight it cannot drop, or a concatenation's copies): "
+                     f"{', '.join(result['left_to_default'])}")
     if lengths:
         at = ", ".join(f"{k}={v}" for k, v in lengths.items())
         notes.append(f"tuned at {at} for builds with --dynamic {','.join(lengths)}: `mlc compile --dynamic ... "
@@ -187,14 +205,23 @@ def _tuned_lengths(model, prepared) -> dict[str, int]:
     return lengths
 
 
-def _run_child(request: dict, request_path: Path, on_event,
-               threads: Optional[int]) -> tuple[_proc.WorkerResult, Path, list[TaskState], int]:
+class _Deadline(Exception):
+    """Raised from the poll at the budget: mlc._proc.run then stops the child as on Ctrl-C."""
+
+
+def _run_child(request: dict, request_path: Path, on_event, threads: Optional[int], hard_deadline: Optional[float]
+               = None) -> tuple[_proc.WorkerResult, Optional[Path], list[TaskState], int]:
     """Run the tuning worker, feeding `on_event` from its events file; Ctrl-C asks it to stop after the batch
-    it is measuring (STOP_GRACE_S), so the database stays whole. A crash is "tuning failed: ..." (CompilerError)."""
+    it is measuring (STOP_GRACE_S), so the database stays whole. With a budget (request["deadline"]) the same
+    stop comes at the deadline, and the child is killed at `hard_deadline`: a search that measures nothing
+    cannot hold the run past it. Then the result comes from the events (the records are in the database
+    already) and the log path is None. A crash is "tuning failed: ..." (CompilerError)."""
     tasks: list[TaskState] = []
     errors = 0
     offset = 0
     events_path = Path(request["events"])
+    deadline = request.get("deadline")
+    seen: dict = {}  # what the child said about the run, for a result without its own
 
     def drain() -> None:
         nonlocal offset, errors
@@ -211,6 +238,7 @@ def _run_child(request: dict, request_path: Path, on_event,
                 if event["event"] == "tasks":
                     tasks[:] = [TaskState(t["name"], t["weight"], t["trials_done"], t["best_us"], t["trials_done"])
                                 for t in event["tasks"]]
+                    seen.update({k: event[k] for k in ("left_to_default", "notes", "threads") if k in event})
                 elif event["event"] == "measured":
                     for task in tasks:
                         if task.name == event["task"]:
@@ -218,14 +246,32 @@ def _run_child(request: dict, request_path: Path, on_event,
                             if event["best_us"] is not None:
                                 task.best_us = event["best_us"]
                     errors = event["errors"]
+                    seen.update(dropped=event.get("dropped", 0), dropped_reason=event.get("dropped_reason"))
                 on_event(event, tasks)
+
+    def poll() -> None:
+        drain()
+        if deadline is not None and time.time() >= deadline and not seen.get("deadline"):
+            seen["deadline"] = True
+            raise _Deadline
 
     # TVM's thread pool reads these when it starts: the measurements use `threads`.
     env = {"TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)} if threads else None
+    grace = STOP_GRACE_S if hard_deadline is None else max(0.0, hard_deadline - max(time.time(), deadline or 0))
     try:
-        result, log_path = _proc.run("mlc.compiler.metaschedule", request, request_path, "the tuning process",
-                                     env=env, poll=drain, stop_grace_s=STOP_GRACE_S, log_prefix="mlc-tune-",
+        result, log_path = _proc.run(WORKER, request, request_path, "the tuning process",
+                                     env=env, poll=poll, stop_grace_s=grace, log_prefix="mlc-tune-",
                                      on_stop=lambda: on_event({"event": "stopping"}, tasks))
+    except _Deadline:  # stopped at the budget: its own result if it finished its batch in time, else the events'
+        drain()
+        result = _proc.read_result(request_path)
+        if result is None:
+            trials = sum(t.trials - t.trials_done_before for t in tasks)
+            result = _proc.WorkerResult.success({"tasks": len(tasks), "trials": trials, "reason": "budget",
+                                                 "killed": True, **{k: v for k, v in seen.items() if k != "deadline"}})
+        elif result.ok and result.payload.get("reason") == "interrupted":  # by the deadline, not by the user
+            result.payload["reason"] = "budget"
+        return result, None, tasks, errors
     except CompilerError as e:  # the worker died without a result
         raise CompilerError(f"tuning failed: {e}") from None
     return result, log_path, tasks, errors
