@@ -314,10 +314,11 @@ def _report_compile(result, as_json: bool) -> None:
 
 @app.command("tune")
 def tune_cmd(
-    model: str = typer.Argument(..., help="An .onnx file, or zoo:NAME for a built-in model."),
+    model: str = typer.Argument(..., help=_MODEL_HELP),
     target: str = typer.Option("x86", "--target", "-t",
                                help="CPU target preset (see `mlc targets`) or TVM target JSON."),
     db: Path = typer.Option(..., "--db", help="Tuning database folder (created; a rerun continues it)."),
+    framework: Optional[str] = _FRAMEWORK_OPTION,
     trials: Optional[int] = typer.Option(None, "--trials",
                                          help="Trials per kernel the database should hold (default: 64)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Wall-time limit for this run, e.g. 90s, 20m, 1h30m."),
@@ -341,7 +342,8 @@ def tune_cmd(
     budget_s = tuning.parse_budget(budget) if budget is not None else None
     display = contextlib.nullcontext() if as_json else TuneProgress(err, per_task, budget_s)
     with display as progress:
-        result = tuning.tune(model, target=target, db=db, trials=trials, budget=budget, input_shapes=input_shape,
+        result = tuning.tune(model, target=target, db=db, framework=framework, trials=trials, budget=budget,
+                             input_shapes=input_shape,
                              rpc_tracker=rpc_tracker, rpc_key=rpc_key, threads=threads, dynamic=dynamic,
                              on_event=progress.update if progress else (lambda e, t: None))
     for note in result.notes:
@@ -359,7 +361,7 @@ def tune_cmd(
     measured = f", measured with {result.threads} thread(s)" if result.threads else ""
     out.print(f"tuned {len(result.tasks)} kernels: {result.trials} trials this run ({result.errors} failed) in "
               f"{result.seconds:.0f} s{measured}, stopped by {result.reason}; {result.records} records in {result.db}")
-    out.print(f"use them: mlc compile {model} --target {target} --db {db}"
+    out.print(f"use them: mlc compile {model} --target {target} --db {db}" + (f" -f {framework}" if framework else "")
               + (f" --dynamic {','.join(dynamic)}" if dynamic else ""))
 
 

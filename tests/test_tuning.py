@@ -68,6 +68,9 @@ def test_bad_options_give_clean_errors(tmp_path):
     assert_clean_error(run_mlc("compile", model, "--db", tmp_path / "missing", "-o", tmp_path / "out"), 1,
                        "does not exist")
     assert not (tmp_path / "out").exists()
+    # --framework picks the model's framework as compile's does (the kernels tuned are the ones that build)
+    assert_clean_error(run_mlc("tune", "zoo:mlp", "-f", "tensorflow", "--db", tmp_path / "db", "--trials", "1"), 1,
+                       "zoo:mlp is not built for tensorflow")
 
 
 def test_tune_resume_and_compile_with_db(tmp_path):

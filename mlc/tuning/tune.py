@@ -75,6 +75,7 @@ def tune(
     *,
     target: str = "x86",
     db: str | Path = "tuning",
+    framework: Optional[str] = None,
     trials: Optional[int] = None,
     budget: Optional[str] = None,
     input_shapes: Sequence[str] = (),
@@ -85,7 +86,7 @@ def tune(
     threads: Optional[int] = None,
     dynamic: Sequence[str] = (),
 ) -> TuneResult:
-    """Tune `source`'s kernels for `target` into the database folder `db`.
+    """Tune `source`'s kernels for `target` into the database folder `db` (`framework`: as `mlc compile`'s).
 
     `trials`: trials per kernel the database should hold (a rerun continues up to it);
     `budget`: wall time for this run ('20m'). Either or both; neither means 64 per kernel.
@@ -137,7 +138,7 @@ def tune(
         work = Path(scratch)
         # The same default pass plan as `mlc compile`: the kernels tuned are the kernels it builds.
         steps = graph_passes.plan(device=preset.device)
-        prepared = prepare(ModelSpec(source, input_shapes=input_shapes), work, Timer(quiet_step), static=True,
+        prepared = prepare(ModelSpec(source, framework=framework, input_shapes=input_shapes), work, Timer(quiet_step), static=True,
                            steps=steps)
         lengths = _tuned_lengths(ModelSpec(source, input_shapes=input_shapes, dynamic=dynamic), prepared)
         if lengths:
