@@ -71,8 +71,8 @@ class SqueezeNet(nn.Module):
         self.classifier = nn.Sequential(nn.Dropout(0.5), nn.Conv2d(512, classes, 1), nn.ReLU(inplace=True),
                                         nn.AdaptiveAvgPool2d(1))
 
-    def forward(self, x):
-        return torch.flatten(self.classifier(self.features(x)), 1)
+    def forward(self, images):
+        return torch.flatten(self.classifier(self.features(images)), 1)
 
 
 def squeezenet1_0():

@@ -11,6 +11,7 @@ and outputs on the GPU, a sync after each call, p50 over 100 calls) of mlc besid
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -103,8 +104,10 @@ def timing(bundle: Path) -> dict:
         for batch, seq in shapes:
             ids = torch.randint(0, 1000, (batch, seq), device="cuda")
             mask = torch.ones(batch, seq, dtype=torch.int64, device="cuda")
-            calls = {"mlc": lambda: runner.run({"input_ids": ids, "attention_mask": mask}, device_outputs=True),
-                     "torch eager": lambda: eager(ids, mask), "torch.compile": lambda: compiled(ids, mask)}
+            feeds = {"input_ids": ids, "attention_mask": mask}
+            calls = {"mlc": functools.partial(runner.run, feeds, device_outputs=True),
+                     "torch eager": functools.partial(eager, ids, mask),
+                     "torch.compile": functools.partial(compiled, ids, mask)}
             times = {k: [] for k in calls}
             with torch.no_grad():
                 for call in calls.values():  # warm-up (torch.compile compiles here)

@@ -295,7 +295,8 @@ def _package(plan: CompilePlan, prepared: Prepared, refs: References, bucket_pla
 def _schedule_notes(plan: CompilePlan, result: dict) -> list[str]:
     db = plan.options.db
     notes = list(plan.runtime.notes)
-    notes += tuning_records.schedule_notes(result.get("schedules"), plan.model.source, plan.options.target, db)
+    notes += tuning_records.schedule_notes(result.get("schedules"), plan.model.source, plan.options.target, db,
+                                           plan.options.default_schedules)
     if db is not None and plan.dynamic and not (result.get("schedules") or {}).get("tuned_at"):
         notes.append("tuning records match static kernels: the symbolic-shape kernels of --dynamic use "
                      "mlc's default schedules; for tuned kernels per length use --buckets with --db")
@@ -308,11 +309,11 @@ def _verify(plan: CompilePlan, timed: Timer) -> tuple[Optional[CheckResult], lis
     preset, final = plan.preset, plan.output
     arch = preset.runtime_arch
     if preset.device != "cpu" and not thin_runtime.device_present(preset.device):
-        return None, [f"not verified: no {preset.device.upper()} device here; run `mlc check {final}` "
-                      "(or `python run.py`) on a machine with one"]
+        return None, [f"not verified: no {preset.device.upper()} device here; run `python {final}/run.py --check` "
+                      "(needs only numpy and apache-tvm-ffi) or `mlc check` on a machine with one"]
     if arch == runtimes.HOST_ARCH or thin_runtime.emulator_command(arch):
         how = "" if arch == runtimes.HOST_ARCH else " under qemu emulation"
         with timed("check", f"Checking the artifact against the reference{how}"):
             return check(final, atol=plan.options.atol, rtol=plan.options.rtol), []
     return None, [f"not verified: this {runtimes.HOST_ARCH} machine cannot run {arch} code "
-                  "(apt-get install qemu-user); run `mlc check` or `python run.py` on the device"]
+                  "(apt-get install qemu-user); run `mlc check` or `python run.py --check` on the device"]
