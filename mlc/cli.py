@@ -305,6 +305,12 @@ def _report_compile(result, as_json: bool) -> None:
     shapes = ", ".join(f"{i.name} {_dims(i.shape)} {i.dtype}" for i in m.inputs)
     size = sum(p.stat().st_size for p in result.path.rglob("*") if p.is_file())
     out.print(f"artifact: {result.path}  ({size / 2**20:.1f} MiB; inputs: {shapes})")
+    opened = {d: n for i in m.inputs for d, n in zip(i.model_shape or (), i.shape) if isinstance(d, str)
+              and isinstance(n, int)}
+    if opened:  # the sizes the model did not fix: mlc's (or --input-shape's), not the user's model's
+        fixed = ", ".join(f"{d}={n}" for d, n in opened.items())
+        out.print(f"dims the model leaves open, fixed at the reference size: {fixed} (--dynamic {','.join(opened)} "
+                  f"keeps {'it' if len(opened) == 1 else 'them'} symbolic); the other dims are the model's own")
     if result.archive:
         out.print(f"archive:  {result.archive}")
     if m.compile.schedules:

@@ -13,6 +13,8 @@ JOBS_JSON is a list of jobs, each {"id", "kind", ...}:
   {"kind": "truncate", "src": PATH, "path": PATH, "keep": 0.5}  copy the first part of a file saved earlier
   {"kind": "legacy_paddle", "path": PREFIX}  a static-graph MLP saved as PREFIX.pdmodel (needs
       FLAGS_enable_pir_api=0 in the environment: Paddle 3 picks its IR at import)
+  {"kind": "static_batch_paddle", "path": PREFIX}  a channel shuffle saved with a static InputSpec of batch 1
+  {"kind": "keras_normalization", "path": FILE}  a Keras model with an adapted Normalization and a Rescaling
 zoo and open jobs export OUT_DIR/ID.onnx (every symbolic dim dynamic) and write ID.inputs.npz (seeded
 feeds as mlc makes them) and ID.eager.npz (the framework's eager outputs). OUT_DIR/results.json maps
 each id to {"ok", "exporter", "inputs", "outputs"} or {"ok": false, "error", "message"}."""
@@ -86,6 +88,12 @@ def run(job: dict, out: Path) -> dict:
     if job["kind"] == "legacy_paddle":
         save_legacy_paddle_mlp(job["path"])
         return {"ok": True}
+    if job["kind"] == "static_batch_paddle":
+        save_static_batch_paddle(job["path"])
+        return {"ok": True}
+    if job["kind"] == "keras_normalization":
+        save_keras_normalization(job["path"])
+        return {"ok": True}
     raise ValueError(job["kind"])
 
 
@@ -101,6 +109,38 @@ def save_legacy_paddle_mlp(prefix: str) -> None:
     executor = paddle.static.Executor(paddle.CPUPlace())
     executor.run(startup)
     paddle.static.save_inference_model(prefix, [x], [y], executor, program=main_program)
+
+
+def save_static_batch_paddle(prefix: str) -> None:
+    """As shufflenet saves: the channel-shuffle reshape takes the batch from x.shape, 1 in the static InputSpec."""
+    import paddle
+
+    class Shuffle(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.conv = paddle.nn.Conv2D(4, 4, 1)
+
+        def forward(self, x):
+            y = self.conv(x)
+            b, c, h, w = y.shape
+            y = paddle.transpose(paddle.reshape(y, [b, 2, c // 2, h, w]), [0, 2, 1, 3, 4])
+            return paddle.reshape(y, [b, c, h, w])
+
+    paddle.seed(0)
+    spec = [paddle.static.InputSpec([1, 4, 8, 8], "float32", "x")]
+    paddle.jit.save(Shuffle(), prefix, input_spec=spec)
+
+
+def save_keras_normalization(path: str) -> None:
+    """Normalization's mean and variance and Rescaling's scale are constants the traced function captures."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    x = keras.Input((6,), name="features")
+    norm = keras.layers.Normalization()
+    norm.adapt(np.random.default_rng(0).normal(3, 2, (64, 6)).astype("float32"))
+    y = keras.layers.Dense(3)(keras.layers.Rescaling(0.5, offset=0.1)(norm(x)))
+    keras.Model(x, y).save(path)
 
 
 def main() -> None:

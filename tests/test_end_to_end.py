@@ -36,7 +36,7 @@ def test_compile_run_check_torch_exports(build, tmp_path):
 
 def test_dynamic_batch_answers_every_batch_size(mlp_model, mlp_artifact):
     manifest = json.loads((mlp_artifact / "manifest.json").read_text())
-    assert manifest["inputs"][0]["shape"] == ["batch", 16]
+    assert manifest["inputs"][0]["shape"] == ["batch", 16] and manifest["inputs"][0]["model_shape"] is None
     assert manifest["outputs"][0]["shape"] == ["batch", 4]
     runner = Runner(mlp_artifact)
     session = ort.InferenceSession(str(mlp_model))
@@ -48,9 +48,12 @@ def test_dynamic_batch_answers_every_batch_size(mlp_model, mlp_artifact):
 
 def test_input_shape_fixes_dynamic_dims(mlp_model, tmp_path):
     out = tmp_path / "fixed"
-    run_mlc("compile", mlp_model, "--input-shape", "x:3x16", "-o", out, check=True)
+    proc = run_mlc("compile", mlp_model, "--input-shape", "x:3x16", "-o", out, check=True)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["inputs"][0]["shape"] == [3, 16]
+    # Which dims the model fixed (16) and which it left open and the compile fixed (batch), in both places.
+    assert manifest["inputs"][0]["model_shape"] == ["batch", 16]
+    assert "dims the model leaves open, fixed at the reference size: batch=3 (--dynamic batch" in proc.stdout
     np.testing.assert_equal(np.load(out / "reference/inputs.npz")["x"].shape, (3, 16))
     inputs = tmp_path / "in.npz"
     np.savez(inputs, x=np.zeros((2, 16), np.float32))

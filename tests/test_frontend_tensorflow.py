@@ -45,6 +45,8 @@ def jobs(tmp_path_factory):
              for name, path in saves]
     plan += [{"id": f"open {path}", "kind": "open", "framework": FW, "path": str(files / path),
               "vocab": VOCAB.get(name, {})} for name, path in saves]
+    plan += [{"id": "save norm.keras", "kind": "keras_normalization", "path": str(files / "norm.keras")},
+             {"id": "open norm.keras", "kind": "open", "framework": FW, "path": str(files / "norm.keras")}]
     for suffix in ("keras", "h5"):  # after the saves, in the same process
         plan.append({"id": f"truncate {suffix}", "kind": "truncate", "src": str(files / f"cnn.{suffix}"),
                      "path": str(files / f"truncated.{suffix}")})
@@ -91,6 +93,41 @@ def test_file_sources(jobs, path, zoo):
     np.testing.assert_allclose(list(eager.values())[0], list(zoo_eager.values())[0], rtol=1e-6, atol=1e-6)
     assert results[job]["dims"][0][0] == "batch"  # None in the Keras signature -> symbolic "batch"
     assert results[job]["notes"] == []  # the SavedModel's serving_default signature is no warning
+
+
+def test_captured_constants_are_weights_not_inputs(jobs):
+    """Keras Normalization's adapted mean and variance (and Rescaling's scale) are captured by the traced function;
+    tf2onnx made them graph inputs, which users would have to feed. They are folded into the graph."""
+    out, results = jobs
+    assert results["save norm.keras"]["ok"], results["save norm.keras"]
+    result = results["open norm.keras"]
+    assert result["ok"], result
+    model, inputs, eager = load_case(out, "open norm.keras")
+    assert [v.name for v in model.graph.input] == ["features"] == list(inputs)
+    assert_matches(ort_outputs(out, "open norm.keras"), eager)
+
+
+def test_an_export_that_gains_inputs_stops_naming_them(tmp_path, monkeypatch):
+    """An export with a graph input the framework model does not take stops the compile with a one-line error
+    naming it (exit 1), never ships it as an input. No framework runs: the frontend is a stand-in."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from mlc.errors import UnsupportedModelError
+    from mlc.frontends.base import FrameworkModel, InputDecl
+    from mlc.pipeline import convert_worker
+
+    def export(path, dynamic):
+        x, mean, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("x", "norm/Sub/y:0", "y"))
+        graph = helper.make_graph([helper.make_node("Sub", ["x", "norm/Sub/y:0"], ["y"])], "g", [x, mean], [y])
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+        return "a stand-in exporter"
+
+    model = FrameworkModel("tensorflow", [InputDecl("x", "float32", [2, 3])], {}, export, lambda values: values[:1])
+    monkeypatch.setattr(convert_worker, "framework_model", lambda request: model)
+    with pytest.raises(UnsupportedModelError, match=r"does not take: norm/Sub/y:0 ") as error:
+        convert_worker.convert({"source": "m.keras", "framework": FW, "out_dir": str(tmp_path), "dynamic": None})
+    assert "\n" not in str(error.value) and error.value.exit_code == 1
 
 
 @pytest.mark.parametrize("path,fragment", [

@@ -22,6 +22,9 @@ class TensorSpec(_Strict):
     # Inputs that index a table (e.g. token ids into an embedding) must stay within it; TVM's
     # gather reads out of bounds otherwise.
     value_range: Optional[tuple[int, int]] = None
+    # Inputs: the shape the model declares, recorded where it leaves dims open (symbolic) that `shape` fixes at the
+    # reference size (mlc's seeded one or --input-shape's). The other fixed dims are the model's own.
+    model_shape: Optional[list[Dim]] = None
 
 
 class TargetInfo(_Strict):

@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from mlc.frontends.base import InputDecl
 from mlc.errors import UnsupportedModelError
@@ -34,15 +34,17 @@ def trace_shape(decl: InputDecl, dynamic: set[str], sizes: dict[str, int]) -> li
 
 
 def finalize(path: Path, inputs: Sequence[InputDecl], dynamic: set[str], example_sizes: dict[str, int],
-             output_names: Optional[Sequence[str]] = None) -> None:
+             output_names: Optional[Sequence[str]] = None, constants: Optional[dict[str, np.ndarray]] = None) -> None:
     """Rewrite `path` in place: declared dims in `dynamic` symbolic under their own names, the others
-    fixed (exporters name dynamic dims `unk__12`, `p2o.DynamicDimension.0`...)."""
+    fixed (exporters name dynamic dims `unk__12`, `p2o.DynamicDimension.0`...); graph inputs named in
+    `constants` (values the framework captured, which the exporter left as inputs) folded in as weights."""
     model = onnx.load(str(path))
     # Exporters keep ops they cannot convert under the framework's name (tf2onnx: 'Erfc') and go on.
     unknown = sorted({n.op_type for n in model.graph.node if not onnx.defs.has(n.op_type, n.domain)})
     if unknown:
         raise UnsupportedModelError(f"the exporter could not convert op(s) {', '.join(unknown)} to ONNX; "
                                     "rewrite them with supported ops (e.g. exact GELU as x*0.5*(1+erf(x/sqrt(2))))")
+    inputs_to_initializers(model, constants or {})
     add_dropped_inputs(model, inputs, dynamic, example_sizes)
     graph_inputs = {v.name: v for v in model.graph.input}
     for decl in inputs:
@@ -76,6 +78,15 @@ def add_dropped_inputs(model: onnx.ModelProto, inputs: Sequence[InputDecl], dyna
         del model.graph.input[:]
         model.graph.input.extend(ordered)
     return bool(dropped)
+
+
+def inputs_to_initializers(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> None:
+    """The graph inputs named in `values` become initializers holding those values."""
+    folded = [v.name for v in model.graph.input if v.name in values]
+    model.graph.initializer.extend(numpy_helper.from_array(np.asarray(values[n]), n) for n in folded)
+    kept = [v for v in model.graph.input if v.name not in values]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
 
 
 def _constants_to_initializers(model: onnx.ModelProto) -> None:

@@ -76,7 +76,7 @@ def open_model(path: str) -> FrameworkModel:
                          "paddle.jit.save") from None
     # Only the dims the InputSpec leaves open (None, -1) are symbolic: a declared size may be baked into the
     # program (shufflenet's channel-shuffle reshape holds the saved batch of 1).
-    inputs = [InputDecl(name, _dtype_name(dtype), ["batch" if axis == 0 else (f"{name}_dim{axis}")
+    inputs = [InputDecl(name, _dtype_name(dtype), [("batch" if axis == 0 else f"{name}_dim{axis}")
                                                    if d is None or d < 0 else int(d) for axis, d in enumerate(shape)])
               for name, shape, dtype in specs]
 

@@ -147,6 +147,15 @@ def _decl(name: str, dtype, shape) -> InputDecl:
     return InputDecl(name, np.dtype(tf.as_dtype(dtype).as_numpy_dtype).name, dims)
 
 
+def _captured_constants(tf, concrete) -> dict[str, np.ndarray]:
+    """{placeholder name: value} of the tensors a traced function captures by value (Keras Normalization's mean
+    and variance): tf2onnx makes them graph inputs. Variables (resource handles) it freezes itself."""
+    captured = list(concrete.captured_inputs)
+    placeholders = concrete.inputs[len(concrete.inputs) - len(captured):] if captured else []
+    return {p.name: c.numpy() for p, c in zip(placeholders, captured)
+            if c.dtype != tf.resource and hasattr(c, "numpy")}
+
+
 def _framework_model(call: Callable, inputs: list[InputDecl], example_sizes: Optional[dict[str, int]],
                      output_names: Sequence[str]) -> FrameworkModel:
     tf = import_tensorflow()
@@ -167,7 +176,9 @@ def _framework_model(call: Callable, inputs: list[InputDecl], example_sizes: Opt
                                           output_path=str(onnx_path))
         except Exception as e:  # tf2onnx raises bare exceptions for unconvertible ops
             raise UnsupportedModelError(f"tf2onnx cannot convert the model: {_first_line(e)}") from None
-        finalize(Path(onnx_path), inputs, dynamic, sizes, output_names)
+        # tf2onnx traced the same (cached) concrete function: its captured values are the extra graph inputs.
+        constants = _captured_constants(tf, function.get_concrete_function(*signature))
+        finalize(Path(onnx_path), inputs, dynamic, sizes, output_names, constants)
         return f"tf2onnx {tf2onnx.__version__} (tf.function, opset {OPSET})"
 
     def eager(values: list[np.ndarray]) -> list[np.ndarray]:

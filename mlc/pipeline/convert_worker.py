@@ -42,6 +42,21 @@ def framework_version(framework: str) -> str:
     return getattr(package, "__version__", "unknown")
 
 
+def check_no_gained_inputs(fm, specs: list) -> None:
+    """The export takes no input the framework model does not: a constant or variable the exporter left as a graph
+    input would be an input users must feed (seeded noise in the reference). UnsupportedModelError naming them."""
+    from mlc.errors import UnsupportedModelError
+    from mlc.frontends.base import FRAMEWORKS
+
+    declared = {d.name for d in fm.inputs}
+    gained = [s.name for s in specs if s.name not in declared]
+    if len(specs) > len(fm.inputs) and gained:
+        display = FRAMEWORKS[fm.framework].display
+        raise UnsupportedModelError(f"the ONNX export has input(s) the {display} model does not take: "
+                                    f"{', '.join(gained)} (values the exporter did not fold into the graph); "
+                                    f"the model's inputs are: {', '.join(d.name for d in fm.inputs) or 'none'}")
+
+
 def convert(request: dict) -> dict:
     import numpy as np
     import onnx
@@ -62,6 +77,7 @@ def convert(request: dict) -> dict:
     exporter = fm.export(out / MODEL, dynamic)
     model = onnx_frontend.load_graph(out / MODEL)
     specs = onnx_frontend.input_specs(model)
+    check_no_gained_inputs(fm, specs)
     fixed = onnx_frontend.resolve_input_shapes(specs, request.get("input_shapes", []))
     # The user's example sizes are the compile sizes, but for dims --dynamic keeps symbolic: those are checked at
     # other sizes (batch 2 / 16), where an export that baked in a traced size shows it.

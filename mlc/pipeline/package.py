@@ -51,13 +51,15 @@ def package(staged: Path, *, runtime: runtimes.RuntimeFiles, preset: targets.Tar
     _check_runtime_functions(staged, runtime_info)
     reference_info = _write_reference(staged, references)
     inputs = [
-        TensorSpec(name=s.name, dtype=s.dtype, shape=prepared.fixed.get(s.name, s.shape), value_range=s.value_range)
+        TensorSpec(name=s.name, dtype=s.dtype, shape=prepared.fixed.get(s.name, s.shape), value_range=s.value_range,
+                   model_shape=_model_shape(s.shape, prepared.fixed.get(s.name, s.shape)))
         for s in prepared.specs
     ]
     if buckets:  # the bucketed dim stays symbolic in the specs; the runtime pads it
         library = buckets.libraries[str(max(buckets.sizes))]
         for spec, s in zip(inputs, prepared.specs):
             spec.shape = [buckets.dim if d == buckets.dim else size for d, size in zip(s.shape, spec.shape)]
+            spec.model_shape = _model_shape(s.shape, spec.shape)
     out_names = list(references.expected.outputs)
     if len(out_names) != len(result["outputs"]):
         raise CompilerError(f"TVM's module returns {len(result['outputs'])} outputs where the model has "
@@ -89,6 +91,11 @@ def package(staged: Path, *, runtime: runtimes.RuntimeFiles, preset: targets.Tar
         weights={library: WeightsInfo(**info) for library, info in (weights or {}).items()},
     )
     return artifacts.seal(staged, manifest)
+
+
+def _model_shape(declared: list, fixed: list) -> Optional[list]:
+    """The model's declared shape where the artifact fixes a dim the model leaves open, else None."""
+    return list(declared) if any(isinstance(d, str) and isinstance(f, int) for d, f in zip(declared, fixed)) else None
 
 
 def _target_info(preset: targets.Target, recipe: Recipe, precision: str, quantized: bool) -> dict:

@@ -9,6 +9,7 @@ it is measured (if it reads back: mlc.compiler.records); a rerun skips the trial
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -138,9 +139,9 @@ def tune(
         work = Path(scratch)
         # The same default pass plan as `mlc compile`: the kernels tuned are the kernels it builds.
         steps = graph_passes.plan(device=preset.device)
-        prepared = prepare(ModelSpec(source, framework=framework, input_shapes=input_shapes), work, Timer(quiet_step), static=True,
-                           steps=steps)
-        lengths = _tuned_lengths(ModelSpec(source, input_shapes=input_shapes, dynamic=dynamic), prepared)
+        spec = ModelSpec(source, framework=framework, input_shapes=input_shapes)
+        prepared = prepare(spec, work, Timer(quiet_step), static=True, steps=steps)
+        lengths = _tuned_lengths(dataclasses.replace(spec, dynamic=dynamic), prepared)
         if lengths:
             dynamic_records.add_lengths(db, lengths)
         request = {
