@@ -417,3 +417,60 @@ def test_conv_writes_its_output_over_a_skip_nothing_reads_later(tvm_tools, case)
     got, expected = vm(tvm.runtime.tensor(values)), reference(tvm.runtime.tensor(values))
     for g, e in (zip(got, expected) if case == "skip read later" else [(got, expected)]):
         np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-5, atol=1e-5)
+
+
+GHOST_SHAPES = {"a": (1, 6, 5, 8), "b": (1, 6, 5, 8), "c": (1, 6, 5, 12)}
+
+
+def _ghost_concat(relax, head: bool = False):
+    """A ghost module's concat, channel slice and residual add (one kernel), with `head` a matmul after it."""
+    bb = relax.BlockBuilder()
+    params = [relax.Var(n, relax.TensorType(s, "float32")) for n, s in GHOST_SHAPES.items()]
+    with bb.function("main", params):
+        with bb.dataflow():
+            cat = bb.emit(relax.op.concat(params[:2], 3))
+            sliced = bb.emit(relax.op.strided_slice(cat, [3], [0], [12]))
+            out = bb.emit(relax.op.add(sliced, params[2]))
+            if head:
+                out = bb.emit(relax.op.matmul(out, relax.const(np.eye(12, 4, dtype=np.float32))))
+            out = bb.emit_output(out)
+        bb.emit_func_output(out)
+    arrays = [RNG.standard_normal(s).astype(np.float32) for s in GHOST_SHAPES.values()]
+    expected = np.concatenate(arrays[:2], 3)[..., :12] + arrays[2]
+    return bb.get(), arrays, expected @ np.eye(12, 4, dtype=np.float32) if head else expected
+
+
+def test_an_elementwise_kernel_over_a_concatenation_is_well_formed(tvm_tools):
+    """#39: TVM's loop_partition gives each part a block that defines the same Vars. Lowering copes, but a later
+    Schedule of the kernel (mlc.compiler.inplace makes one) raised "multiple definitions of variable v0", and
+    ghostnet's whole build lost its schedules. The scheduled kernel passes TVM's check and computes the same."""
+    tvm, relax, rules, schedules, target_json = tvm_tools
+    from tvm import s_tir
+
+    mod, arrays, expected = _ghost_concat(relax)
+    (func,) = _kernels(tvm, rules, schedules, mod, target_json).values()
+    assert func.script().count('_partition")') == 2, func.script()
+    assert s_tir.analysis.verify_well_formed(func, False)
+    s_tir.Schedule(func)
+    executable, report = schedules.build(mod, target_json, None, True)
+    assert report["default"] and not report["unscheduled"]
+    np.testing.assert_array_equal(_run(tvm, relax, executable, *arrays), expected)
+
+
+def test_a_kernel_tvm_finds_ill_formed_keeps_its_loops_alone(tvm_tools, monkeypatch):
+    """A scheduled kernel that fails TVM's well-formedness check keeps its unscheduled loops, named with TVM's reason
+    in a note and in the compile summary's warning; the other kernels keep their schedules (the whole model fell
+    back, #39)."""
+    tvm, relax, rules, schedules, target_json = tvm_tools
+    from mlc.pipeline.schedules import schedule_notes
+
+    monkeypatch.setattr(rules, "_reparsed", lambda func: func)  # as if the reprint could not mend loop_partition's
+    mod, arrays, expected = _ghost_concat(relax, head=True)
+    notes: list[str] = []
+    executable, report = schedules.build(mod, target_json, None, True, notes)
+    (name,) = report["unscheduled"]
+    assert "concatenate" in name and report["default"], report
+    assert any(name in n and "multiple definitions of variable" in n for n in notes), notes
+    warning = schedule_notes(report, "m.onnx", "x86", None)[0]
+    assert warning.startswith("1 kernel(s) unscheduled") and name in warning, warning
+    np.testing.assert_allclose(_run(tvm, relax, executable, *arrays), expected, rtol=1e-5, atol=1e-6)

@@ -188,3 +188,22 @@ def test_eager_fp64_runs_a_copy_in_double():
     assert wide[0].dtype == np.float64 and module[0].weight.dtype == torch.float32  # the model itself stays fp32
     expected = module.double()(torch.from_numpy(x).double()).detach().numpy()
     np.testing.assert_allclose(wide[0], expected, rtol=0, atol=1e-12)
+
+
+def test_a_pass_with_unscheduled_kernels_is_no_plain_pass():
+    """#39: ghostnet built with 96 unscheduled kernels (14x slower than ORT) and its row said "pass"."""
+    prepared = {"params": 10, "notes": [], "shapes": [{"key": "b1"}]}
+    artifacts = {"x86": {"compile_s": 1.0, "kernels": {"default": 5, "unscheduled": 3}}}
+    cell = {"machine": "m", "model": "ghost", "backend": matrix.MLC, "target": "x86", "status": "ok", "threads": 1,
+            "batch": 1, "latency_ms": {"p50": 2.0}, "kernels": artifacts["x86"]["kernels"],
+            "accuracy": {"max_abs_error": 0.0, "passed": True}}
+    outcome = matrix._suite_outcome(prepared, artifacts, [cell])
+    assert outcome["status"] == "passed" and outcome["unscheduled"] == 3
+    older = {k: v for k, v in outcome.items() if k != "unscheduled"}  # a record from before: its cell has the count
+    for info in (outcome, older):
+        doc = {"suite": {"name": "timm", "models": {"ghost": info}}, "machine": {"cpu": "x"}, "file": "-",
+               "cells": [cell]}
+        section = report.suite_sections([doc])[0]
+        assert section.parts[0].rows[0][2] == "pass (3 unscheduled)"
+        assert "1 of the passes with unscheduled kernels" in section.text[0]
+    assert report._status_text(cell) == "2 (3 unscheduled)"  # the latency table's cell

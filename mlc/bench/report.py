@@ -103,6 +103,15 @@ def _ms(value: Optional[float]) -> str:
     return f"{value:.3g}" if value < 100 else f"{value:.0f}"
 
 
+def unscheduled(cell: Optional[dict]) -> int:
+    """Kernels an mlc cell's artifact runs unscheduled (TVM's serial scalar loops): a slow path a table must show."""
+    return int(((cell or {}).get("kernels") or {}).get("unscheduled") or 0)
+
+
+def _unscheduled_tag(count: int) -> str:
+    return f" ({count} unscheduled)" if count else ""
+
+
 def _status_text(cell: Optional[dict]) -> str:
     if cell is None:
         return ""
@@ -110,7 +119,7 @@ def _status_text(cell: Optional[dict]) -> str:
         return cell["status"]
     if cell.get("emulated"):
         return EMULATED
-    return _ms(latency(cell))
+    return _ms(latency(cell)) + _unscheduled_tag(unscheduled(cell))
 
 
 # Building the page -------------------------------------------------------------------------------
@@ -221,7 +230,8 @@ def _accuracy_section(cells: list[dict]) -> Section:
         gated = "gate" in acc
         table.rows.append([c["machine"], c["model"], shape_label(c), str(c["threads"]), backend_label(c),
                            c.get("precision", "fp32"), c.get("reference", ""), "–" if err is None else f"{err:.2e}",
-                           ("pass" if acc.get("passed") else "FAIL") + (" (gate)" if gated else ""),
+                           ("pass" if acc.get("passed") else "FAIL") + (" (gate)" if gated else "")
+                           + _unscheduled_tag(unscheduled(c)),
                            *([EMULATED] * 3 if emulated
                              else [_ms(lat.get("p90")), _ms(lat.get("p99")), _ms(lat.get("mean"))]),
                            f"{c['load_average']:.1f}" if c.get("load_average") is not None else "–"])
@@ -483,9 +493,10 @@ def _suite_geomean(values: list[float]) -> Optional[float]:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
-def _suite_status(info: dict) -> str:
+def _suite_status(info: dict, cells: Sequence[dict] = ()) -> str:
+    """"pass", "pass (N unscheduled)" (from the outcome, or for older records its mlc cells), or the failed stage."""
     if info.get("status") == "passed":
-        return "pass"
+        return "pass" + _unscheduled_tag(info.get("unscheduled") or max(map(unscheduled, cells), default=0))
     if info.get("stage"):
         return f"{info['stage']}: {info.get('reason', '')}"
     return info.get("status", "?")
@@ -521,7 +532,10 @@ def suite_sections(docs: list[dict]) -> list[Section]:
         rate = f"{s['passed']}/{s['total']} models pass ({100 * s['passed'] / s['total']:.0f}%)" if s["total"] else \
             "no model ran"
         failed = ", ".join(f"{n} at {stage}" for stage, n in s["stages"].items() if n)
-        text = [f"Pass rate: {rate}" + (f"; failures by stage: {failed}." if failed else ".")
+        slow = sum(1 for n, m in suite["models"].items() if m.get("status") == "passed" and _suite_status(
+            m, [c for c in doc["cells"] if c["model"] == n and c["backend"] == "mlc"]) != "pass")
+        text = [f"Pass rate: {rate}" + (f"; failures by stage: {failed}" if failed else "")
+                + (f"; {slow} of the passes with unscheduled kernels (TVM's serial loops)." if slow else ".")
                 + (" Tiny configs (MLC_SUITE_TINY): not the published sizes." if suite.get("tiny") else ""),
                 "A model passes when mlc exports, imports, compiles and runs it and its outputs match torch eager's. "
                 "Speed-up: the baseline's p50 over mlc's (above 1: mlc is faster), over the models where both ran."]
@@ -539,7 +553,9 @@ def suite_sections(docs: list[dict]) -> list[Section]:
             for name, info in suite["models"].items():
                 by = {backend_label(c): c for c in cells if c["model"] == name and c["threads"] == threads}
                 notes = "; ".join(n for n in info.get("notes", []) if "cut to" in n or "passed by" in n)
-                row = [name + (f" ({notes})" if notes else ""), _suite_params(info.get("params")), _suite_status(info),
+                ours = [c for b, c in by.items() if b.startswith("mlc@")]
+                row = [name + (f" ({notes})" if notes else ""), _suite_params(info.get("params")),
+                       _suite_status(info, ours),
                        f"{info['compile_s']:.0f}" if info.get("compile_s") is not None else "–"]
                 row += [_ms(latency(by[b])) if b in by else "–" for b in baselines + mlcs]
                 for m in mlcs:

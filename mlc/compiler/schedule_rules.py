@@ -1025,13 +1025,65 @@ def mark_constant_inputs(mod):
     return mod
 
 
-def apply_default_schedules(mod, target):
-    """Schedule every PrimFunc of `mod` not yet scheduled (e.g. by a tuning database). Weights
-    the rules repack stay in-kernel blocks until `fold_weight_packing`."""
-    from tvm.s_tir import dlight as dl
+def well_formed(func):
+    """`func` if TVM's well-formedness check passes, else a well-formed copy; raises with TVM's reason if none.
 
+    TVM 0.27's loop_partition (`schedule_concatenated_axis`) gives every part a copy of the block that defines the
+    same iter and loop Vars. Lowering copes, but each later `s_tir.Schedule` of the kernel runs the check and raises
+    ("multiple definitions of variable v0"): mlc.compiler.inplace did, and ghostnet's build lost all its schedules.
+    Printed and parsed again, each copy defines Vars of its own (the check runs in C++: ~0.2 ms a kernel)."""
+    from tvm import s_tir
+
+    if s_tir.analysis.verify_well_formed(func, False):
+        return func
+    parsed = _reparsed(func)
+    s_tir.analysis.verify_well_formed(parsed)  # raises TVM's reason
+    return parsed
+
+
+def _reparsed(func):
+    import tvm
+
+    parsed = tvm.script.from_source(func.script())
+    return parsed["main"] if isinstance(parsed, tvm.IRModule) else parsed
+
+
+def _reason(error: BaseException) -> str:
+    """TVM's message, its first sentence (the rest of a well-formedness error is the IR path)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return lines[-1].split(". ", 1)[0][:200] if lines else type(error).__name__
+
+
+def apply_default_schedules(mod, target, notes: list[str] | None = None):
+    """Schedule every PrimFunc of `mod` not yet scheduled (e.g. by a tuning database), one kernel at a time: a kernel
+    the rule fails on, or whose schedule TVM finds ill-formed, keeps its unscheduled loop nest alone, and `notes`
+    gets a line naming it and TVM's reason. Scheduled kernels that are ill-formed are mended (`well_formed`).
+    Weights the rules repack stay in-kernel blocks until `fold_weight_packing`."""
+    import tvm
+
+    rule = _rule()
+    vectorizable_intrinsics()
+    failed: dict[str, str] = {}
+    mod = mark_constant_inputs(mod)
     with target:
-        mod = dl.ApplyDefaultSchedule(default_rule())(mark_constant_inputs(mod))
+        for gv, func in list(mod.functions_items()):
+            if not isinstance(func, tvm.tirx.PrimFunc):
+                continue
+            scheduled = bool(func.attrs and func.attrs.get(SCHEDULED, False))  # by a tuning record
+            try:
+                if scheduled:
+                    mod[gv] = well_formed(func)
+                    continue
+                sch = rule.apply(func, func.attrs.get("target", target) if func.attrs else target, False)
+                if sch is not None:
+                    mod[gv] = well_formed(sch.mod["main"]).with_attr(SCHEDULED, True)
+            except Exception as e:  # noqa: BLE001 - TVM raises many kinds: this kernel keeps what it had
+                if not scheduled:
+                    failed[gv.name_hint] = _reason(e)
+    if failed and notes is not None:
+        listed = "; ".join(f"{name} ({why})" for name, why in sorted(failed.items())[:3])
+        more = f" and {len(failed) - 3} more" if len(failed) > 3 else ""
+        notes.append(f"mlc's default CPU schedule failed on {len(failed)} kernel(s), left unscheduled: {listed}{more}")
     return mod
 
 

@@ -155,7 +155,7 @@ def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool
                     _dynamic_notes(notes if notes is not None else [], withheld, failed)
             tuned = {k for k, v in _kernels(mod).items() if v and not before.get(k, False)}
             if default:
-                mod = rules.apply_default_schedules(mod, target)
+                mod = rules.apply_default_schedules(mod, target, notes)
             after = _kernels(mod)
             for name, scheduled in sorted(after.items()):
                 kind = "tuned" if name in tuned else ("default" if scheduled else "unscheduled")

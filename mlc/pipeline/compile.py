@@ -295,7 +295,8 @@ def _package(plan: CompilePlan, prepared: Prepared, refs: References, bucket_pla
 def _schedule_notes(plan: CompilePlan, result: dict) -> list[str]:
     db = plan.options.db
     notes = list(plan.runtime.notes)
-    notes += tuning_records.schedule_notes(result.get("schedules"), plan.model.source, plan.options.target, db)
+    notes += tuning_records.schedule_notes(result.get("schedules"), plan.model.source, plan.options.target, db,
+                                           plan.options.default_schedules)
     if db is not None and plan.dynamic and not (result.get("schedules") or {}).get("tuned_at"):
         notes.append("tuning records match static kernels: the symbolic-shape kernels of --dynamic use "
                      "mlc's default schedules; for tuned kernels per length use --buckets with --db")

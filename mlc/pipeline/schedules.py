@@ -93,8 +93,19 @@ def schedule_request(preset, db: Optional[str | Path], default: bool) -> Optiona
     return {"db": str(check_db_dir(Path(db), create=False).resolve()) if db is not None else None, "default": default}
 
 
-def schedule_notes(report: Optional[dict], source: str, target: str, db: Optional[str | Path]) -> list[str]:
-    """Tell the user whether the build is tuned and what to run if it is not."""
+def unscheduled_note(names: list[str]) -> Optional[str]:
+    """The warning for kernels left with TVM's unscheduled loop nest (serial scalar code), naming a few."""
+    if not names:
+        return None
+    listed = ", ".join(sorted(names)[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return (f"{len(names)} kernel(s) unscheduled, running TVM's serial scalar loops (slow): {listed}; the manifest's "
+            "compile.schedules.unscheduled lists them all")
+
+
+def schedule_notes(report: Optional[dict], source: str, target: str, db: Optional[str | Path],
+                   default: bool = True) -> list[str]:
+    """Tell the user whether the build is tuned and what to run if it is not, and which kernels are unscheduled
+    though mlc's default schedules were asked for (`default`)."""
     if not report:
         return []
     kinds = ("tuned", "default", "unscheduled")
@@ -102,7 +113,8 @@ def schedule_notes(report: Optional[dict], source: str, target: str, db: Optiona
     tuned = len(report.get("tuned", []))
     if db is not None:  # not tuned on purpose (a concatenation's copies, ...): no reason to tune again
         total -= len(set(report.get("default", [])) & default_kernels(Path(db)))
-    notes = []
+    unscheduled = unscheduled_note(report.get("unscheduled", [])) if default else None
+    notes = [unscheduled] if unscheduled else []
     if report.get("tuned_at"):
         twins = sorted({entry.split(": ", 1)[1] for entry in report["tuned_at"]})
         notes.append(f"{len(report['tuned_at'])} kernels over symbolic dims took the records of their static twins "
@@ -111,8 +123,7 @@ def schedule_notes(report: Optional[dict], source: str, target: str, db: Optiona
         return notes
     hint = f"`mlc tune {source} --target {target} --db DIR` then `mlc compile ... --db DIR`"
     if db is None:
-        default = len(report.get("default", []))
-        return [f"untuned build: {default} of {total} kernels use mlc's default CPU schedules; {hint} tunes them "
-                f"({TUNING_GAIN_NOTE})"]
+        return notes + [f"untuned build: {len(report.get('default', []))} of {total} kernels use mlc's default CPU "
+                        f"schedules; {hint} tunes them ({TUNING_GAIN_NOTE})"]
     return notes + [f"{tuned} of {total} kernels were tuned (records in {db}); the other {total - tuned} use default "
                     f"schedules: tune this model into the database to cover them ({hint})"]
