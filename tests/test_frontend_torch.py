@@ -169,6 +169,19 @@ def test_dict_examples_are_bound_by_name(factory, names, factory_file, tmp_path)
     np.testing.assert_allclose(session.run(None, feeds)[0], expected, rtol=1e-5, atol=1e-5)
 
 
+def test_one_example_input_may_have_a_name_of_its_own():
+    """A single example under a name forward() does not use (torchvision's forward(x) fed {"images": ...}): there is
+    only one place it can go, and the artifact's input keeps the user's name. Several such names are refused."""
+    from mlc.errors import InputError
+    from mlc.frontends.torch import _bind_by_name
+
+    net = torch.nn.Linear(3, 3)
+    images = torch.zeros(1, 3)
+    assert _bind_by_name(net, {"images": images}, ["input"], False, "f.py:net")[1:] == (["images"], [images])
+    with pytest.raises(InputError, match="gives example input.s. 'a', 'b', which forward.. does not take"):
+        _bind_by_name(net, {"a": images, "b": images}, ["input", "other"], False, "f.py:net")
+
+
 def test_bf16_model_runs_eagerly_and_in_onnx_runtime(factory_file, tmp_path):
     """`m.bfloat16()`: the eager reference is fed and gives bf16 (torch's numpy() has none), and ONNX Runtime, with
     no bf16 Gemm, checks the export on a float32 copy of its graph."""

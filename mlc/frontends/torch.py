@@ -273,6 +273,8 @@ def _bind_by_name(module, examples: dict, positional: list[str], keywords: bool,
     reference pass inputs by position): in forward()'s order, and where the dict skips a parameter (one with a
     default) or names a **kwargs one, through a module that passes them by keyword."""
     unknown = [k for k in examples if k not in positional]
+    if len(examples) == 1 and unknown and positional:  # one input, named as the user likes: forward()'s first
+        return module, unknown, list(examples.values())
     if unknown and not keywords:
         raise InputError(f"{where} gives example input(s) {', '.join(map(repr, unknown))}, which forward() does not "
                          f"take; its parameters: {', '.join(positional) or 'none'}")
