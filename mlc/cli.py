@@ -304,7 +304,7 @@ def _report_compile(result, as_json: bool) -> None:
         _print_check(check, "")
     shapes = ", ".join(f"{i.name} {_dims(i.shape)} {i.dtype}" for i in m.inputs)
     size = sum(p.stat().st_size for p in result.path.rglob("*") if p.is_file())
-    out.print(f"artifact: {result.path}  ({size / 2**20:.1f} MiB; inputs: {shapes})")
+    out.print(f"artifact: {result.path}  ({size / 2**20:.1f} MiB; inputs: {shapes or 'none'})")
     opened = {d: n for i in m.inputs for d, n in zip(i.model_shape or (), i.shape) if isinstance(d, str)
               and isinstance(n, int)}
     if opened:  # the sizes the model did not fix: mlc's (or --input-shape's), not the user's model's
@@ -313,9 +313,9 @@ def _report_compile(result, as_json: bool) -> None:
                   f"keeps {'it' if len(opened) == 1 else 'them'} symbolic); the other dims are the model's own")
     if result.archive:
         out.print(f"archive:  {result.archive}")
-    if m.compile.schedules:
-        out.print("kernels: " + ", ".join(f"{len(v)} {k}" for k, v in m.compile.schedules.items()
-                                          if v and k != "tuned_at"))
+    kernels = ", ".join(f"{len(v)} {k}" for k, v in (m.compile.schedules or {}).items() if v and k != "tuned_at")
+    if kernels:  # a model whose outputs are its inputs or weights has none
+        out.print(f"kernels: {kernels}")
 
 
 @app.command("tune")
@@ -446,7 +446,7 @@ def run_cmd(
     for warning in result.warnings:
         err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
     if outputs:
-        api.save_outputs(outputs, result.outputs)
+        api.save_outputs(outputs, result.outputs, artifact)
     if as_json:
         out.print_json(json.dumps({
             "artifact": str(artifact),
@@ -457,7 +457,7 @@ def run_cmd(
         }))
         return
     for name, value in result.outputs.items():
-        out.print(f"{name}: shape {'x'.join(map(str, value.shape))} {value.dtype}")
+        out.print(f"{name}: shape {_dims(value.shape)} {value.dtype}")
     if outputs:
         out.print(f"outputs written to {outputs}")
     if result.latency:

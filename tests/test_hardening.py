@@ -238,7 +238,7 @@ def test_output_never_replaces_a_folder_mlc_did_not_write(mlp_model, tmp_path):
     assert_clean_error(run_mlc("debug", "zoo:mlp", "--extract", mine), 1, "holds no report.json")
     a_file = tmp_path / "file"
     a_file.write_text("x")
-    assert_clean_error(run_mlc("compile", mlp_model, "-o", a_file / "sub"), 1, "cannot write to")
+    assert_clean_error(run_mlc("compile", mlp_model, "-o", a_file / "sub"), 1, "which is a file, not a folder")
     assert_clean_error(run_mlc("compile", mlp_model, "-o", a_file), 1, "is not a directory mlc wrote")
 
 

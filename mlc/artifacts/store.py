@@ -41,6 +41,9 @@ def check_replaceable(final: Path, marker: str = MANIFEST) -> None:
     manifest.json for artifacts). Only the files its marker lists are replaced; publish keeps the rest."""
     if final.is_symlink() or (final.exists() and not final.is_dir()):
         raise InputError(f"output path {final} exists and is not a directory mlc wrote; choose another -o")
+    blocking = next((p for p in final.parents if p.exists() or p.is_symlink()), None)
+    if blocking is not None and not blocking.is_dir():  # checked before compiling, not when writing
+        raise InputError(f"output path {final} lies under {blocking}, which is a file, not a folder; choose another -o")
     if final.is_dir() and any(final.iterdir()) and written_by_mlc(final, marker) is None:
         what = f"its {marker} is not one mlc wrote" if (final / marker).exists() else f"holds no {marker}"
         raise InputError(f"output folder {final} is not empty and {what}; "

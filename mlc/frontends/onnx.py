@@ -129,7 +129,9 @@ def _has_external_data(graph: onnx.GraphProto) -> bool:
 def validate(model: onnx.ModelProto, where: str, serialized: Optional[bytes | str] = None) -> None:
     """Checks that give the user a clear error; `serialized`: the model's bytes, or its file's path, when at hand
     (the checker's input)."""
-    if not model.graph.node:
+    given = {v.name for v in model.graph.input} | {t.name for t in model.graph.initializer}
+    if not model.graph.node and not (model.graph.output and all(o.name in given for o in model.graph.output)):
+        # A graph of no nodes is valid where each output is an input or a weight (a constant-only model).
         raise InputError(f"{where} has an empty graph (no nodes); export the model again")
     if not model.graph.output:
         raise InputError(f"{where} declares no graph outputs; export the model again")

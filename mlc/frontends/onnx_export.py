@@ -126,3 +126,39 @@ def rename_outputs(model: onnx.ModelProto, names: Sequence[str]) -> None:
         node.output[:] = [mapping.get(v, v) for v in node.output]
     for value in list(model.graph.output) + list(model.graph.value_info):
         value.name = mapping.get(value.name, value.name)
+
+
+FLOAT_TYPES = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
+
+
+def cast_outputs(path: Path, dtypes: dict[str, np.dtype]) -> list[str]:
+    """Float outputs of the export at `path` whose dtype differs from the framework's (`dtypes`, by output name)
+    cast back to it in place: torch's dynamo exporter sums an fp16 tensor in fp32 and leaves the result fp32.
+    Returns the outputs it cast."""
+    model = onnx.load(str(path), load_external_data=False)  # weights stay in their files, beside the model
+    wanted = {}
+    for output in model.graph.output:
+        have, dtype = output.type.tensor_type.elem_type, dtypes.get(output.name)
+        try:
+            want = helper.np_dtype_to_tensor_dtype(np.dtype(dtype)) if dtype is not None else have
+        except (KeyError, TypeError, ValueError):
+            continue
+        if have != want and have in FLOAT_TYPES and want in FLOAT_TYPES:
+            wanted[output.name] = want
+    produced = {v for n in model.graph.node for v in n.output}
+    wanted = {name: want for name, want in wanted.items() if name in produced}  # not an input or weight itself
+    if not wanted:
+        return []
+    taken = produced | {v.name for v in model.graph.input} | {t.name for t in model.graph.initializer}
+    for name, want in wanted.items():
+        inner = next(f"{name}_{i}" for i in range(len(taken) + 1) if f"{name}_{i}" not in taken)
+        taken.add(inner)
+        for node in model.graph.node:
+            node.input[:] = [inner if v == name else v for v in node.input]
+            node.output[:] = [inner if v == name else v for v in node.output]
+        for value in model.graph.value_info:
+            value.name = inner if value.name == name else value.name
+        model.graph.node.append(helper.make_node("Cast", [inner], [name], to=want, name=f"{name}_cast_to_framework"))
+        next(o for o in model.graph.output if o.name == name).type.tensor_type.elem_type = want
+    onnx.save(model, str(path))
+    return sorted(wanted)

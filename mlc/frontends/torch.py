@@ -183,7 +183,12 @@ def _export(module, examples: tuple, input_names: list[str], output_names, axes:
                           opset_version=TORCHSCRIPT_OPSET)
     except Exception as e:
         before = f"the dynamo exporter failed ({failure}), then " if failure else ""
-        raise UnsupportedModelError(f"{before}torch's TorchScript ONNX exporter failed: {_first_line(e)}") from None
+        hint = ""
+        if "prim::DictConstruct" in str(e):  # a ScriptModule returning a dict
+            hint = ("; a TorchScript model that returns a dict cannot be exported: return a tuple of tensors, or "
+                    "pass the module as a file.py:factory or a torch.export program (.pt2)")
+        raise UnsupportedModelError(f"{before}torch's TorchScript ONNX exporter failed: {_first_line(e)}{hint}"
+                                    ) from None
     _restore_dropped_inputs(path, input_names, examples, axes)
     why = f"; the dynamo exporter failed: {failure}" if failure else ""
     return f"torch.onnx TorchScript exporter (torch {torch.__version__}, opset {TORCHSCRIPT_OPSET}{why})"
@@ -397,6 +402,19 @@ def _is_export_archive(path: Path) -> bool:
         return False
 
 
+def _is_checkpoint(path: Path) -> bool:
+    """torch.save writes a zip of data.pkl and storages (a state_dict or a pickled module), with no program: no
+    code/ and no constants.pkl, which TorchScript zips have."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = {name.split("/", 1)[-1] for name in archive.namelist()}
+    except (OSError, zipfile.BadZipFile):
+        return False
+    return "data.pkl" in names and "constants.pkl" not in names and not any(n.startswith("code/") for n in names)
+
+
 def _load_torchscript(path: Path, input_shapes: Sequence[str], exporter: Optional[str]) -> FrameworkModel:
     import torch
 
@@ -404,6 +422,10 @@ def _load_torchscript(path: Path, input_shapes: Sequence[str], exporter: Optiona
 
     if _is_export_archive(path):
         raise InputError(f"{path} is a torch.export archive (torch.export.save), not TorchScript: name it .pt2")
+    if _is_checkpoint(path):
+        raise InputError(f"{path} is a torch.save checkpoint (a state_dict or a pickled module): weights without a "
+                         "program, and mlc does not unpickle; write a file.py:factory that builds the module and "
+                         "loads them, or save the model with torch.jit.save or torch.export.save")
     try:
         module = torch.jit.load(str(path), map_location="cpu")
     except Exception as e:

@@ -62,6 +62,7 @@ def convert(request: dict) -> dict:
     import onnx
 
     from mlc.frontends import onnx as onnx_frontend
+    from mlc.frontends.onnx_export import cast_outputs
     from mlc.errors import InputError
     from mlc.runtime.runner import save_npz
 
@@ -91,6 +92,8 @@ def convert(request: dict) -> dict:
     if len(outputs) != len(names):
         raise InputError(f"the {fm.framework} model returns {len(outputs)} tensors but its ONNX export has "
                          f"{len(names)} outputs; return a flat tuple of tensors from the model")
+    # An output the exporter left in another float type than the framework's (fp16 summed in fp32) is cast back.
+    cast_outputs(out / MODEL, {n: np.asarray(v).dtype for n, v in zip(names, outputs)})
     save_npz(out / FEEDS, feeds)
     save_npz(out / EAGER, {n: np.asarray(v) for n, v in zip(names, outputs)})
     return {"ok": True, "framework": fm.framework, "framework_version": framework_version(fm.framework),

@@ -51,8 +51,11 @@ def read_npz(path: str | Path, names: list[str] | tuple[str, ...] = ()) -> dict[
         return thin_runtime.load_npz(path, names)
 
 
-def save_outputs(path: str | Path, outputs: Mapping[str, np.ndarray]) -> None:
+def save_outputs(path: str | Path, outputs: Mapping[str, np.ndarray], artifact: Optional[str | Path] = None) -> None:
+    """Write `outputs` to the .npz `path`; never over a file of `artifact` (the one that made them)."""
     with runtime_errors():
+        if artifact is not None:
+            thin_runtime.refuse_artifact_file(artifact, thin_runtime.read_manifest(artifact), path)
         thin_runtime.save_npz(path, outputs)
 
 

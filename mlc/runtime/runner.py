@@ -285,6 +285,14 @@ def physical_cores(sys_root: Path = Path("/sys")) -> int | None:
     return max(count, 1)
 
 
+def logical_cpus() -> int | None:
+    """The logical CPUs this process may run on (its affinity mask); None where the OS does not say."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count()
+
+
 def default_threads() -> int | None:
     """The CPU threads an artifact runs with unless told: TVM_NUM_THREADS or OMP_NUM_THREADS where the user set
     one, else one per physical core. TVM's own default is half the machine's logical CPUs on x86 (to skip
@@ -301,6 +309,10 @@ def set_threads(threads: int | None = None) -> int | None:
     """Start TVM's thread pool with `threads` (default: `default_threads()`); returns the count. TVM reads
     TVM_NUM_THREADS when its pool starts, at the first parallel call in this process: later it has no effect."""
     count = threads if threads is not None else default_threads()
+    cpus = logical_cpus()
+    if threads is not None and cpus and threads > cpus:
+        # TVM's pool spins one thread per count: past the CPUs it only slows down; very many abort the process.
+        raise FeedError(f"--threads must be between 1 and the {cpus} logical CPUs this process may use, got {threads}")
     if count is not None:
         os.environ["TVM_NUM_THREADS"] = str(count)
     return count
@@ -965,6 +977,14 @@ def _stacked(expected: list[dict], got: list[dict]) -> tuple[dict, dict]:
     return reference, actual
 
 
+def refuse_artifact_file(root: str | os.PathLike, manifest: Mapping[str, Any], path: str | os.PathLike) -> None:
+    """Outputs may not be written over a file of the artifact that made them: that would break the artifact."""
+    target, root = Path(path).resolve(), Path(root).resolve()
+    if target == root / MANIFEST or any(target == (root / rel).resolve() for rel in manifest.get("files", {})):
+        raise FeedError(f"-o {path} is a file of the artifact {root.name}; writing the outputs there would break it: "
+                        "choose another path")
+
+
 def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
     """Write arrays as an .npz (what np.savez writes), atomically, with any tensor names: np.savez
     takes them as keyword arguments, which breaks on names like 'file'."""
@@ -1037,6 +1057,8 @@ def main(argv: list[str] | None = None, artifact_dir: str | os.PathLike | None =
         parser.error("--threads must be at least 1")
     try:
         runner = Runner(root, threads=args.threads, device=args.device)
+        if args.outputs:
+            refuse_artifact_file(root, runner.manifest, args.outputs)
         feeds = load_npz(args.inputs or root / runner.manifest["reference"]["inputs"],
                          [i["name"] for i in runner.inputs])
         outputs, stats, _ = runner.measure(feeds, args.warmup, args.repeat)
