@@ -216,9 +216,11 @@ def test_only_the_compiler_imports_tvm():
 
 
 # What the thin runtime (copied into artifacts, run where only numpy and apache-tvm-ffi are installed) may import.
+# ml_dtypes: optional (bf16 arrays where installed); mlc_compare, mlc_gate: mlc.check's modules an artifact ships
+# beside the runtime for `run.py --check`.
 _RUNTIME_IMPORTS = {"numpy", "tvm_ffi", "mlc_runtime", "__future__", "argparse", "ctypes", "hashlib", "importlib",
                     "json", "math", "os", "platform", "shutil", "subprocess", "sys", "tempfile", "time", "pathlib",
-                    "typing", "zipfile", "mlc"}
+                    "typing", "zipfile", "mlc", "ml_dtypes", "mlc_compare", "mlc_gate"}
 
 
 def _init_files() -> list[Path]:
