@@ -150,7 +150,7 @@ def test_build_retries_without_optional_steps(monkeypatch) -> None:
 
     calls = []
 
-    def fake_build(mod, request, default_schedules, notes):
+    def fake_build(mod, request, default_schedules, notes, use_db=True):
         calls.append((mod, default_schedules))
         if default_schedules or mod == "passed" and request.get("passes_fail"):
             raise RuntimeError("Traceback:\n  File x\nInternalError: Check failed: rule blew up")
