@@ -546,11 +546,16 @@ def validate_feeds(specs: list[dict[str, Any]], feeds: Mapping[str, np.ndarray],
                     f"indexes a table with it and accepts only [{lo}, {hi}]"
                 )
         arrays.append(aligned(array))
+    check_ranges(dims, ranges)
+    return arrays, warnings
+
+
+def check_ranges(dims: Mapping[str, int], ranges: Mapping[str, Any] | None) -> None:
+    """Each symbolic dim's size (bound from the inputs) within the range the artifact was compiled for."""
     for dim, (lo, hi) in (ranges or {}).items():
         if dim in dims and not lo <= dims[dim] <= hi:
             raise FeedError(f"dimension '{dim}' is {dims[dim]}, outside the compiled range {lo}..{hi}; "
                             f"recompile with --dynamic {dim}={min(lo, dims[dim])}..{max(hi, dims[dim])}")
-    return arrays, warnings
 
 
 def pad_to_bucket(buckets: Mapping[str, Any], specs: list[dict[str, Any]], arrays: list[np.ndarray]
@@ -830,9 +835,7 @@ class Runner(_ArtifactRunner):
                     raise FeedError(f"input '{spec['name']}' expects dtype {spec['dtype']}, got {tensor.dtype}")
             _bind_dims(spec, _Shaped(tuple(tensor.shape)) if tensor is not None
                        else arrays[host_specs.index(spec)], dims)
-        for dim, (lo, hi) in (self.manifest.get("dynamic_ranges") or {}).items():
-            if dim in dims and not lo <= dims[dim] <= hi:
-                raise FeedError(f"dimension '{dim}' is {dims[dim]}, outside the compiled range {lo}..{hi}")
+        check_ranges(dims, self.manifest.get("dynamic_ranges"))
         host = iter(arrays)
         return [on_device[spec["name"]] if spec["name"] in on_device else self._to_device(next(host))
                 for spec in self.inputs]
