@@ -78,3 +78,11 @@ def test_default_atol_scales_down_for_small_outputs():
     assert not stats.passed and stats.atol < 1e-6
     assert compare({"y": ref}, {"y": wrong}, atol=1e-2).passed  # an explicit --atol is taken as given
     assert compare({"y": ref}, {"y": ref + 1e-9}).passed
+
+
+def test_all_nan_reference_fails_because_nothing_was_compared():
+    nan = np.full((2, 3), np.nan, dtype=np.float32)
+    stats = compare({"y": nan}, {"y": nan.copy()}).outputs[0]
+    assert not stats.passed and "every reference value is NaN" in stats.problem
+    some_nan = np.array([np.nan, 1.0], dtype=np.float32)
+    assert compare({"y": some_nan}, {"y": some_nan.copy()}).passed

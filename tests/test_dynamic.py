@@ -69,6 +69,8 @@ def test_bad_dynamic_options(tmp_path):
     assert_clean_error(proc, 1, "the reference inputs have batch=", "widen the range")
     proc = run_mlc("compile", "zoo:mlp", "--dynamic", "batch=9..2", "-o", tmp_path / "a")
     assert_clean_error(proc, 1, "1 <= MIN <= MAX")
+    proc = run_mlc("compile", "zoo:mlp", "--dynamic", "batch=1..99999999999", "-o", tmp_path / "a")
+    assert_clean_error(proc, 1, "MAX <= 2147483647")
 
 
 def test_range_of_a_symbolic_length_keeps_shapes_known(tmp_path):

@@ -314,3 +314,11 @@ def test_output_under_a_file(mlp_model, tmp_path):
     assert_clean_error(proc, 1, "which is a file, not a folder")
     assert "Loading" not in proc.stderr + proc.stdout
     assert blocker.read_text() == "mine\n"
+
+
+def test_export_onto_its_own_source(mlp_model, tmp_path):
+    """`mlc export m.onnx -o m.onnx` rewrote the user's file in place; now refused, the file untouched."""
+    model = tmp_path / "m.onnx"
+    shutil.copy(mlp_model, model)
+    assert_clean_error(run_mlc("export", model, "-o", model), 1, "is the model being exported")
+    assert model.read_bytes() == mlp_model.read_bytes()

@@ -120,6 +120,9 @@ def compare_one(name: str, reference: np.ndarray, actual: np.ndarray, tol: Toler
                            0.0, 0.0, 1.0, 0.0, 0, True)
     ref = reference.astype(np.float64)
     act = actual.astype(np.float64)
+    if np.isnan(ref).all():
+        # NaN matches NaN, so an all-NaN reference would pass anything that also NaNs: it proves nothing.
+        return failed("every reference value is NaN, so nothing was compared: give real inputs (--inputs)")
     tol = Tolerance(tol.effective_atol(ref), tol.rtol)
     ref_finite, act_finite = np.isfinite(ref), np.isfinite(act)
     # NaN matches NaN and +Inf matches +Inf; anything else non-finite on one side is a mismatch.

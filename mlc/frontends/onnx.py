@@ -17,9 +17,8 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper, numpy_helper
 
 from mlc.errors import InputError, UnsupportedModelError
+from mlc.frontends.options import MAX_DIM
 
-# Dims larger than this are almost certainly a mistake (and overflow int32 index math in TVM).
-MAX_DIM = (1 << 31) - 1
 REFERENCE_SEED = 0
 # The reference run must fit in memory beside the model; larger inputs are almost always a typo.
 MAX_REFERENCE_BYTES = 2 << 30

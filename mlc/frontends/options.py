@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 
 from mlc.errors import InputError
 
+MAX_DIM = (1 << 31) - 1  # TVM and ORT index tensors with int32 shapes
 _DYNAMIC = re.compile(r"^([A-Za-z_][\w.]*)(?:=(\d+)\.\.(\d+))?$")
 
 
@@ -23,8 +24,8 @@ def parse_dynamic(values: Sequence[str]) -> Optional[dict[str, Optional[tuple[in
                 raise InputError(f"--dynamic {item!r} is malformed; write a dim name (batch), "
                                  "or NAME=MIN..MAX (seq=1..512)")
             name, lo, hi = match.group(1), match.group(2), match.group(3)
-            if lo is not None and not (1 <= int(lo) <= int(hi)):
-                raise InputError(f"--dynamic {item!r}: the range must satisfy 1 <= MIN <= MAX")
+            if lo is not None and not (1 <= int(lo) <= int(hi) <= MAX_DIM):
+                raise InputError(f"--dynamic {item!r}: the range must satisfy 1 <= MIN <= MAX <= {MAX_DIM}")
             dims[name] = (int(lo), int(hi)) if lo is not None else None
     return dims
 

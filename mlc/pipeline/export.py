@@ -35,6 +35,8 @@ def export(model: ModelSpec, output: str | Path, *, atol: Optional[float] = None
     output = Path(output)
     if output.suffix.lower() != ".onnx" or output.is_dir():
         raise InputError(f"-o {output}: give a file name ending in .onnx")
+    if output.exists() and Path(model.source).exists() and output.samefile(model.source):
+        raise InputError(f"-o {output} is the model being exported; give another file name")
     model.dynamic_dims()  # a malformed --dynamic fails before the framework starts
     model = sources.resolve(model)
     timed = Timer(step)
