@@ -1,6 +1,6 @@
 """The package layout, read statically (ast over mlc/**/*.py; nothing is imported): no import cycle between mlc's
-top-level packages, no private names across them, tvm only in mlc.compiler, and package __init__ files that only
-re-export."""
+top-level packages nor between any two modules (imports inside functions count), no private names across packages
+nor imported from another module, tvm only in mlc.compiler, and package __init__ files that only re-export."""
 
 from __future__ import annotations
 
@@ -153,6 +153,34 @@ def test_no_import_cycle_between_packages():
         f"{', '.join(sorted(members))}: {_describe(cycle, graph)}" for members, cycle in cycles)
     stale = ALLOWED_CYCLES - {members for members, _ in find_cycles(graph)}
     assert not stale, f"fixed, so remove from ALLOWED_CYCLES: {[sorted(s) for s in stale]}"
+
+
+def module_graph() -> dict[str, dict[str, list[str]]]:
+    """module -> mlc module it imports, at module level or inside a function -> where ("mlc/x.py:12")."""
+    graph: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for module, (path, tree) in _sources().items():
+        for line, target, _ in _imports(module, path, tree):
+            if target.startswith("mlc.") and target != module:
+                graph[module][target].append(f"{path.relative_to(MLC.parent)}:{line}")
+    return graph
+
+
+def test_no_import_cycle_between_modules():
+    """Inside packages too (import-linter's contracts cannot see imports inside functions): a function-level import
+    only postpones a cycle, and a helper in the wrong module is what makes one."""
+    graph = module_graph()
+    cycles = find_cycles(graph)
+    assert not cycles, "import cycles between mlc's modules:\n" + "\n".join(
+        f"{len(members)} modules: {_describe(cycle, graph)}" for members, cycle in cycles)
+
+
+def test_no_private_name_imported_from_another_module():
+    """`from mlc.x import _name` only in mlc.x itself: a helper two modules share is public where it lives."""
+    found = [f"{path.relative_to(MLC.parent)}:{line}: {target}.{name}"
+             for module, (path, tree) in _sources().items()
+             for line, target, names in _imports(module, path, tree)
+             for name in names if target.split(".")[0] == "mlc" and target != module and _private(name)]
+    assert not found, "private names imported from another module:\n" + "\n".join(sorted(found))
 
 
 def test_no_private_names_across_packages():

@@ -122,3 +122,25 @@ def test_amd_zen_cores_get_their_own_scheduling_model(monkeypatch, family, model
     target = targets.resolve("x86")
     assert target.tvm["mcpu"] == mcpu
     assert set(target.required_cpu_features) <= flags  # the runtime check still reads the features
+
+
+def test_cpu_table_is_llvms_own():
+    """The presets' int8/bf16 checks and the schedules' vector width read one table; it must be what the pinned
+    TVM's LLVM says (regenerate with mlc.compiler.cpu_table.write() after an upgrade)."""
+    from mlc.compiler import cpu_table
+    from mlc.targets.llvm_cpu_table import CPUS_WITH
+
+    assert cpu_table.table_from_llvm() == CPUS_WITH
+
+
+@pytest.mark.parametrize("mcpu", ["tigerlake", "rocketlake", "emeraldrapids", "graniterapids", "znver5"])
+def test_every_avx512_cpu_gets_16_lanes_and_its_dot_products(mcpu):
+    """The schedules' own substring list gave these 8 lanes while the presets treated them as AVX-512."""
+    from tvm.target import Target as TVMTarget
+
+    from mlc.compiler.schedule_rules import vector_lanes
+
+    spec = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": mcpu}
+    assert vector_lanes(TVMTarget(spec)) == 16
+    assert targets.int8_dot_feature(presets.from_json(json.dumps(spec))) == "avx512_vnni"
+    assert vector_lanes(TVMTarget({**spec, "mattr": ["-avx512f"]})) == 8

@@ -174,7 +174,7 @@ def apply(mod, database, target, lengths: dict[str, list[int]], scheduled_attr: 
     applied, failed {kernel: why}: twins whose record did not replay (the kernel keeps the default schedule))."""
     import tvm
 
-    from mlc.compiler.worker import summarize
+    from mlc.compiler.log import summarize
 
     applied: dict[str, str] = {}
     withheld: dict[str, str] = {}
@@ -201,7 +201,7 @@ def apply(mod, database, target, lengths: dict[str, list[int]], scheduled_attr: 
             try:
                 updates[gv] = replay(func, record.trace).with_attr(scheduled_attr, True)
                 applied[gv.name_hint] = at
-            except Exception as e:  # noqa: BLE001 - TVM rejects the trace on this kernel: the default schedule
+            except Exception as e:  # TVM rejects the trace on this kernel: the default schedule
                 failed[gv.name_hint] = f"the record tuned at {at} did not replay ({summarize(e)})"
             break
     for gv, func in updates.items():

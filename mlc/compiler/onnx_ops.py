@@ -1,6 +1,7 @@
 """ONNX converters TVM 0.27's importer lacks or limits (#19, found by benchmarks/onnx_node_tests): each is written
-in Relax ops from the ONNX definition. `register()` adds them to the importer's table; `ADDED` names the op types it
-has no converter for at all (importer.supported_ops() counts them)."""
+in Relax ops from the ONNX definition. mlc.compiler.tvm_patches adds `converters()` to the importer's table; `ADDED`
+names the op types it has no converter for at all (importer.supported_ops() counts them). Also the ONNX rounding
+(round_half_even) the converters and tvm_patches share."""
 
 from __future__ import annotations
 
@@ -55,36 +56,8 @@ def _text(value, default: str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-@functools.lru_cache(maxsize=1)
-def register() -> None:
-    """Put mlc's converters in TVM's converter table (once per process), and the artifact runtime's numpy functions
-    for value-dependent ops in place of TVM's, so a model run in this process computes what its artifact will."""
-    import tvm_ffi
-
-    from mlc.runtime import runner
-
-    runner.register_host_functions(tvm_ffi)
-
-    table = _converters()
-    assert ADDED | ML_ADDED <= set(table)
-    extend_convert_map(table)
-
-
-def extend_convert_map(table: dict) -> None:
-    """Add `table` (op type -> converter class) to TVM's ONNX converter table, which it rebuilds on each import."""
-    from tvm.relax.frontend.onnx import onnx_frontend
-
-    original = onnx_frontend._get_convert_map
-
-    def convert_map():
-        converters = original()
-        converters.update(table)
-        return converters
-
-    onnx_frontend._get_convert_map = convert_map
-
-
-def _converters() -> dict:
+def converters() -> dict:
+    """op type -> mlc's converter class (tvm_patches adds them to TVM's table)."""
     from tvm.relax.frontend.onnx import onnx_frontend
 
     base = onnx_frontend.OnnxOpConverter
@@ -132,6 +105,19 @@ def _converters() -> dict:
         "Binarizer": converter("Binarizer", _binarizer),
         "TreeEnsemble": converter("TreeEnsemble", _tree_ensemble),
     }
+
+
+def round_half_even(x):
+    """numpy's rint: round half to even (TVM's round rounds halves away from zero)."""
+    from tvm import relax
+
+    floor = relax.op.floor(x)
+    diff = relax.op.subtract(x, floor)
+    half = relax.const(0.5, "float64")
+    up = relax.op.add(floor, relax.const(1.0, "float64"))
+    floor_is_even = relax.op.equal(relax.op.floor_mod(floor, relax.const(2.0, "float64")), relax.const(0.0, "float64"))
+    tie = relax.op.where(floor_is_even, floor, up)
+    return relax.op.where(relax.op.less(diff, half), floor, relax.op.where(relax.op.greater(diff, half), up, tie))
 
 
 # ---------------------------------------------------------------- ops TVM limits
@@ -546,8 +532,6 @@ def _qlinear_conv(bb, inputs, attr, params, tvm_impl):
     saturated to y's type."""
     from tvm import relax
 
-    from mlc.compiler.importer import _round_half_even
-
     x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero = inputs[:8]
     bias = _optional_input(inputs, 8)
     acc = _integer_conv(bb, x, x_zero, w, w_zero, attr)
@@ -562,7 +546,7 @@ def _qlinear_conv(bb, inputs, attr, params, tvm_impl):
                             relax.op.astype(y_scale, "float64"))
     out = _dtype(y_zero) if y_zero is not None else _dtype(x)
     scaled = relax.op.multiply(relax.op.astype(acc, "float64"), ratio)
-    rounded = _round_half_even(bb.normalize(scaled))
+    rounded = round_half_even(bb.normalize(scaled))
     if y_zero is not None:
         rounded = relax.op.add(rounded, relax.op.astype(y_zero, "float64"))
     info = np.iinfo(out)

@@ -22,7 +22,7 @@ def _parse():
 
 def _reason(error: BaseException, record_json=None, workload=None) -> str:
     """TVM's one line; a ScheduleError says only "(not rendered)": the trace is replayed again to render it."""
-    from mlc.compiler.worker import summarize
+    from mlc.compiler.log import summarize
 
     why = summarize(error)
     if "not rendered" in why and record_json is not None and workload is not None:
@@ -30,7 +30,7 @@ def _reason(error: BaseException, record_json=None, workload=None) -> str:
 
         try:
             Trace.apply_json_to_schedule(record_json[0], Schedule(workload.mod, error_render_level="detail"))
-        except Exception as e:  # noqa: BLE001 - the same failure, rendered
+        except Exception as e:  # the same failure, rendered
             why = summarize(e).removeprefix("Error message: ")
     return f"its trace does not apply to its kernel: {why}" if record_json is not None else why
 
@@ -68,7 +68,7 @@ def checked(database, scratch: str | Path):
                     writer = ms.database.JSONDatabase(work_dir=str(folder), module_equality="structural")
                     writer.commit_workload(mod)
                     self.writers[key] = (folder, writer)
-                except Exception as e:  # noqa: BLE001 - TVM cannot write this kernel: none of its records reads
+                except Exception as e:  # TVM cannot write this kernel: none of its records reads
                     self.writers[key] = f"its kernel cannot be written: {_reason(e)}"
             return self.writers[key]
 
@@ -81,7 +81,7 @@ def checked(database, scratch: str | Path):
             try:
                 db.commit_tuning_record(record)
                 ms.database.JSONDatabase(work_dir=str(folder), module_equality="structural", allow_missing=False)
-            except Exception as e:  # noqa: BLE001 - TVM says only "parallel_for_dynamic error": ask per record
+            except Exception as e:  # TVM says only "parallel_for_dynamic error": ask per record
                 return readable_lines(folder)[3] or _reason(e)
             self.inner.commit_tuning_record(record)
             return None
@@ -116,14 +116,14 @@ def readable_lines(db_dir: str | Path) -> tuple[list[str], list[str], int, Optio
     for line in workload_lines:
         try:
             workloads.append(Workload.from_json(loads(line)))
-        except Exception as e:  # noqa: BLE001 - its records are skipped with it
+        except Exception as e:  # its records are skipped with it
             workloads.append(f"its kernel does not read back: {_reason(e)}")
     kept, skipped, reason = [], 0, None
     for line in _lines(folder / RECORDS):
         try:
             index, record = loads(line)
             workload = workloads[int(index)] if int(index) >= 0 else "no such kernel"
-        except Exception as e:  # noqa: BLE001 - not [workload index, record]
+        except Exception as e:  # not [workload index, record]
             workload = f"not a record: {_reason(e)}"
         if isinstance(workload, str):
             why = workload
@@ -131,7 +131,7 @@ def readable_lines(db_dir: str | Path) -> tuple[list[str], list[str], int, Optio
             try:
                 TuningRecord.from_json(record, workload)
                 why = None
-            except Exception as e:  # noqa: BLE001 - TVM raises many kinds
+            except Exception as e:  # TVM raises many kinds
                 why = _reason(e, record, workload) if reason is None else "-"  # rendering replays: once
         if why is not None:
             skipped += 1
@@ -153,7 +153,7 @@ def open_readable(db_dir: str | Path, notes: list[str], repair: bool = False):
 
     try:
         return ms.database.JSONDatabase(work_dir=str(db_dir), module_equality="structural", allow_missing=repair)
-    except Exception:  # noqa: BLE001 - one unreadable record fails the whole load: find it below
+    except Exception:  # one unreadable record fails the whole load: find it below
         pass
     workload_lines, kept, skipped, reason = readable_lines(db_dir)
     folder = Path(db_dir)

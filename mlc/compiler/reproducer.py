@@ -64,7 +64,7 @@ def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     """The type of every named value shape inference knows (inputs, outputs, intermediates)."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-    except Exception:  # noqa: BLE001 - inference is best effort here
+    except Exception:  # inference is best effort here
         inferred = model
     values = list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output)
     return {v.name: v.type for v in values if v.type.WhichOneof("value")}
@@ -119,10 +119,12 @@ def reduce(model: onnx.ModelProto, fails: Callable[[onnx.ModelProto], bool], bud
     return subgraph(model, types, *best)
 
 
-def write(model: onnx.ModelProto, request: dict, stage: str, message: str) -> dict:
+def write(model: onnx.ModelProto, request: dict, stage: str, message: str, compile_request) -> dict:
     """Search the smallest subgraph that fails the worker's `stage` with `message` and write it to
-    request["reproducer"]; the payload keys for the worker's result ({} when none was found)."""
-    from mlc.compiler import importer, worker
+    request["reproducer"]; the payload keys for the worker's result ({} when none was found). `compile_request`:
+    the worker's (passed in: the worker imports this module)."""
+    from mlc.compiler import importer
+    from mlc.compiler.log import summarize
 
     path = Path(request["reproducer"])
     scratch = tempfile.TemporaryDirectory(prefix="mlc-reproducer-")
@@ -134,14 +136,14 @@ def write(model: onnx.ModelProto, request: dict, stage: str, message: str) -> di
                 importer.to_relax(candidate, request.get("dim_upper_bounds"))
             except importer.ConversionError:
                 return False
-            except Exception as e:  # noqa: BLE001 - the failure looked for
-                return same_failure(worker.summarize(e), message)
+            except Exception as e:  # the failure looked for
+                return same_failure(summarize(e), message)
             return False
         onnx_path = Path(scratch.name) / "candidate.onnx"
         onnx.save(candidate, str(onnx_path))
         sub = {**request, "onnx": str(onnx_path), "reproducer": None, "run": None, "kernels_dir": None,
                "object_dir": None, "library": str(Path(scratch.name) / "candidate.so") if stage == "export" else None}
-        result = worker.compile_request(sub)
+        result = compile_request(sub)
         return not result["ok"] and result.get("kind") == "compile" and result.get("stage") == stage \
             and same_failure(result.get("message", ""), message)
 
@@ -151,7 +153,7 @@ def write(model: onnx.ModelProto, request: dict, stage: str, message: str) -> di
         if found is None:
             return {}
         onnx.save(found, str(path))
-    except Exception as e:  # noqa: BLE001 - the search must never hide the failure it is about
+    except Exception as e:  # the search must never hide the failure it is about
         print(f"mlc: reproducer search failed: {type(e).__name__}: {e}", flush=True)
         return {}
     return {"reproducer": str(path), "reproducer_nodes": len(found.graph.node),

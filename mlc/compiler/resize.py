@@ -8,7 +8,6 @@ TVM's converter is kept for the forms it computes exactly (one relax image.resiz
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -236,12 +235,12 @@ def emit(bb, x, resize: Plan, mode: Mode):
 
 # ---------------------------------------------------------------- the converters
 
-def _text(attr: dict, name: str, default: str) -> str:
+def attr_text(attr: dict, name: str, default: str) -> str:
     value = attr.get(name, default)
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _shape(x) -> Optional[list]:
+def static_dims(x) -> Optional[list]:
     """The dims of `x`: ints, or PrimExprs where symbolic; None when its shape is unknown."""
     shape = getattr(getattr(x, "ty", None), "shape", None)
     if shape is None:
@@ -249,7 +248,7 @@ def _shape(x) -> Optional[list]:
     return [int(d.value) if hasattr(d, "value") and isinstance(d.value, int) else d for d in shape.values]
 
 
-def _constant(value, params) -> Optional[np.ndarray]:
+def constant_input(value, params) -> Optional[np.ndarray]:
     """The numpy value of a constant input; None for an absent or empty one; raises for a computed one."""
     import tvm
     from tvm.relax.frontend.onnx import onnx_frontend
@@ -258,12 +257,12 @@ def _constant(value, params) -> Optional[np.ndarray]:
         return None
     value = onnx_frontend.get_constant(value, params)
     if not isinstance(value, tvm.ir.GenericConst):
-        raise _NotConstant
+        raise NotConstant
     array = value.value.numpy().reshape(-1)
     return array if array.size else None
 
 
-class _NotConstant(Exception):
+class NotConstant(Exception):
     pass
 
 
@@ -277,7 +276,7 @@ def tvm_is_exact(in_shape: list[int], resize: Plan, mode: Mode, attr: dict, scal
     if any(resize.out_shape[a] is not in_shape[a] and resize.out_shape[a] != in_shape[a] for a in (0, 1)) or \
             any(not isinstance(in_shape[a], int) for a in spatial):
         return False
-    if _text(attr, "keep_aspect_ratio_policy", "stretch") != "stretch":
+    if attr_text(attr, "keep_aspect_ratio_policy", "stretch") != "stretch":
         return False
     if mode.coordinate not in ("half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel",
                                "tf_crop_and_resize") or mode.nearest == "simple":
@@ -288,63 +287,3 @@ def tvm_is_exact(in_shape: list[int], resize: Plan, mode: Mode, attr: dict, scal
         if scales_given and float(resize.scales[a]) != resize.out_shape[a] / in_shape[a]:
             return False
     return True
-
-
-@functools.lru_cache(maxsize=1)
-def override() -> None:
-    """Resize-10/11/18 and Upsample-7/9 through `emit` where TVM's converter would be wrong or fails."""
-    from tvm.relax.frontend.onnx import onnx_frontend
-
-    resize_cls, upsample_cls = onnx_frontend.Resize, onnx_frontend.Upsample
-    tvm_resize = resize_cls._impl_v18.__func__
-
-    def resize_v11(cls, bb, inputs, attr, params):
-        x = inputs[0]
-        in_shape = _shape(x)
-        mode = Mode(mode=_text(attr, "mode", "nearest"),
-                    coordinate=_text(attr, "coordinate_transformation_mode", "half_pixel"),
-                    nearest=_text(attr, "nearest_mode", "round_prefer_floor"),
-                    cubic_a=float(attr.get("cubic_coeff_a", -0.75)),
-                    exclude_outside=bool(attr.get("exclude_outside", 0)), antialias=bool(attr.get("antialias", 0)),
-                    extrapolation=float(attr.get("extrapolation_value", 0.0)))
-        try:
-            roi, scales, sizes = (_constant(inputs[k], params) if len(inputs) > k else None for k in (1, 2, 3))
-        except _NotConstant:
-            return tvm_resize(cls, bb, inputs, attr, params)
-        if in_shape is None or (scales is None) == (sizes is None):
-            return tvm_resize(cls, bb, inputs, attr, params)
-        axes = list(attr["axes"]) if "axes" in attr else None
-        resize = plan(in_shape, scales, sizes, axes, roi, _text(attr, "keep_aspect_ratio_policy", "stretch"))
-        if resize is None or tvm_is_exact(in_shape, resize, mode, attr, scales is not None):
-            return tvm_resize(cls, bb, inputs, attr, params)
-        return emit(bb, x, resize, mode)
-
-    def simple(cls, bb, x, scales, attr):
-        """Resize-10 and Upsample: asymmetric coordinates, nearest by ORT's rule (floor up, ceil down)."""
-        in_shape = _shape(x)
-        resize = plan(in_shape, np.asarray(scales, np.float32), None, None, None) \
-            if in_shape is not None and scales is not None else None
-        if resize is None:
-            raise NotImplementedError(f"{cls.__name__} needs constant scales and static dims where they resize")
-        mode = _text(attr, "mode", "nearest")
-        mode = Mode(mode="linear" if mode == "bilinear" else mode, coordinate="asymmetric", nearest="simple")
-        return emit(bb, x, resize, mode)
-
-    def resize_v10(cls, bb, inputs, attr, params):
-        try:
-            scales = _constant(inputs[1], params)
-        except _NotConstant:
-            scales = None
-        return simple(cls, bb, inputs[0], scales, attr)
-
-    def upsample_v7(cls, bb, inputs, attr, params):
-        return simple(cls, bb, inputs[0], attr.get("scales"), attr)
-
-    def upsample_v9(cls, bb, inputs, attr, params):
-        return resize_v10(cls, bb, inputs, attr, params)
-
-    resize_cls._impl_v10 = classmethod(resize_v10)
-    resize_cls._impl_v11 = classmethod(resize_v11)
-    resize_cls._impl_v18 = classmethod(resize_v11)
-    upsample_cls._impl_v7 = classmethod(upsample_v7)
-    upsample_cls._impl_v9 = classmethod(upsample_v9)

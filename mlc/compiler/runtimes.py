@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
-from mlc.compiler.client import tvm_package_dir
+from mlc.compiler.tvm_install import tvm_package_dir
 from mlc.errors import MissingDependencyError
 from mlc.runtime.runner import HOST_ARCH
 
@@ -166,7 +166,7 @@ def _pip_cudart() -> Optional[Path]:
         from cuda.pathfinder import load_nvidia_dynamic_lib
 
         return Path(load_nvidia_dynamic_lib("cudart").abs_path)
-    except Exception:  # noqa: BLE001 - not installed (ImportError) or not found: the caller says so
+    except Exception:  # not installed (ImportError) or not found: the caller says so
         return None
 
 

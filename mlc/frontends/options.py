@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 from mlc.errors import InputError
 
 MAX_DIM = (1 << 31) - 1  # TVM and ORT index tensors with int32 shapes
+EXPORTERS = ("auto", "dynamo", "torchscript")  # --exporter: which of PyTorch's ONNX exporters
 _DYNAMIC = re.compile(r"^([A-Za-z_][\w.]*)(?:=(\d+)\.\.(\d+))?$")
 
 
@@ -31,8 +32,6 @@ def parse_dynamic(values: Sequence[str]) -> Optional[dict[str, Optional[tuple[in
 
 
 def check_exporter(framework: str, exporter: str) -> None:
-    from mlc.frontends.torch import EXPORTERS
-
     if exporter not in EXPORTERS:
         raise InputError(f"unknown exporter {exporter!r}; choose one of: {', '.join(EXPORTERS)}")
     if exporter != "auto" and framework != "torch":

@@ -21,7 +21,6 @@ EXPORTED_PROGRAM = (".pt2",)
 TORCHSCRIPT = (".pt", ".pth", ".ts", ".torchscript")
 OPSET = 18  # the dynamo exporter's native opset (17 goes through the version converter)
 TORCHSCRIPT_OPSET = 17
-EXPORTERS = ("auto", "dynamo", "torchscript")
 # The worker handles one request per process and sets this from --exporter (zoo builders take no options).
 default_exporter = "auto"
 

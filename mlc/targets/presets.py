@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from mlc.errors import TargetError
+from mlc.targets import cpu_features
 from mlc.runtime.runner import HOST_ARCH, host_cpu_flags
 
 
@@ -306,19 +307,6 @@ def describe_all() -> list[dict[str, str]]:
     return rows
 
 
-# LLVM cpus with int8 dot products: x86 AVX512-VNNI, AVX-VNNI only (the hybrid and E-core parts, no AVX-512), and
-# ARM dotprod (sdot/udot); a JSON target may name the feature in mattr instead.
-_AVX512_VNNI_CPUS = ("cascadelake", "cooperlake", "icelake-client", "icelake-server", "tigerlake", "rocketlake",
-                     "sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-d", "diamondrapids", "znver4",
-                     "znver5")
-_AVX_VNNI_CPUS = ("alderlake", "raptorlake", "meteorlake", "arrowlake", "arrowlake-s", "lunarlake", "gracemont",
-                  "sierraforest", "grandridge", "clearwaterforest", "pantherlake")
-_DOTPROD_CPUS = ("neoverse-n1", "neoverse-n2", "neoverse-n3", "neoverse-v1", "neoverse-v2", "neoverse-v3",
-                 "neoverse-512tvb", "cortex-a55", "cortex-a65", "cortex-a75", "cortex-a76", "cortex-a77", "cortex-a78",
-                 "cortex-a510", "cortex-a710", "cortex-a715", "cortex-a720", "cortex-x1", "cortex-x2", "cortex-x3",
-                 "cortex-x4", "apple-m1", "apple-m2", "apple-m3", "apple-m4", "ampere1", "ampere1a")
-
-
 def _llvm_cpu(target: Target) -> tuple[str, list[str], bool] | None:
     """(mcpu, mattr, whether ARM) of an LLVM target; None for another kind."""
     tvm = target.tvm
@@ -329,12 +317,6 @@ def _llvm_cpu(target: Target) -> tuple[str, list[str], bool] | None:
     return str(tvm.get("mcpu", "")), mattr, str(tvm.get("mtriple", "x86_64")).startswith(("aarch64", "arm64"))
 
 
-def _has(mcpu: str, mattr: list[str], feature: str, cpus: tuple[str, ...]) -> bool:
-    """Whether an LLVM target has `feature`: its cpu is one of `cpus` or its mattr adds it, and mattr does not
-    take it away."""
-    return f"-{feature}" not in mattr and (mcpu in cpus or f"+{feature}" in mattr)
-
-
 def int8_dot_feature(target: Target) -> str | None:
     """The CPU feature (its /proc/cpuinfo flag) of the target's int8 dot-product instructions, or None: x86
     avx512_vnni or avx_vnni (vpdpbusd), ARM asimddp (dotprod)."""
@@ -343,10 +325,10 @@ def int8_dot_feature(target: Target) -> str | None:
         return None
     mcpu, mattr, arm = cpu
     if arm:
-        return "asimddp" if _has(mcpu, mattr, "dotprod", _DOTPROD_CPUS) else None
-    if _has(mcpu, mattr, "avx512vnni", _AVX512_VNNI_CPUS):
+        return "asimddp" if cpu_features.has(mcpu, mattr, "dotprod", arm) else None
+    if cpu_features.has(mcpu, mattr, "avx512vnni", arm):
         return "avx512_vnni"
-    if _has(mcpu, mattr, "avxvnni", _AVX_VNNI_CPUS):
+    if cpu_features.has(mcpu, mattr, "avxvnni", arm):
         return "avx_vnni"
     return None
 
@@ -354,14 +336,6 @@ def int8_dot_feature(target: Target) -> str | None:
 def has_int8_dot(target: Target) -> bool:
     """Whether the target's CPU has int8 dot-product instructions (--quantize)."""
     return int8_dot_feature(target) is not None
-
-
-# LLVM cpus with bf16 dot products: x86 AVX512-BF16 (vdpbf16ps), ARM BF16 (bfdot: Armv8.6, Neoverse V1/V2 in
-# Graviton 3/4); a JSON target may name the feature in mattr instead.
-_BF16_X86_CPUS = ("cooperlake", "sapphirerapids", "emeraldrapids", "graniterapids", "diamondrapids", "znver4", "znver5")
-_BF16_ARM_CPUS = ("neoverse-v1", "neoverse-v2", "neoverse-v3", "neoverse-n2", "neoverse-n3", "neoverse-512tvb",
-                  "cortex-a510", "cortex-a710", "cortex-a715", "cortex-a720", "cortex-x2", "cortex-x3", "cortex-x4",
-                  "apple-m2", "apple-m3", "apple-m4", "ampere1", "ampere1a")
 
 
 def bf16_dot_feature(target: Target) -> str | None:
@@ -372,8 +346,8 @@ def bf16_dot_feature(target: Target) -> str | None:
         return None
     mcpu, mattr, arm = cpu
     if arm:
-        return "bf16" if _has(mcpu, mattr, "bf16", _BF16_ARM_CPUS) else None
-    if _has(mcpu, mattr, "avx512bf16", _BF16_X86_CPUS):
+        return "bf16" if cpu_features.has(mcpu, mattr, "bf16", arm) else None
+    if cpu_features.has(mcpu, mattr, "avx512bf16", arm):
         return "avx512_bf16"
     return None
 
