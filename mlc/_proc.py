@@ -3,8 +3,9 @@
 The parent writes a request as JSON and runs `python -m MODULE REQUEST.json` in its own process group
 with its output in a log file (`run`). The child's `main` is `serve(argv, handler)`: it reads the
 request, calls the handler, and writes a `WorkerResult` as JSON beside the request, whole or not at
-all. A child that dies without one (segfault, abort, OOM kill) or runs past its timeout is a
-one-line CompilerError naming the signal or status, the log's last line and the log file.
+all. A child that dies without one (segfault, abort, OOM kill), runs past its timeout, or makes no
+progress for STALL_ENV seconds (default 30 min) is a one-line CompilerError naming the signal or
+status, the log's last line and the log file.
 
 No tvm and no framework here: the parent imports this module too."""
 
@@ -30,6 +31,11 @@ ERROR = "error"  # the handler raised an MlcError: payload["error"] names its cl
 EXCEPTION = "exception"  # the handler raised anything else (a framework's or TVM's error): its traceback is in the log
 
 POLL_S = 0.3  # how often run() calls `poll` while the child runs
+# Seconds a child may go without writing to its log or using CPU before it is killed as stalled; 0: no limit.
+# Generous: a deadlocked child uses no CPU at all, and a long TVM build keeps a core busy.
+STALL_ENV = "MLC_STALL_TIMEOUT"
+DEFAULT_STALL_S = 1800.0
+_STALL_CPU_SHARE = 0.05  # CPU time, as a share of the limit, that counts as progress (idle wake-ups stay far below)
 
 
 @dataclass(frozen=True)
@@ -167,10 +173,23 @@ def handle(request: dict, handler: Handler, describe: Callable[[BaseException], 
     return value if isinstance(value, WorkerResult) else WorkerResult.from_dict(value)
 
 
+def die_on_fatal_signals() -> None:
+    """Make a crash end this process at once, Python's stack dump (faulthandler) in the log, then the signal's
+    default action. libtvm_ffi.so installs a SIGSEGV handler when it loads that builds a backtrace with malloc
+    and a mutex: a segfault inside malloc (a corrupted heap) deadlocked the worker there for ever. So a worker
+    that uses TVM loads tvm_ffi before serve() calls this."""
+    import faulthandler
+
+    faulthandler.disable()  # it chains to the handlers it replaced: TVM's among them
+    signal.signal(signal.SIGSEGV, signal.SIG_DFL)
+    faulthandler.enable()
+
+
 def serve(argv: list[str], handler: Handler, describe: Callable[[BaseException], str] = one_line,
           graceful_stop: bool = False) -> int:
     """Every worker module's main(): argv is [REQUEST.json]. With `graceful_stop`, SIGINT and SIGTERM only set
     the flag stop_requested() reads, for a handler that finishes its current step and returns."""
+    die_on_fatal_signals()
     if graceful_stop:
         signal.signal(signal.SIGINT, _request_stop)
         signal.signal(signal.SIGTERM, _request_stop)
@@ -181,10 +200,25 @@ def serve(argv: list[str], handler: Handler, describe: Callable[[BaseException],
 
 # --- the parent side --------------------------------------------------------------------------------------
 
+def stall_limit() -> float:
+    """Seconds a child may make no progress (STALL_ENV, else DEFAULT_STALL_S); 0: no limit."""
+    text = os.environ.get(STALL_ENV, "").strip()
+    if not text:
+        return DEFAULT_STALL_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise errors.InputError(f"{STALL_ENV} must be a number of seconds (0: no limit), not {text!r}")
+    return value
+
+
 def run(module: str, request: Mapping[str, Any], request_path: Path, what: str, *,
         timeout: Optional[float] = None, env: Optional[Mapping[str, str]] = None,
         poll: Optional[Callable[[], None]] = None, stop_grace_s: Optional[float] = None,
-        on_stop: Callable[[], None] = lambda: None, log_prefix: str = "mlc-worker-") -> tuple[WorkerResult, Path]:
+        on_stop: Callable[[], None] = lambda: None, log_prefix: str = "mlc-worker-",
+        stall_s: Optional[float] = None) -> tuple[WorkerResult, Path]:
     """Write `request` to `request_path`, run `python -m module REQUEST` and return its result and log's path
     (the caller deletes the log when it is not worth keeping). `what` names the child in messages.
 
@@ -195,8 +229,10 @@ def run(module: str, request: Mapping[str, Any], request_path: Path, what: str, 
     Interrupted (Ctrl-C): without `stop_grace_s` the group is killed at once; with it the child gets SIGINT
     (serve(graceful_stop=True) turns it into stop_requested()), `on_stop()` is called, and the group is killed
     only if it is still running `stop_grace_s` seconds later. Either way the log is deleted and the
-    interrupt goes on. A child still running after `timeout` seconds is killed with its group, and a child
-    that ends without a result is a CompilerError naming the log."""
+    interrupt goes on. A child still running after `timeout` seconds, or one that neither writes to its log
+    nor uses CPU (with its own children) for `stall_s` seconds (None: stall_limit(); 0: no limit), is killed
+    with its group, and a child that ends without a result is a CompilerError naming the log."""
+    stall_s = stall_limit() if stall_s is None else stall_s
     request_path = Path(request_path)
     request_path.write_text(json.dumps(request))
     result_path(request_path).unlink(missing_ok=True)  # a stale result must not pass for this run's
@@ -207,10 +243,15 @@ def run(module: str, request: Mapping[str, Any], request_path: Path, what: str, 
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                                 env=child_env)
         try:
-            _wait(proc, timeout, poll)
+            _wait(proc, timeout, poll, _StallWatch(proc, log_path, stall_s) if stall_s else None)
         except subprocess.TimeoutExpired:
             kill_group(proc)
             raise CompilerError(f"{what} ran longer than {timeout:g} s and was stopped (log: {log_path})") from None
+        except _Stalled:
+            kill_group(proc)
+            raise CompilerError(f"{what} made no progress for {stall_s:g} s (wrote nothing to its log, used no CPU) "
+                                f"and was stopped; {STALL_ENV}=SECONDS changes this limit, 0 removes it "
+                                f"(log: {log_path})") from None
         except BaseException:  # interrupted: nothing to show the user
             try:
                 if stop_grace_s is not None:
@@ -227,13 +268,70 @@ def run(module: str, request: Mapping[str, Any], request_path: Path, what: str, 
     return result, log_path
 
 
-def _wait(proc: subprocess.Popen, timeout: Optional[float], poll: Optional[Callable[[], None]]) -> None:
-    if poll is None:
+class _Stalled(Exception):
+    """The child made no progress for its stall limit."""
+
+
+class _StallWatch:
+    """Progress of a child: its log grew, or it and its descendants used CPU (_STALL_CPU_SHARE of the limit, at
+    most a second)."""
+
+    def __init__(self, proc: subprocess.Popen, log_path: Path, limit_s: float):
+        self.proc, self.log_path, self.limit_s = proc, log_path, limit_s
+        self.every_s = min(5.0, limit_s / 4)  # reading the process tree costs a scan of /proc
+        self.cpu_s = min(1.0, limit_s * _STALL_CPU_SHARE)
+        self.size, self.cpu, self.since, self.checked = -1, 0.0, time.monotonic(), 0.0
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now - self.checked < self.every_s:
+            return
+        self.checked = now
+        try:
+            size = self.log_path.stat().st_size
+        except OSError:
+            size = self.size
+        cpu = _cpu_seconds(self.proc.pid)
+        if size != self.size or cpu >= self.cpu + self.cpu_s:
+            self.size, self.cpu, self.since = size, cpu, now
+        elif cpu < self.cpu:  # a descendant ended and took its CPU time along: measure from here
+            self.cpu = cpu
+        elif now - self.since >= self.limit_s:
+            raise _Stalled
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` and its live descendants (and the children it reaped)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+        if process is root:
+            total += times.children_user + times.children_system
+    return total
+
+
+def _wait(proc: subprocess.Popen, timeout: Optional[float], poll: Optional[Callable[[], None]],
+          watch: Optional[_StallWatch] = None) -> None:
+    if poll is None and watch is None:
         proc.wait(timeout=timeout)
         return
     deadline = None if timeout is None else time.monotonic() + timeout
     while proc.poll() is None:
-        poll()
+        if poll is not None:
+            poll()
+        if watch is not None:
+            watch.check()
         left = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
         if left <= 0:
             raise subprocess.TimeoutExpired(proc.args, timeout)
@@ -280,6 +378,9 @@ def crash_text(what: str, returncode: int, log_path: Path) -> str:
 
 # Lines of a stack dump (Python's, or the one TVM prints on a segfault): the line before them says what happened.
 _FRAME_LINES = ("File ", "Traceback", "Stack trace", "at ", "^", "~")
+# faulthandler's dump on a fatal signal (die_on_fatal_signals): its header repeats the signal the message names.
+_FAULT_DUMP_LINES = ("Fatal Python error: ", "Thread 0x", "Current thread 0x", "<no Python frame>",
+                     "Extension modules: ")
 
 
 def log_tail(log_path: Path) -> str:
@@ -289,5 +390,6 @@ def log_tail(log_path: Path) -> str:
         lines = [ln.strip() for ln in Path(log_path).read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return ""
+    lines = [ln for ln in lines if not ln.startswith(_FAULT_DUMP_LINES)]
     said = [ln for ln in lines if not ln.startswith(_FRAME_LINES)] or lines
     return said[-1].strip("! ")[:300] if said else ""

@@ -327,3 +327,106 @@ def test_non_tensor_output_is_unsupported(tmp_path):
     proc = run_mlc("compile", path, "-o", tmp_path / "art")
     assert proc.returncode in (0, 1), proc.stderr  # TVM may fold it to a constant tensor; never exit 70
     assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+
+
+# Test-only fault injection into the TVM compile worker, on PYTHONPATH as sitecustomize: when the worker first
+# imports mlc.compiler.relax_passes (after tvm is loaded) it hangs, or segfaults inside malloc_stats while holding
+# glibc's malloc lock, where a crash inside malloc (a corrupted heap) would hold it.
+_FAULT_SITE = '''
+import os
+import sys
+
+
+def _segfault_holding_the_malloc_lock():
+    import ctypes
+    import threading
+    import time
+
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # glibc locks its arena with threads
+    libc = ctypes.CDLL("libc.so.6")
+    write_t = ctypes.CFUNCTYPE(ctypes.c_ssize_t, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
+
+    class Functions(ctypes.Structure):
+        _fields_ = [("read", ctypes.c_void_p), ("write", write_t), ("seek", ctypes.c_void_p),
+                    ("close", ctypes.c_void_p)]
+
+    def write(_cookie, _data, size):
+        ctypes.string_at(0)  # SIGSEGV, called from malloc_stats' fprintf with the arena locked
+        return size
+
+    functions = Functions(None, write_t(write), None, None)
+    libc.fopencookie.restype = ctypes.c_void_p
+    libc.fopencookie.argtypes = [ctypes.c_void_p, ctypes.c_char_p, Functions]
+    stream = libc.fopencookie(None, b"w", functions)
+    libc.setvbuf(ctypes.c_void_p(stream), None, 2, 0)
+    ctypes.c_void_p.in_dll(libc, "stderr").value = stream  # malloc_stats prints to stderr
+    libc.malloc_stats()
+
+
+def _hook(event, args):
+    if event != "import" or args[0] != "mlc.compiler.relax_passes":
+        return
+    if getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None) != "mlc.compiler.worker":
+        return
+    if os.environ["MLC_TEST_FAULT"] == "hang":
+        import time
+
+        time.sleep(3600)
+    else:
+        _segfault_holding_the_malloc_lock()
+
+
+if os.environ.get("MLC_TEST_FAULT"):
+    sys.addaudithook(_hook)
+'''
+
+
+def _compile_with_fault(tmp_path: Path, fault: str, **env: str) -> tuple[subprocess.CompletedProcess, float]:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_FAULT_SITE)
+    model = mlp_onnx(tmp_path / "mlp.onnx")
+    repo = Path(__file__).resolve().parent.parent
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "mlc", "compile", model, "-o", tmp_path / "art"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(repo)]),
+                               "MLC_TEST_FAULT": fault, "COLUMNS": "200", **env})
+    return proc, time.monotonic() - start
+
+
+def _error_line(proc: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def test_segfault_inside_malloc_is_reported_not_deadlocked(tmp_path):
+    """TVM's SIGSEGV handler allocates while it prints a backtrace: a fault with the malloc lock held hung the
+    compile for ever. The worker now dies at once, and the error names the signal and the log."""
+    proc, seconds = _compile_with_fault(tmp_path, "segv-in-malloc")
+    assert_clean_error(proc, int(ExitCode.INTERNAL), "TVM compile process was killed by SIGSEGV")
+    assert seconds < 120, seconds  # import tvm and an MLP compile; a deadlock never ends
+    line = _error_line(proc)
+    log = Path(line.rsplit("(full log: ", 1)[1].rstrip(")"))
+    text = log.read_text()
+    assert "Fatal Python error: Segmentation fault" in text and "Segfault encountered" not in text
+    assert "Fatal Python error" not in line  # the dump stays in the log
+    log.unlink()
+    assert not (tmp_path / "art").exists()
+
+
+def test_stalled_worker_is_killed_and_reported(tmp_path):
+    proc, seconds = _compile_with_fault(tmp_path, "hang", MLC_STALL_TIMEOUT="3")
+    assert_clean_error(proc, int(ExitCode.INTERNAL), "TVM compile process made no progress for 3 s",
+                       "MLC_STALL_TIMEOUT=SECONDS changes this limit")
+    assert seconds < 120, seconds
+    Path(_error_line(proc).rsplit("(log: ", 1)[1].rstrip(")")).unlink()
+    assert not (tmp_path / "art").exists()
+
+
+def test_bad_stall_timeout_is_a_one_line_error(mlp_model, tmp_path):
+    for value in ("soon", "-1", "inf"):
+        proc = subprocess.run([sys.executable, "-m", "mlc", "compile", mlp_model, "-o", tmp_path / "art"],
+                              capture_output=True, text=True, env={**os.environ, "MLC_STALL_TIMEOUT": value})
+        assert_clean_error(proc, 1, f"MLC_STALL_TIMEOUT must be a number of seconds (0: no limit), not '{value}'")

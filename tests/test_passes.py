@@ -522,7 +522,7 @@ def test_zoo_outputs_same_at_every_level(name, tmp_path):
     for key in o0:
         np.testing.assert_allclose(o0[key], o2[key], rtol=1e-4, atol=1e-4)
     records = {r.name: r for r in results[2].manifest.compile.passes}
-    # On CPU the schedules build (mlc.tuning) legalizes and fuses itself: fuse_ops is left to it.
+    # On CPU the schedules build (mlc.compiler.schedules) legalizes and fuses itself: fuse_ops is left to it.
     assert records["fuse_ops"].status == "skipped" and "fuses itself" in records["fuse_ops"].reason
     assert "fuse_ops" not in {r.name for r in results[0].manifest.compile.passes}
     assert len(results[2].manifest.compile.passes) > len(results[0].manifest.compile.passes)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mlc import _proc
-from mlc.errors import CompilerError, UnsupportedModelError
+from mlc.errors import CompilerError, InputError, UnsupportedModelError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -45,6 +45,16 @@ def handler(request):
         return {"ok": True, "stopped": True}
     if mode == "stubborn":  # ignores it: killed after the grace period
         time.sleep(120)
+    if mode == "chatty":  # silent on CPU, but writing to its log
+        for _ in range(15):
+            print("still going", flush=True)
+            time.sleep(0.2)
+        return {"ok": True}
+    if mode == "busy":  # silent, but computing
+        end = time.monotonic() + 3
+        while time.monotonic() < end:
+            pass
+        return {"ok": True}
 
 
 if __name__ == "__main__":
@@ -114,7 +124,9 @@ def test_segfault_names_the_signal_the_last_log_line_and_the_log(child):
     message = str(caught.value)
     assert message.startswith("the test child was killed by SIGSEGV: last words before the crash (full log: ")
     log = Path(message.rsplit("(full log: ", 1)[1].rstrip(")"))
-    assert "last words before the crash" in log.read_text() and "\n" not in message
+    text = log.read_text()
+    assert "last words before the crash" in text and "\n" not in message
+    assert "Fatal Python error: Segmentation fault" in text  # faulthandler's dump, after the last words
     log.unlink()
 
 
@@ -134,6 +146,37 @@ def test_timeout_kills_the_child(child, tmp_path):
     assert time.monotonic() - start < 20
     assert _gone(int(ready.read_text()))
     Path(str(caught.value).rsplit("(log: ", 1)[1].rstrip(")")).unlink()
+
+
+def test_a_child_without_progress_is_killed_as_stalled(child, tmp_path):
+    ready = tmp_path / "ready"
+    start = time.monotonic()
+    with pytest.raises(CompilerError, match=r"^the test child made no progress for 1 s \(wrote nothing to its log, "
+                                            r"used no CPU\) and was stopped; MLC_STALL_TIMEOUT=SECONDS changes "
+                                            r"this limit, 0 removes it \(log: ") as caught:
+        child({"mode": "sleep", "ready": str(ready)}, stall_s=1)
+    assert time.monotonic() - start < 30
+    assert _gone(int(ready.read_text()))
+    Path(str(caught.value).rsplit("(log: ", 1)[1].rstrip(")")).unlink()
+
+
+@pytest.mark.parametrize("mode", ["chatty", "busy"])
+def test_a_child_that_writes_or_computes_is_not_stalled(child, tmp_path, mode):
+    result, log = child({"mode": mode, "ready": str(tmp_path / "ready")}, stall_s=1)  # 3 s of work
+    log.unlink()
+    assert result.ok
+
+
+def test_stall_limit_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(_proc.STALL_ENV, raising=False)
+    assert _proc.stall_limit() == _proc.DEFAULT_STALL_S == 1800
+    monkeypatch.setenv(_proc.STALL_ENV, "0")
+    assert _proc.stall_limit() == 0
+    monkeypatch.setenv(_proc.STALL_ENV, "90")
+    assert _proc.stall_limit() == 90
+    monkeypatch.setenv(_proc.STALL_ENV, "nan")
+    with pytest.raises(InputError, match="^MLC_STALL_TIMEOUT must be a number of seconds"):
+        _proc.stall_limit()
 
 
 def _interrupt_when(ready: Path):

@@ -207,7 +207,7 @@ def _library_asm(module) -> str:
         pending += list(current.imports)
         try:
             text.append(current.inspect_source("asm"))
-        except Exception:  # noqa: BLE001 - a module with no LLVM source (the VM's own)
+        except Exception:  # a module with no LLVM source (the VM's own)
             continue
     return "\n".join(text)
 

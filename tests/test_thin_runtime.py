@@ -142,3 +142,41 @@ def test_run_py_check_in_thin_venv_judges_against_the_reference(thin_python, mlp
                           text=True, env=thin_env(), cwd=tmp_path)
     assert proc.returncode == 3, (proc.stdout, proc.stderr)
     assert "check FAILED for y" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_runner_closes_what_it_loaded_once_and_refuses_to_run_after(tmp_path):
+    """close() (or the end of a `with` block) drops the VM and the weights: their file is no longer mapped. (The
+    library's code stays: its shared object is never unloaded.)"""
+    import gc
+    from pathlib import Path
+
+    from mlc import api
+    from mlc.runtime.runner import NativeRunner, Runner, RunnerClosed
+
+    artifact = api.compile("zoo:mlp", target="x86", output=tmp_path / "mlp").path  # weights big enough for a file
+    feeds = dict(np.load(artifact / "reference/inputs.npz"))
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    weights = str((artifact / manifest["weights"][manifest["library"]]["file"]).resolve())
+
+    def mapped() -> bool:
+        gc.collect()
+        return weights in Path("/proc/self/maps").read_text()
+
+    with Runner(artifact) as runner:
+        expected = runner.run(feeds)
+        assert mapped() and not runner.closed
+    assert runner.closed and not mapped()
+    for call in (lambda: runner.run(feeds), lambda: runner.measure(feeds), lambda: runner.benchmark(feeds),
+                 lambda: runner.profile(feeds)):
+        with pytest.raises(RunnerClosed, match=r"^this runner of .+ is closed; open the artifact again to run it$"):
+            call()
+    runner.close()  # again: nothing to do
+    again = Runner(artifact)
+    for name, value in again.run(feeds).items():
+        np.testing.assert_array_equal(value, expected[name])
+    again.close()
+    assert not mapped()
+    with NativeRunner(artifact) as native:
+        native.run(feeds)
+    with pytest.raises(RunnerClosed):
+        native.run(feeds)

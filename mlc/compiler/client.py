@@ -3,7 +3,6 @@ back into a dict or an MlcError), and the checks that need no tvm. Only the work
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -11,18 +10,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from mlc import _proc
-from mlc.errors import (CompilerError, MissingDependencyError, NodeConversionError, TargetError,
-                        UnsupportedModelError)
-
-TVM_PIN = "apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post1"
-
-
-def tvm_package_dir() -> Path:
-    """Where the apache-tvm package is installed, found without importing it (that takes ~6 s)."""
-    spec = importlib.util.find_spec("tvm")
-    if spec is None or not spec.submodule_search_locations:
-        raise MissingDependencyError(f"Apache TVM is not installed; run: pip install {TVM_PIN}")
-    return Path(list(spec.submodule_search_locations)[0])
+from mlc.errors import CompilerError, NodeConversionError, TargetError, UnsupportedModelError
 
 
 def check_supported(model, *, rewritten: Sequence[str] = (), notes: Sequence[str] = ()) -> None:

@@ -45,7 +45,7 @@ def _header_dir(library: str) -> Optional[Path]:
 
     try:
         found = find_nvidia_header_directory(library)
-    except Exception:  # noqa: BLE001 - pathfinder raises per-platform errors; none means "not here"
+    except Exception:  # pathfinder raises per-platform errors; none means "not here"
         return None
     return Path(found) if found else None
 

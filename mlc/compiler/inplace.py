@@ -33,7 +33,7 @@ def writes_over(func, source, output) -> bool:
         return False
     try:
         sch = s_tir.Schedule(func)
-    except Exception:  # noqa: BLE001 - TVM finds the kernel ill-formed (schedule_rules.well_formed): an optimisation
+    except Exception:  # TVM finds the kernel ill-formed (schedule_rules.well_formed): an optimisation
         return False
     reads_source = False
     for block in _blocks(sch, sch.get_sblock("root"), [])[1:]:

@@ -38,7 +38,7 @@ def make_builder(keep_in_memory: bool):
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     from mlc.compiler import tir_pipeline
-    from mlc.compiler.worker import summarize
+    from mlc.compiler.log import summarize
 
     @derived_object
     class InProcessBuilder(ms.builder.PyBuilder):
@@ -89,7 +89,7 @@ def make_runner(builder):
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.runner.utils import run_evaluator_common
 
-    from mlc.compiler.worker import summarize
+    from mlc.compiler.log import summarize
 
     device = tvm.cpu()
     config = evaluator_config()
@@ -254,7 +254,7 @@ def seed_default_schedules(database, tasks, target, builder, runner, events: Eve
             func = func.with_attr("layout_free_buffers", constant_inputs[task.task_name])
         try:
             record = _measure_default(rule, func, mod, target, builder, runner, database)
-        except Exception:  # noqa: BLE001 - the rule or TVM does not handle this kernel this way
+        except Exception:  # the rule or TVM does not handle this kernel this way
             record = None
         if record is not None:
             # A default that rewrites the kernel (a concatenation's copies, mlc.compiler.concat) has a trace that
@@ -387,8 +387,10 @@ def tune_request(request: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from mlc.compiler.worker import summarize
+    from mlc.compiler.log import summarize
+    from mlc.runtime.runner import import_without_torch
 
+    import_without_torch("tvm_ffi")  # loading it installs TVM's SIGSEGV handler, which serve() then replaces
     # Ctrl-C in mlc arrives as SIGINT: stop after the batch being measured, so the database stays whole.
     return _proc.serve(argv, tune_request, describe=summarize, graceful_stop=True)
 

@@ -578,7 +578,7 @@ def run(mod, steps: list[dict[str, Any]], target_json: dict, dump_dir: Optional[
     """Run the Relax-level steps (Step.to_json() dicts) under the target. Returns the module and a
     report {"records": [...], "notes": [...], "error": message or None}: a pass the user named
     that fails is an error, any other failing pass is skipped with a note. `fused_by_build`: the
-    build that follows (mlc.tuning's CPU pipeline) runs LegalizeOps..FuseTIR itself, so fuse_ops
+    build that follows (mlc.compiler.schedules' CPU pipeline) runs LegalizeOps..FuseTIR itself, so fuse_ops
     is recorded as left to it instead of fusing twice."""
     import tvm
 
@@ -596,8 +596,8 @@ def run(mod, steps: list[dict[str, Any]], target_json: dict, dump_dir: Optional[
         if fused_by_build and step["name"] == "fuse_ops":
             report["records"].append({"name": "fuse_ops", "level": "relax", "status": "skipped",
                                       "ops_before": sum(before.values()), "ops_after": sum(before.values()),
-                                      "op_changes": {}, "time_s": 0.0,
-                                      "reason": "the schedules build (mlc.tuning) legalizes and fuses itself"})
+                                      "op_changes": {}, "time_s": 0.0, "reason": "the schedules build "
+                                      "(mlc.compiler.schedules) legalizes and fuses itself"})
             continue
         try:
             with target:

@@ -56,8 +56,8 @@ def _convert_layout(mod, notes: list[str]):
 
     try:
         converted = relax.transform.ConvertLayout(CONV_LAYOUT)(quantize_as_elementwise(_positive_squeeze_axes(mod)))
-    except Exception as e:  # noqa: BLE001 - TVM raises InternalError/ValueError/bad_alloc; the step is optional
-        from mlc.compiler.worker import summarize
+    except Exception as e:  # TVM raises InternalError/ValueError/bad_alloc; the step is optional
+        from mlc.compiler.log import summarize
 
         notes.append(f"layout conversion (conv2d to NHWC) skipped: TVM's ConvertLayout failed on this model: "
                      f"{summarize(e)}")
@@ -66,7 +66,7 @@ def _convert_layout(mod, notes: list[str]):
         from mlc.compiler.layout_cleanup import cancel_transposes
 
         return cancel_transposes(converted)
-    except Exception:  # noqa: BLE001 - an optimisation: the converted module as it is
+    except Exception:  # an optimisation: the converted module as it is
         return converted
 
 

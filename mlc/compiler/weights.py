@@ -57,7 +57,7 @@ def lift_constants(collected: list) -> Any:
         rewriter = Lift(mod)
         try:
             body = rewriter.visit_expr(func.body)
-        except Exception:  # noqa: BLE001 - optional: the weights then stay inside the executable, which runs as well
+        except Exception:  # optional: the weights then stay inside the executable, which runs as well
             traceback.print_exc()  # into the worker's log
             collected.clear()
             return mod

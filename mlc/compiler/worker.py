@@ -17,14 +17,7 @@ import time
 import traceback
 from pathlib import Path
 
-
-def summarize(error: BaseException) -> str:
-    """The line of a (possibly multi-line) TVM error that says what went wrong."""
-    lines = [ln.strip() for ln in str(error).strip().splitlines() if ln.strip()]
-    for line in reversed(lines):
-        if not line.startswith(("File ", "Traceback", "^", "at ")):
-            return line[:400]
-    return type(error).__name__
+from mlc.compiler.log import summarize
 
 
 def _run(executable, weights: list, inputs_path: str, outputs_path: str) -> None:
@@ -140,7 +133,7 @@ def _pack_imports(module, is_system_lib: bool, prefix: str, workspace_dir: str, 
     from tvm.runtime import _ffi_api
 
     if is_system_lib or prefix:  # a system library registers its blob under a prefix: TVM's own way
-        host = module._collect_dso_modules()[0]  # noqa: SLF001 - TVM's export_library does the same
+        host = module._collect_dso_modules()[0]  # TVM's export_library does the same
         packed = _ffi_api.ModulePackImportsToLLVM(module, is_system_lib, host.get_function("_get_target_string")(),
                                                   prefix)
         path = str(Path(workspace_dir) / f"{prefix}devc.o")
@@ -200,7 +193,7 @@ def _build(mod, request: dict, default_schedules: bool, notes: list[str], use_db
     from mlc.compiler import build
 
     lifted: list = []
-    if request.get("schedules"):  # CPU: tuning records and/or default schedules (mlc.tuning)
+    if request.get("schedules"):  # CPU: tuning records and/or default schedules (mlc.compiler.schedules)
         from mlc.compiler import schedules
 
         db = request["schedules"].get("db") if use_db else None
@@ -234,7 +227,7 @@ def _build_with_fallbacks(mod, passes_applied: bool, imported, request: dict, no
         tried: list[str] = []
         try:
             executable, report, lifted = _build(module(), request, default_schedules, tried, use_db)
-        except Exception as e:  # noqa: BLE001 - TVM raises many kinds; the last try re-raises the first
+        except Exception as e:  # TVM raises many kinds; the last try re-raises the first
             traceback.print_exc()  # into the log file
             first = first or e
             continue
@@ -257,7 +250,7 @@ def _reduce_precision(mod, precision: str, target: dict, notes: list[str]):
 
     try:
         return relax_passes.reduce_precision(mod, precision, target)
-    except Exception as e:  # noqa: BLE001 - TVM raises many kinds
+    except Exception as e:  # TVM raises many kinds
         traceback.print_exc()  # into the log file
         notes.append(f"built without {_AT_FP32.format(precision=precision)}: TVM failed with it: {summarize(e)}")
         return mod, None
@@ -307,7 +300,7 @@ def compile_request(request: dict) -> dict:
             mod, precision_record = _reduce_precision(mod, precision, request["target"], notes)
 
         def with_passes(again):
-            # mlc.tuning's CPU build legalizes and fuses itself (its tuning keys are the kernels it fuses)
+            # mlc.compiler.schedules' CPU build legalizes and fuses itself (its tuning keys are the kernels it fuses)
             return relax_passes.run(again, request.get("relax_passes") or [], request["target"],
                                     request.get("dump_ir"), fused_by_build=bool(request.get("schedules")))
 
@@ -379,13 +372,15 @@ def compile_request(request: dict) -> dict:
         failure = {"ok": False, "kind": "compile", "stage": stage, "message": summarize(e)}
         if request.get("reproducer") and stage in reproducer.STAGES:  # a mandatory step failed: exit 70
             model = onnx.load(request["onnx"])  # with its weights' data
-            failure.update(reproducer.write(model, request, stage, failure["message"]))
+            failure.update(reproducer.write(model, request, stage, failure["message"], compile_request))
         return failure
 
 
 def main(argv: list[str]) -> int:
     from mlc import _proc
+    from mlc.runtime.runner import import_without_torch
 
+    import_without_torch("tvm_ffi")  # loading it installs TVM's SIGSEGV handler, which serve() then replaces
     return _proc.serve(argv, compile_request, describe=summarize)
 
 

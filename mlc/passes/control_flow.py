@@ -62,7 +62,7 @@ def _condition(name: str, model: onnx.ModelProto, producers: dict) -> Optional[b
         evaluator = ReferenceEvaluator(helper.make_model(sub, opset_imports=model.opset_import,
                                                          ir_version=model.ir_version))
         value = evaluator.run(None, feeds)[0]
-    except Exception:  # noqa: BLE001 - a condition we cannot evaluate stays an If
+    except Exception:  # a condition we cannot evaluate stays an If
         return None
     value = np.asarray(value)
     return bool(value.reshape(-1)[0]) if value.size == 1 else None
@@ -125,7 +125,7 @@ def _folded(model: onnx.ModelProto) -> onnx.ModelProto:
                                     [helper.make_value_info(o, onnx.TypeProto()) for o in node.output])
             results = ReferenceEvaluator(helper.make_model(one, opset_imports=[helper.make_opsetid("", opsets.get(
                 "", 18))], ir_version=model.ir_version)).run(None, feeds)
-        except Exception:  # noqa: BLE001 - a node the evaluator cannot run stays
+        except Exception:  # a node the evaluator cannot run stays
             kept.append(node)
             continue
         arrays = [np.asarray(r) for r in results]

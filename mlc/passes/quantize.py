@@ -129,7 +129,7 @@ def calibration_ranges(model: onnx.ModelProto, tensors: Sequence[str], feeds: Se
     options.log_severity_level = 3
     try:
         session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    except Exception as e:  # noqa: BLE001 - onnxruntime raises its own untyped exceptions
+    except Exception as e:  # onnxruntime raises its own untyped exceptions
         raise UnsupportedModelError(f"--quantize calibrates with ONNX Runtime, which cannot load this model: "
                                     f"{str(e).strip().splitlines()[0][:300]}") from None
     names = list(dict.fromkeys(tensors))
@@ -137,7 +137,7 @@ def calibration_ranges(model: onnx.ModelProto, tensors: Sequence[str], feeds: Se
     for k, feed in enumerate(feeds):
         try:
             values = session.run(names, feed)
-        except Exception as e:  # noqa: BLE001 - a calibration input of the wrong shape or type
+        except Exception as e:  # a calibration input of the wrong shape or type
             raise InputError(f"calibration input {k + 1}: ONNX Runtime cannot run the model on it: "
                              f"{str(e).strip().splitlines()[0][:300]}") from None
         for name, value in zip(names, values):
@@ -326,7 +326,7 @@ def _converted(model: onnx.ModelProto, original: int) -> onnx.ModelProto:
 
     try:
         return version_converter.convert_version(model, MIN_OPSET)
-    except Exception as e:  # noqa: BLE001 - the converter raises RuntimeError or its C++ errors
+    except Exception as e:  # the converter raises RuntimeError or its C++ errors
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise UnsupportedModelError(f"--quantize needs ONNX opset {MIN_OPSET} or newer; this model is opset "
                                     f"{original}, and onnx's version converter fails on it ({reason}); convert it "

@@ -176,7 +176,7 @@ def _dims(model: onnx.ModelProto) -> dict[str, list[Optional[int]]]:
 
     try:
         inferred = SymbolicShapeInference.infer_shapes(_weights_as_inputs(model), auto_merge=True)
-    except Exception:  # noqa: BLE001 - an op or pattern it does not know
+    except Exception:  # an op or pattern it does not know
         inferred = onnx.shape_inference.infer_shapes(model)
     dims = {}
     for info in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):

@@ -1,5 +1,5 @@
 """The thin runtime (numpy + apache-tvm-ffi only). `runner.py` is copied verbatim into artifacts."""
 
-from mlc.runtime.runner import ArtifactError, FeedError, Runner, load_npz
+from mlc.runtime.runner import ArtifactError, FeedError, Runner, RunnerClosed, load_npz
 
-__all__ = ["ArtifactError", "FeedError", "Runner", "load_npz"]
+__all__ = ["ArtifactError", "FeedError", "Runner", "RunnerClosed", "load_npz"]
