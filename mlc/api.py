@@ -31,7 +31,7 @@ __all__ = ["DEFAULT_OUTPUT_ROOT", "CompileOptions", "CompileResult", "DebugRepor
 _DEFAULT_PASS_OPTIONS = graph_passes.Options()
 
 
-def compile(  # noqa: A001 - the verb users know
+def compile(  # the verb users know
     source: str,
     *,
     target: str = "x86",
@@ -53,6 +53,8 @@ def compile(  # noqa: A001 - the verb users know
     emulated: bool = False,
     quantize: Optional[str] = None,
     calibration: Sequence[str | Path] = (),
+    inputs: Optional[str | Path] = None,
+    freeze: Sequence[str] = (),
 ) -> CompileResult:
     """Compile a model (ONNX, PyTorch, TensorFlow, Paddle, or zoo:NAME) for a target into a
     verified artifact directory. Framework models are checked against the framework's eager outputs.
@@ -72,8 +74,12 @@ def compile(  # noqa: A001 - the verb users know
     `precision` "bf16" (CPUs with AVX512-BF16) or "fp16" (CUDA): matmul/conv in that type with fp32 accumulation,
     judged by the accuracy gate (`result.check.gate`); `emulated` builds it on a target without the instructions.
     `quantize` "int8" (calibrated on the `calibration` .npz files, else seeded inputs) or "int8-dynamic": matmul/conv
-    on int8 (CPUs with VNNI/dotprod), judged by the int8 gate on several seeded inputs."""
-    model = ModelSpec(source, framework, input_shapes, dynamic, exporter, buckets)
+    on int8 (CPUs with VNNI/dotprod), judged by the int8 gate on several seeded inputs.
+    `inputs`: the user's sample inputs (.npz keyed by input name): the reference inputs the check runs on, and the
+    compile sizes of every symbolic dim but those `dynamic` names (a dim that moves with one of those, such as a KV
+    cache's total = past + seq, is found by running the model and compiled as that expression). `freeze`: inputs
+    whose value (from `inputs`) is folded into the graph as a constant; the artifact no longer takes them."""
+    model = ModelSpec(source, framework, input_shapes, dynamic, exporter, buckets, inputs, freeze)
     options = CompileOptions(target, Path(output) if output else None, db, default_schedules, pass_options, atol,
                              rtol, archive, isolate, precision, emulated, quantize, tuple(map(str, calibration)))
     return compiling.compile(model, options, step)
@@ -81,10 +87,12 @@ def compile(  # noqa: A001 - the verb users know
 
 def export(source: str, output: str | Path, *, framework: Optional[str] = None, dynamic: Sequence[str] = (),
            input_shapes: Sequence[str] = (), exporter: str = "auto", atol: Optional[float] = None,
-           rtol: Optional[float] = None, step: StepReporter = quiet_step) -> ExportResult:
+           rtol: Optional[float] = None, step: StepReporter = quiet_step,
+           inputs: Optional[str | Path] = None) -> ExportResult:
     """Convert a framework model (or zoo:NAME) to an ONNX file, and compare ONNX Runtime on it with
-    the framework's eager outputs. Stops before TVM."""
-    model = ModelSpec(source, framework, input_shapes, dynamic, exporter)
+    the framework's eager outputs (on `inputs`, the user's .npz of sample inputs, else seeded ones). Stops before
+    TVM."""
+    model = ModelSpec(source, framework, input_shapes, dynamic, exporter, (), inputs)
     return exporting.export(model, output, atol=atol, rtol=rtol, step=step)
 
 

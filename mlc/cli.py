@@ -157,6 +157,8 @@ _DYNAMIC_OPTION = typer.Option([], "--dynamic", help="Dims kept symbolic, so one
                                                      "or seq=1..512 (the runtime refuses sizes outside; repeatable) "
                                                      "(default: framework models compile at the reference shapes; "
                                                      "ONNX models keep their symbolic dims).")
+_INPUTS_HELP = ("Your sample inputs, an .npz keyed by input name (as `mlc run --inputs`): the reference the check "
+                "runs on, and the compile size of every dim they fix but those --dynamic names.")
 _EXPORTER_OPTION = typer.Option("auto", "--exporter", help="PyTorch ONNX exporter: auto (dynamo, falling back to "
                                                            "TorchScript), dynamo or torchscript.")
 
@@ -169,6 +171,7 @@ def export_cmd(
     framework: Optional[str] = _FRAMEWORK_OPTION,
     dynamic: List[str] = _DYNAMIC_OPTION,
     exporter: str = _EXPORTER_OPTION,
+    inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help=_INPUTS_HELP),
     atol: Optional[float] = typer.Option(None, help="Absolute tolerance for the comparison (default: by dtype)."),
     rtol: Optional[float] = typer.Option(None, help="Relative tolerance for the comparison (default: by dtype)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
@@ -177,7 +180,8 @@ def export_cmd(
     from mlc import api
 
     result = api.export(model, output, framework=framework, dynamic=dynamic, input_shapes=input_shape,
-                        exporter=exporter, atol=atol, rtol=rtol, step=_step if not as_json else api.quiet_step)
+                        exporter=exporter, atol=atol, rtol=rtol, step=_step if not as_json else api.quiet_step,
+                        inputs=inputs)
     conversion = result.conversion
     if as_json:
         out.print_json(json.dumps({"onnx": str(result.path), "source": result.source.model_dump(),
@@ -211,6 +215,11 @@ def compile_cmd(
     framework: Optional[str] = _FRAMEWORK_OPTION,
     dynamic: List[str] = _DYNAMIC_OPTION,
     exporter: str = _EXPORTER_OPTION,
+    inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help=_INPUTS_HELP),
+    freeze: List[str] = typer.Option([], "--freeze",
+                                     help="Fold this input into the graph as a constant, at its value in --inputs "
+                                          "(a shape or axes TVM needs constant); the artifact then refuses a feed "
+                                          "of it (repeatable)."),
     archive: bool = typer.Option(False, "--archive", help="Also write the artifact as DIR.tar.gz."),
     atol: Optional[float] = typer.Option(None, help="Absolute tolerance for the check (default: by dtype)."),
     rtol: Optional[float] = typer.Option(None, help="Relative tolerance for the check (default: by dtype)."),
@@ -276,7 +285,8 @@ def compile_cmd(
                                    atol=atol, rtol=rtol, step=_step if not as_json else api.quiet_step,
                                    framework=framework, dynamic=dynamic, exporter=exporter, db=db,
                                    pass_options=pass_options, buckets=buckets, precision=precision,
-                                   emulated=emulated, quantize=quantize, calibration=calibration))
+                                   emulated=emulated, quantize=quantize, calibration=calibration,
+                                   inputs=inputs, freeze=freeze))
         _report_compile(results[-1], as_json)
     for result in results:
         if result.check is not None:
@@ -375,15 +385,20 @@ def tune_cmd(
 def rpc_server_cmd(
     tracker: Optional[str] = typer.Option(None, "--tracker", help="HOST:PORT of the TVM RPC tracker to register with."),
     key: str = typer.Option("", "--key", help="Device key to register under (what `mlc tune --rpc-key` asks for)."),
-    host: str = typer.Option("0.0.0.0", "--host", help="Address to listen on."),
+    host: str = typer.Option("127.0.0.1", "--host",
+                             help="Address to listen on; 0.0.0.0 for every interface (anyone who reaches the port "
+                                  "runs code on this device)."),
     port: int = typer.Option(9090, "--port", help="First port to try (up to +100)."),
 ) -> None:
     """Serve this device to `mlc tune --rpc-tracker` (TVM RPC; needs apache-tvm on the device). Ctrl-C stops it."""
     from mlc.compiler import rpc
 
     def ready(server) -> None:
+        warning = rpc.exposure_warning(host, server.port)
+        if warning:
+            err.print(f"[yellow]{escape(warning)}[/]", soft_wrap=True)
         where = f", registered with {tracker} as '{key}'" if tracker else ""
-        err.print(f"RPC server listening on {host}:{server.port}{where}; Ctrl-C stops it")
+        err.print(f"RPC server listening on {host}:{server.port}{where}; Ctrl-C stops it", soft_wrap=True)
 
     rpc.serve(host, port, tracker, key, on_ready=ready)
 

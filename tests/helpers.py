@@ -120,3 +120,68 @@ def torch_bert_onnx(path: Path) -> Path:
                       input_names=["input_ids"], output_names=["hidden"],
                       dynamic_axes={"input_ids": {0: "batch"}, "hidden": {0: "batch"}})
     return path
+
+
+GPT2_KV_LAYERS, GPT2_KV_HEADS, GPT2_KV_HEAD_DIM = 2, 2, 8
+
+
+def gpt2_kv_onnx(path: Path) -> Path:
+    """A 2-layer GPT-2 decoder step (seeded random weights, nothing downloaded) exported to ONNX with the KV cache as
+    inputs: input_ids (batch, seq), attention_mask (batch, total), past_{key,value}_L (batch, heads, past, head_dim);
+    outputs logits and present_{key,value}_L (batch, heads, total, head_dim), where total = past + seq."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.cache_utils import DynamicCache
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=GPT2_KV_LAYERS, n_head=GPT2_KV_HEADS, n_embd=GPT2_KV_HEADS * GPT2_KV_HEAD_DIM,
+                        vocab_size=64, n_positions=1024, attn_implementation="eager")
+    model = GPT2LMHeadModel(config).eval()
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, *past):
+            cache = DynamicCache()
+            for layer in range(GPT2_KV_LAYERS):
+                cache.update(past[2 * layer], past[2 * layer + 1], layer)
+            # Positions and the causal mask from the mask's values, not from shape arithmetic (arange over a
+            # symbolic length), which TVM's importer cannot follow: key j is seen by query i when pos_j <= pos_i.
+            positions = torch.cumsum(attention_mask, -1) - 1  # (batch, total)
+            seq = input_ids.shape[1]
+            query = attention_mask.sum(-1, keepdim=True) - seq + torch.arange(seq)  # (batch, seq): the last ones
+            allowed = (positions[:, None, None, :] <= query[:, None, :, None]) & attention_mask.bool()[:, None, None, :]
+            mask = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)  # (batch, 1, seq, total), added
+            out = self.model(input_ids=input_ids, attention_mask=mask, past_key_values=cache,
+                             position_ids=query, use_cache=True)
+            present = out.past_key_values
+            return (out.logits, *[t for layer in range(GPT2_KV_LAYERS)
+                                  for t in (present.layers[layer].keys, present.layers[layer].values)])
+
+    past_names = [f"past_{kind}_{layer}" for layer in range(GPT2_KV_LAYERS) for kind in ("key", "value")]
+    present_names = [n.replace("past_", "present_") for n in past_names]
+    batch, seq, past = 1, 3, 5
+    example = (torch.zeros(batch, seq, dtype=torch.long), torch.ones(batch, past + seq, dtype=torch.long),
+               *[torch.zeros(batch, GPT2_KV_HEADS, past, GPT2_KV_HEAD_DIM) for _ in past_names])
+    axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total"},
+            "logits": {0: "batch", 1: "seq"}}
+    axes.update({n: {0: "batch", 2: "past"} for n in past_names})
+    axes.update({n: {0: "batch", 2: "total"} for n in present_names})
+    with torch.no_grad():
+        torch.onnx.export(Step(), example, str(path), dynamo=False, input_names=["input_ids", "attention_mask",
+                          *past_names], output_names=["logits", *present_names], dynamic_axes=axes, opset_version=17)
+    return path
+
+
+def gpt2_kv_inputs(past: int, seq: int = 1, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
+    """Consistent inputs for gpt2_kv_onnx: total = past + seq."""
+    rng = np.random.default_rng(seed)
+    feeds = {"input_ids": rng.integers(0, 64, (batch, seq)).astype(np.int64),
+             "attention_mask": np.ones((batch, past + seq), np.int64)}
+    for layer in range(GPT2_KV_LAYERS):
+        for kind in ("key", "value"):
+            feeds[f"past_{kind}_{layer}"] = rng.standard_normal(
+                (batch, GPT2_KV_HEADS, past, GPT2_KV_HEAD_DIM)).astype(np.float32)
+    return feeds

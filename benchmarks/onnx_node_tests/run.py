@@ -4,6 +4,7 @@ and through ONNX Runtime, in the same run.
 
     python benchmarks/onnx_node_tests/run.py --every 8            # a sample, to triage
     python benchmarks/onnx_node_tests/run.py --filter 'test_(max|min)_' --jobs 2
+    python benchmarks/onnx_node_tests/run.py --every 8 --shipped-inputs   # mlc compile --inputs/--freeze
 
 Cases run in child processes, a batch each, so that a TVM crash or a case past --timeout costs one
 case, not the run. Writes results/<name>.json (with the machine) and <name>.md (a table per op).
@@ -211,7 +212,7 @@ def run_ort(case_dir: Path, sets) -> dict:
                 problem = compare(value, got.get(name), name)
                 if problem:
                     return {"pass": False, "stage": "compare", "reason": problem}
-    except Exception as e:  # noqa: BLE001 - onnxruntime raises its own exception types
+    except Exception as e:  # onnxruntime raises its own exception types
         return {"pass": False, "stage": "run", "reason": _first_line(e)}
     return {"pass": True}
 
@@ -228,16 +229,16 @@ def _stage_of(error: BaseException) -> str:
     return "mlc" if isinstance(error, MlcError) else "internal"
 
 
-def run_mlc(model_path: Path, sets, scratch: Path) -> dict:
+def run_mlc(model_path: Path, sets, scratch: Path, inputs: Optional[Path] = None, freeze: tuple = ()) -> dict:
     import mlc.api as api
     from mlc.errors import ExitCode, MlcError
 
     art = scratch / "artifact"
     try:
-        api.compile(str(model_path), target="x86", output=art, isolate=False)
+        api.compile(str(model_path), target="x86", output=art, isolate=False, inputs=inputs, freeze=freeze)
     except MlcError as e:
         return {"pass": False, "stage": _stage_of(e), "exit_code": int(e.exit_code), "reason": str(e)[:300]}
-    except Exception as e:  # noqa: BLE001 - an mlc bug: the CLI would exit 70
+    except Exception as e:  # an mlc bug: the CLI would exit 70
         return {"pass": False, "stage": "internal", "exit_code": int(ExitCode.INTERNAL), "reason": _first_line(e)}
     try:
         runner = api.open_runner(art)
@@ -248,18 +249,18 @@ def run_mlc(model_path: Path, sets, scratch: Path) -> dict:
                 problem = compare(value, got.get(name), name)
                 if problem:
                     return {"pass": False, "stage": "compare", "reason": problem}
-    except Exception as e:  # noqa: BLE001 - the runtime's errors, typed or not
+    except Exception as e:  # the runtime's errors, typed or not
         return {"pass": False, "stage": "run", "reason": _first_line(e)}
     return {"pass": True}
 
 
-def run_case(name: str, freeze_parameters: bool = True) -> dict:
+def run_case(name: str, freeze_parameters: bool = True, shipped_inputs: bool = False) -> dict:
     case_dir = node_test_dir() / name
     start = time.perf_counter()
     record: dict[str, Any] = {"name": name}
     try:
         model, sets = load_case(case_dir)
-    except Exception as e:  # noqa: BLE001 - a test we cannot read
+    except Exception as e:  # a test we cannot read
         record.update(ort={"pass": False, "stage": "load", "reason": _first_line(e)},
                       mlc={"pass": False, "stage": "load", "reason": _first_line(e)})
         return record
@@ -274,19 +275,27 @@ def run_case(name: str, freeze_parameters: bool = True) -> dict:
         with tempfile.TemporaryDirectory(prefix="mlc-node-") as scratch:
             model_path = case_dir / "model.onnx"
             frozen = parameter_inputs(model, name) if freeze_parameters else []
+            samples = None
+            if shipped_inputs:  # mlc compile --inputs (the shipped set 0) --freeze (its parameter inputs)
+                samples = Path(scratch) / "inputs.npz"
+                np.savez(samples, **sets[0][0])
+                record["inputs"] = "shipped"
             if frozen and all(all(n in feeds for n in frozen) for feeds, _ in sets):
                 if any(any(not np.array_equal(feeds[n], sets[0][0][n]) for n in frozen) for feeds, _ in sets[1:]):
                     frozen = []  # data sets disagree on the parameters: one frozen model cannot serve them all
                 else:
                     record["frozen_inputs"] = frozen
-                    model_path = Path(scratch) / "model.onnx"
-                    onnx.save(freeze(model, sets[0][0], frozen), str(model_path))
-            record["mlc"] = run_mlc(model_path, sets, Path(scratch))
+                    if not shipped_inputs:
+                        model_path = Path(scratch) / "model.onnx"
+                        onnx.save(freeze(model, sets[0][0], frozen), str(model_path))
+            else:
+                frozen = []
+            record["mlc"] = run_mlc(model_path, sets, Path(scratch), samples, tuple(frozen) if samples else ())
     record["time_s"] = round(time.perf_counter() - start, 2)
     return record
 
 
-def worker(fd: int, freeze_parameters: bool) -> None:
+def worker(fd: int, freeze_parameters: bool, shipped_inputs: bool = False) -> None:
     """Child: read case names from stdin, one per line; report {"start"}, {"result"} events on `fd`."""
     out = os.fdopen(fd, "w", buffering=1)
     import mlc.api  # noqa: F401 - import (and TVM's, on the first compile) before the first case's clock starts
@@ -298,15 +307,15 @@ def worker(fd: int, freeze_parameters: bool) -> None:
         if not name:
             continue
         out.write(json.dumps({"start": name}) + "\n")
-        out.write(json.dumps({"result": run_case(name, freeze_parameters)}) + "\n")
+        out.write(json.dumps({"result": run_case(name, freeze_parameters, shipped_inputs)}) + "\n")
 
 
 # ---------------------------------------------------------------- the parent: batches, timeouts, crashes
 
 class Pool:
     def __init__(self, names: list[str], jobs: int, batch: int, timeout: float, log_dir: Path, progress: bool,
-                 freeze_parameters: bool = True):
-        self.freeze_parameters = freeze_parameters
+                 freeze_parameters: bool = True, shipped_inputs: bool = False):
+        self.freeze_parameters, self.shipped_inputs = freeze_parameters, shipped_inputs
         self.pending = collections.deque(names)
         self.total = len(names)
         self.results: dict[str, dict] = {}
@@ -339,7 +348,8 @@ class Pool:
             log = open(self.log_dir / f"worker-{slot}.log", "a")
             env = {**os.environ, "PYTHONPATH": str(HERE.parents[1]), "TVM_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
             proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker-fd", str(write_fd)]
-                                    + ([] if self.freeze_parameters else ["--no-freeze-parameters"]),
+                                    + ([] if self.freeze_parameters else ["--no-freeze-parameters"])
+                                    + (["--shipped-inputs"] if self.shipped_inputs else []),
                                     stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=(write_fd,), text=True,
                                     env=env)
             os.close(write_fd)
@@ -447,7 +457,9 @@ def markdown(doc: dict) -> str:
              f"Tolerance rtol {RTOL}, atol {ATOL} (exact for integers and booleans).", "",
              ("Parameter inputs (axes, shapes, k, sizes: see PARAMETER_SLOTS in run.py) are compiled as constants "
               f"holding the shipped values, as deployed models hold them ({s['frozen']} cases)."
-              if doc["args"]["freeze_parameters"] else "Parameter inputs are compiled as runtime inputs, as shipped."),
+              if doc["args"]["freeze_parameters"] else "Parameter inputs are compiled as runtime inputs, as shipped.")
+             + (" The shipped inputs (test_data_set_0) are the reference inputs (`mlc compile --inputs`), and the "
+                "parameter inputs are frozen with `--freeze`." if doc["args"].get("shipped_inputs") else ""),
              "",
              f"- cases: {s['cases']} ({s['out_of_scope']} out of scope: training-only ops, strings, sequence/optional)",
              f"- ONNX Runtime passes: {s['ort_pass']}",
@@ -494,10 +506,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                              "finds) and write the merged results; the JSON records both runs' selections")
     parser.add_argument("--no-freeze-parameters", dest="freeze_parameters", action="store_false",
                         help="compile parameter inputs (axes, shapes, k) as runtime inputs, as the tests ship them")
+    parser.add_argument("--shipped-inputs", action="store_true",
+                        help="compile with the shipped inputs (test_data_set_0) through `mlc compile --inputs`, and "
+                             "the parameter inputs through --freeze (not by rewriting the model)")
     parser.add_argument("--worker-fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker_fd is not None:
-        worker(args.worker_fd, args.freeze_parameters)
+        worker(args.worker_fd, args.freeze_parameters, args.shipped_inputs)
         return 0
     sys.path.insert(0, str(HERE.parents[1]))
     from importlib import metadata
@@ -519,12 +534,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                          else "node-tests-filtered")
     if not args.freeze_parameters and not args.name:
         name += "-raw"
+    if args.shipped_inputs and not args.name:
+        name += "-shipped"
     results_dir = HERE / "results"
     results_dir.mkdir(exist_ok=True)
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mlc-node-logs-") as logs:
         results = Pool(names, args.jobs, args.batch, args.timeout, Path(logs), progress=True,
-                       freeze_parameters=args.freeze_parameters).run()
+                       freeze_parameters=args.freeze_parameters, shipped_inputs=args.shipped_inputs).run()
     cases = [results[n] for n in names if n in results]
     if base:  # the earlier run's cases, with the ones run again replaced
         cases = [results.get(c["name"], c) for c in base["cases"]]

@@ -76,6 +76,9 @@ class ReferenceInfo(_Strict):
     gate_cases: list[dict[str, str]] = Field(default_factory=list)
     # False where the gate cases are the user's --calibration inputs: the gate judges those alone
     gate_judges_reference: bool = True
+    # --inputs: the reference inputs are the user's samples, {"file": absolute path, "sha256": of the file}; None:
+    # seeded (`seed`)
+    user_inputs: Optional[dict[str, str]] = None
 
 
 class PassRecord(_Strict):
@@ -98,7 +101,7 @@ class CompileInfo(_Strict):
     recipe: str  # the command that rebuilds this artifact
     onnx_nodes: dict[str, int]  # node count before and after graph cleanup
     # CPU kernels by where their schedule came from: tuned (a --db record), default (mlc's rules),
-    # unscheduled (TVM's plain loop nest). None: a build without mlc.tuning (GPU).
+    # unscheduled (TVM's plain loop nest). None: a build without mlc.compiler.schedules (GPU).
     schedules: Optional[dict[str, list[str]]] = None
     passes: list[PassRecord] = Field(default_factory=list)  # in the order they ran
 
@@ -160,5 +163,8 @@ class Manifest(_Strict):
     # accuracy gate against the fp32 reference, and `gate` holds its figures from the compile's check
     precision: str = "fp32"
     gate: Optional[dict[str, Any]] = None
+    # --freeze: inputs folded into the graph, {name: {"dtype", "shape", "value" (up to 64 elements) or "sha256"}};
+    # they are not among `inputs`, and the runtime refuses a feed of them
+    frozen: dict[str, dict[str, Any]] = Field(default_factory=dict)
     # --quantize: mode, calibration (source, count), the ops quantised and those kept fp32 (mlc.passes.quantize)
     quantization: Optional[dict[str, Any]] = None

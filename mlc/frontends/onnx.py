@@ -35,6 +35,11 @@ class InputSpec:
     value_range: Optional[tuple[int, int]] = None  # inclusive, for inputs that index a table
     divisor: bool = False  # an integer Div/Mod divisor: the reference inputs avoid 0 (it traps in compiled code)
     index_limit: Optional[int] = None  # indexes an input's axis of this size: the reference inputs stay below it
+    # An integer input that sets a shape, axes or a count (an op's parameter, not its data), e.g. "the shape of Expand
+    # 'e'", and how seeded values are made valid ("ones", "zeros", "sizes", "axes:RANK", "expand:INPUT" or
+    # "expand:3x1" (the data's shape); None: no value is known valid)
+    parameter: Optional[str] = None
+    fill: Optional[str] = None
 
 
 @dataclass
@@ -236,6 +241,7 @@ def _attach_index_ranges(model: onnx.ModelProto, specs: list[InputSpec]) -> None
             spec = by_name[node.input[1]]
             spec.divisor = np.dtype(spec.dtype).kind in "iu"
     _attach_index_limits(model, by_name)
+    _attach_parameters(model, by_name)
     for node in model.graph.node:
         if node.op_type != "Gather" or len(node.input) < 2 or node.input[1] not in aliases:
             continue
@@ -270,6 +276,109 @@ def _attach_index_limits(model: onnx.ModelProto, by_name: dict[str, InputSpec]) 
         sizes = [d for d in dims if isinstance(d, int)]
         if sizes:
             spec.index_limit = min(sizes + ([spec.index_limit] if spec.index_limit else []))
+
+
+_REDUCE_OPS = ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin",
+               "ReduceProd", "ReduceSum", "ReduceSumSquare")
+# (op, input slot) -> (what the value sets, how seeded values are made valid; None: no value is valid for every model,
+# the user gives one with --inputs). Seeded noise there made invalid models (axis 2 of a 1-D tensor, Expand to 0x0x0).
+PARAMETER_SLOTS: dict[tuple[str, int], tuple[str, Optional[str]]] = {
+    ("Expand", 1): ("the shape of", "expand"),  # the data's own shape (TVM's Expand ignores broadcasting of 1s)
+    ("ConstantOfShape", 0): ("the output shape of", "sizes"),
+    ("Tile", 1): ("the repeats of", "sizes"),
+    ("OneHot", 1): ("the depth of", "sizes"),
+    ("TopK", 1): ("k of", "ones"),
+    ("Pad", 1): ("the pads of", "zeros"),
+    ("CumSum", 1): ("the axis of", "axes"),
+    **{(op, 1): ("the axes of", "axes") for op in _REDUCE_OPS},
+    ("Reshape", 1): ("the shape of", None), ("Squeeze", 1): ("the axes of", None),
+    ("Unsqueeze", 1): ("the axes of", None), ("Split", 1): ("the split sizes of", None),
+    ("Resize", 3): ("the sizes of", None), ("Col2Im", 1): ("the image shape of", None),
+    ("Col2Im", 2): ("the block shape of", None), ("Pad", 3): ("the axes of", None),
+    **{("Slice", i): (f"the {what} of", None) for i, what in enumerate(("starts", "ends", "axes", "steps"), 1)},
+    **{("Range", i): (f"the {what} of", None) for i, what in enumerate(("start", "limit", "delta"))},
+}
+
+
+def _attach_parameters(model: onnx.ModelProto, by_name: dict[str, InputSpec]) -> None:
+    """Integer inputs read in a parameter slot (PARAMETER_SLOTS) get what they set and a way to make valid values."""
+    ranks = {name: len(spec.shape) for name, spec in by_name.items()}
+    ranks.update({t.name: len(t.dims) for t in model.graph.initializer})
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        for slot, name in enumerate(node.input):
+            role = PARAMETER_SLOTS.get((node.op_type, slot))
+            spec = by_name.get(name)
+            if role is None or spec is None or np.dtype(spec.dtype).kind not in "iu" or spec.parameter:
+                continue
+            what, fill = role
+            spec.parameter = f"{what} {node.op_type}" + (f" {node.name!r}" if node.name else "")
+            if fill == "axes":  # distinct axes of the data, when its rank is known here
+                rank = ranks.get(node.input[0]) if node.input else None
+                fill = f"axes:{rank}" if rank else None
+            elif fill == "expand":  # the data's shape: a graph input's (its reference shape) or a weight's
+                data = node.input[0]
+                dims = next((list(t.dims) for t in model.graph.initializer if t.name == data), None)
+                if data in by_name:
+                    fill = f"expand:{data}"
+                elif dims is not None:
+                    fill = "expand:" + "x".join(map(str, dims))
+                else:  # computed data: ones are valid for ONNX, though TVM may not broadcast them
+                    fill = "ones"
+            spec.fill = fill
+
+
+def parameter_hint(specs: list[InputSpec]) -> str:
+    """"input 'shape' sets the shape of Reshape 'r'" for each parameter input among `specs`, or ""."""
+    return "; ".join(f"input '{s.name}' sets {s.parameter}" for s in specs if s.parameter)
+
+
+def check_samples(specs: list[InputSpec], data: dict[str, np.ndarray], where: str) -> dict[str, np.ndarray]:
+    """The user's sample inputs (`where`: "--inputs FILE"), checked against the model's inputs: the same names, each
+    of the input's dtype and rank, the model's fixed dims, and one size per symbolic dim name."""
+    names = [s.name for s in specs]
+    missing = [n for n in names if n not in data]
+    extra = sorted(set(data) - set(names))
+    if missing or extra:
+        parts = ([f"lacks {', '.join(missing)}"] if missing else []) + ([f"has {', '.join(extra)}, which the model "
+                                                                           "does not take"] if extra else [])
+        raise InputError(f"{where}: the file {' and '.join(parts)}; the model's inputs are: {', '.join(names)} "
+                         "(save one array per input name with numpy.savez)")
+    sizes: dict[str, tuple[int, str]] = {}
+    samples = {}
+    for spec in specs:
+        value = np.asarray(data[spec.name])
+        if value.dtype != np.dtype(ml_dtypes.bfloat16 if spec.dtype == "bfloat16" else spec.dtype):
+            raise InputError(f"{where}: input '{spec.name}' is {value.dtype} in the file, the model takes "
+                             f"{spec.dtype}; save it as {spec.dtype}")
+        if value.ndim != len(spec.shape):
+            raise InputError(f"{where}: input '{spec.name}' has shape {list(value.shape)} (rank {value.ndim}), "
+                             f"the model takes rank {len(spec.shape)} {_fmt(spec.shape)}")
+        for axis, (dim, size) in enumerate(zip(spec.shape, value.shape)):
+            if isinstance(dim, int) and dim != size:
+                raise InputError(f"{where}: input '{spec.name}' has shape {list(value.shape)}, the model fixes axis "
+                                 f"{axis} at {dim} {_fmt(spec.shape)}")
+            if isinstance(dim, str):
+                seen = sizes.setdefault(dim, (size, spec.name))
+                if seen[0] != size:
+                    raise InputError(f"{where}: dim {dim!r} is {seen[0]} in '{seen[1]}' but {size} in "
+                                     f"'{spec.name}'; the model gives both the same size")
+        samples[spec.name] = value
+    return samples
+
+
+def freeze_inputs(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of `model` whose inputs named in `values` are initializers holding those values (--freeze)."""
+    if not values:
+        return model
+    frozen = onnx.ModelProto()
+    frozen.CopyFrom(model)
+    kept = [v for v in frozen.graph.input if v.name not in values]
+    del frozen.graph.input[:]
+    frozen.graph.input.extend(kept)
+    frozen.graph.initializer.extend(numpy_helper.from_array(np.asarray(v), name) for name, v in values.items())
+    return frozen
 
 
 def parse_input_shape(text: str) -> tuple[Optional[str], list[int]]:
@@ -365,6 +474,17 @@ def make_inputs(specs: list[InputSpec], shapes: dict[str, list[int]],
             value = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind == "b":
             value = rng.random(shape) < 0.5
+        elif spec.fill in ("ones", "zeros"):
+            value = (np.ones if spec.fill == "ones" else np.zeros)(shape, dtype)
+        elif spec.fill == "sizes":
+            value = rng.integers(1, 4, size=shape).astype(dtype)
+        elif spec.fill and spec.fill.startswith("expand:") and len(shape) == 1:  # right-aligned, 1s before
+            source = spec.fill[7:]
+            dims = shapes.get(source) or ([int(d) for d in source.split("x")] if re.fullmatch(r"\d+(x\d+)*", source)
+                                          else [])  # a frozen data input: ones
+            value = np.array(([1] * shape[0] + list(dims))[-shape[0]:] if shape[0] else [], dtype)
+        elif spec.fill and spec.fill.startswith("axes:"):  # distinct where there are no more axes than the rank
+            value = (np.arange(int(np.prod(shape))) % int(spec.fill[5:])).reshape(shape).astype(dtype)
         elif "mask" in spec.name.lower():
             value = np.ones(shape, dtype)
         else:
@@ -380,21 +500,24 @@ def make_inputs(specs: list[InputSpec], shapes: dict[str, list[int]],
 CONVERSION_OPSET = 13
 
 
-def onnxruntime_reference(path: Path, inputs: dict[str, np.ndarray]) -> Reference:
+def onnxruntime_reference(path: Path, inputs: dict[str, np.ndarray], fallbacks: bool = True) -> Reference:
     """Run the model as given by the user with ONNX Runtime on `inputs`. When ONNX Runtime cannot
     (an old opset, an op or type it lacks), run it on onnx's opset-13 conversion, or else with onnx's
-    reference evaluator; `Reference.producer` names which one computed the outputs."""
+    reference evaluator; `Reference.producer` names which one computed the outputs. `fallbacks=False`: ONNX
+    Runtime alone (a probe: does the model run on these inputs)."""
     try:
         return _run_onnxruntime(str(path), inputs, "")
     except Exception as e:  # onnxruntime raises its own untyped exceptions
         ort_error = _first_line(e)
+    if not fallbacks:
+        raise InputError(f"ONNX Runtime cannot run {path.name} on these inputs: {ort_error}")
     try:  # ORT's graph optimizer can fail where running the graph works (an If branch not taken, folded)
         return _run_onnxruntime(str(path), inputs, " without graph optimizations", optimize=False)
-    except Exception:  # noqa: BLE001 - the first error is the one to show
+    except Exception:  # the first error is the one to show
         pass
     try:
         model = onnx.load(str(path))
-    except Exception:  # noqa: BLE001 - ORT's message is the one to show
+    except Exception:  # ORT's message is the one to show
         model = None
     if model is not None:
         converted = _upgraded(model)
@@ -402,16 +525,16 @@ def onnxruntime_reference(path: Path, inputs: dict[str, np.ndarray]) -> Referenc
             try:
                 return _run_onnxruntime(converted.SerializeToString(), inputs,
                                         f" on the opset-{CONVERSION_OPSET} conversion")
-            except Exception:  # noqa: BLE001 - fall through to the reference evaluator
+            except Exception:  # fall through to the reference evaluator
                 pass
         if _has_bfloat16(model):  # ORT's CPU kernels and onnx's evaluator lack most bf16 ops
             try:
                 return _float32_twin_reference(model, inputs)
-            except Exception:  # noqa: BLE001 - fall through to the reference evaluator
+            except Exception:  # fall through to the reference evaluator
                 pass
         try:
             return _reference_evaluator(model, inputs)
-        except Exception as e:  # noqa: BLE001 - onnx's evaluator raises anything numpy raises
+        except Exception as e:  # onnx's evaluator raises anything numpy raises
             raise InputError(f"ONNX Runtime cannot run {path.name} on the reference inputs: {ort_error}; "
                              f"nor can onnx's reference evaluator: {_first_line(e)}") from None
     raise InputError(f"ONNX Runtime cannot run {path.name} on the reference inputs: {ort_error}")
@@ -505,7 +628,7 @@ def _upgraded(model: onnx.ModelProto) -> Optional[onnx.ModelProto]:
         return None
     try:
         return version_converter.convert_version(model, CONVERSION_OPSET)
-    except Exception:  # noqa: BLE001 - the converter raises RuntimeError or its C++ errors
+    except Exception:  # the converter raises RuntimeError or its C++ errors
         return None
 
 

@@ -394,7 +394,12 @@ def canonicalize_shapes(model: onnx.ModelProto, config: dict) -> onnx.ModelProto
     """Reshape(x, <computed shape>) -> Reshape(x, <constant>): an element equal to x's own dim k at
     position k becomes 0 (copy), a plain number stays, and one remaining element becomes -1."""
     model, weights = _weights_as_inputs(model)  # a copy: Reshape inputs are rewritten in place below
-    return _weights_back(_canonicalize_shapes(model), weights)
+    for _ in range(3):  # a Reshape made constant gives shape inference the dims a later one's shape reads
+        before = len(model.graph.node)
+        model = _canonicalize_shapes(model)
+        if len(model.graph.node) == before:
+            break
+    return _weights_back(model, weights)
 
 
 def _canonicalize_shapes(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -13,6 +13,7 @@ from mlc import _proc, artifacts, compiler, frontends, targets
 from mlc.artifacts.manifest import Manifest
 from mlc.check import PRECISIONS, CheckResult
 from mlc.compiler import cuda_binary, runtimes
+from mlc.frontends import onnx as onnx_frontend
 from mlc.frontends import onnx_weights
 from mlc.errors import (CompilerError, InputError, MissingDependencyError, MlcError, NodeConversionError,
                         TargetError, UnsupportedModelError)
@@ -69,7 +70,7 @@ class CompilePlan:
     output: Path
 
 
-def compile(model: ModelSpec, options: CompileOptions, step: StepReporter = quiet_step  # noqa: A001
+def compile(model: ModelSpec, options: CompileOptions, step: StepReporter = quiet_step
             ) -> CompileResult:
     """Compile `model` into a verified artifact directory (see mlc.api.compile)."""
     timed = Timer(step)
@@ -129,6 +130,12 @@ def plan_compile(model: ModelSpec, options: CompileOptions) -> CompilePlan:
     if options.quantize and requested_buckets:
         raise InputError("--quantize and --buckets cannot be combined yet (each bucket would need its own "
                          "calibration); quantise a static or --dynamic build")
+    if model.freeze and not model.inputs:
+        raise InputError(f"--freeze {', '.join(model.freeze)} folds the input's value into the graph: give that value "
+                         "with --inputs FILE.npz (one array per input name)")
+    if model.inputs and requested_buckets:
+        raise InputError("--inputs fixes the shapes at the samples' and --buckets builds one per length; give one "
+                         "of them")
     if options.calibration and options.quantize != "int8":
         raise InputError("--calibration calibrates --quantize int8; give --quantize int8 with it")
     steps, schedules = build_settings(preset, options)
@@ -248,6 +255,10 @@ def _build(plan: CompilePlan, prepared: Prepared, refs: References, builds: list
                     raise
                 raise cause from None
             except NodeConversionError as e:  # with --dynamic, say what helps
+                hint = onnx_frontend.parameter_hint(prepared.specs)
+                if hint:
+                    raise UnsupportedModelError(f"{e}; {hint}: give its value with --inputs FILE.npz and "
+                                                "--freeze NAME to fold it into the graph") from None
                 if plan.dynamic:
                     hint = _DYNAMIC_IMPORT_HINT.format(dims=", ".join(plan.dynamic), e=e)
                     raise UnsupportedModelError(hint) from None
@@ -261,6 +272,11 @@ _DYNAMIC_IMPORT_HINT = ("TVM cannot import this model with {dims} symbolic ({e})
 
 def _user_cause(e: CompilerError, plan: CompilePlan, prepared: Prepared, refs: References) -> Optional[MlcError]:
     """A TVM failure the user can act on, as the error that says how; None when it is TVM's (or mlc's) own."""
+    hint = onnx_frontend.parameter_hint(prepared.specs)
+    if hint:  # a shape or axes given at run time: TVM needs most of them constant, and only the user knows the value
+        return UnsupportedModelError(f"TVM cannot compile this model with that input given at run time ({hint}): "
+                                     "give its value with --inputs FILE.npz and --freeze NAME to fold it into the "
+                                     f"graph; TVM: {e}")
     if plan.dynamic and e.stage == "import":
         return UnsupportedModelError(_DYNAMIC_IMPORT_HINT.format(dims=", ".join(plan.dynamic), e=e))
     if refs.onnxruntime_error is not None:  # ONNX Runtime failed on the export too: the export is broken, not TVM

@@ -33,16 +33,18 @@ class Converted:
 
 
 def convert(source: str, framework: str, workdir: Path, dynamic: Optional[Sequence[str]] = None,
-            input_shapes: Sequence[str] = (), exporter: str = "auto") -> Converted:
+            input_shapes: Sequence[str] = (), exporter: str = "auto", inputs: Optional[str] = None) -> Converted:
     """Export a torch/tensorflow/paddle model (file or zoo:NAME) to ONNX in a child process and run
-    it eagerly on seeded inputs. Raises the MlcError the worker reported, or CompilerError if it crashed."""
+    it eagerly on seeded inputs (`inputs`: on the user's .npz of samples). Raises the MlcError the worker reported,
+    or CompilerError if it crashed."""
     check_exporter(framework, exporter)
     FRAMEWORKS[framework].require()
     out = workdir / f"frontend-{framework}"
     out.mkdir(parents=True, exist_ok=True)
     request = {"source": source, "framework": framework, "out_dir": str(out),
                "dynamic": None if dynamic is None else list(dynamic), "input_shapes": list(input_shapes),
-               "options": {"input_shapes": list(input_shapes), "exporter": exporter}}
+               "options": {"input_shapes": list(input_shapes), "exporter": exporter},
+               "inputs": str(Path(inputs).resolve()) if inputs else None}
     display = FRAMEWORKS[framework].display
     result, log_path = _proc.run("mlc.pipeline.convert_worker", request, workdir / "frontend.request.json",
                                  f"the {display} frontend process")

@@ -84,7 +84,16 @@ def convert(request: dict) -> dict:
     # other sizes (batch 2 / 16), where an export that baked in a traced size shows it.
     kept = set(request["dynamic"] or ())
     sizes = {d: n for d, n in fm.example_sizes.items() if d not in kept} if fm.user_examples else None
-    feeds = onnx_frontend.make_inputs(specs, onnx_frontend.concrete_shapes(specs, fixed, sizes))
+    if request.get("inputs"):  # --inputs: the user's samples are what the framework runs on
+        from mlc.runtime.runner import FeedError, load_npz
+
+        try:
+            data = load_npz(request["inputs"], [s.name for s in specs])
+        except FeedError as e:
+            raise InputError(f"--inputs: {e}") from None
+        feeds = onnx_frontend.check_samples(specs, data, f"--inputs {request['inputs']}")
+    else:
+        feeds = onnx_frontend.make_inputs(specs, onnx_frontend.concrete_shapes(specs, fixed, sizes))
     # eager takes fm.inputs' order: bind by name where the export kept the names (it may reorder inputs).
     order = [d.name for d in fm.inputs] if {d.name for d in fm.inputs} == set(feeds) else [s.name for s in specs]
     outputs = fm.eager([feeds[n] for n in order])

@@ -90,7 +90,8 @@ def debug(model: ModelSpec, *, target: Optional[str] = None, inputs: Inputs = No
         cleaned, feeds = onnx_weights.materialized(prepared.cleaned, workdir), prepared.feeds
         values = localize.computed_values(cleaned)
         with timed("reference", f"Computing {len(values)} intermediate values with ONNX Runtime"):
-            given = onnx_frontend.onnxruntime_reference(prepared.path, feeds).outputs
+            # the model as given takes the --freeze inputs too (the cleaned graph holds them as constants)
+            given = onnx_frontend.onnxruntime_reference(prepared.path, {**feeds, **prepared.frozen}).outputs
             # Graph inputs count as known values, so a node reading one can be reported and extracted.
             reference = {**feeds, **_ort_values(localize.with_outputs(cleaned, [v.name for v in values]), feeds)}
             cleanup = compare(given, {k: reference[k] for k in given if k in reference}, atol, rtol)
@@ -145,7 +146,8 @@ def _debug_source(model: ModelSpec, target: Optional[str], inputs: Inputs) -> tu
     if inputs is None:
         inputs = path / manifest.reference.inputs
     model = dataclasses.replace(model, source=origin, framework=model.framework or manifest.source.format,
-                                input_shapes=model.input_shapes or tuple(options.get("input_shapes", [])))
+                                input_shapes=model.input_shapes or tuple(options.get("input_shapes", [])),
+                                inputs=options.get("inputs"), freeze=tuple(options.get("freeze", [])))
     return model, target or options.get("target", "x86"), inputs
 
 

@@ -25,9 +25,13 @@ class ModelSpec:
     dynamic: tuple[str, ...] = ()  # dims kept symbolic: batch,seq or seq=1..512
     exporter: str = "auto"  # PyTorch's ONNX exporter: auto, dynamo, torchscript
     buckets: tuple[str, ...] = ()  # one static build per length: 8,16,32 or seq=8,16,32
+    inputs: Optional[str] = None  # the user's sample inputs (.npz by input name): the reference, and the shapes
+    freeze: tuple[str, ...] = ()  # inputs folded into the graph as constants, at their value in `inputs`
 
     def __post_init__(self):  # callers pass lists; the spec keeps tuples so it stays immutable
-        for name in ("input_shapes", "dynamic", "buckets"):
+        if self.inputs is not None:
+            object.__setattr__(self, "inputs", str(self.inputs))
+        for name in ("input_shapes", "dynamic", "buckets", "freeze"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
 
     def with_framework(self, framework: str) -> "ModelSpec":
@@ -84,6 +88,12 @@ def recipe(model: ModelSpec, options: CompileOptions) -> Recipe:
     argv += [a for d in model.dynamic for a in ("--dynamic", d)]
     if model.exporter != "auto":
         argv += ["--exporter", model.exporter]
+    if model.inputs:  # the samples decide shapes and the reference: the rebuild needs the same file
+        recorded["inputs"] = str(Path(model.inputs).resolve())
+        argv += ["--inputs", model.inputs]
+    if model.freeze:
+        recorded["freeze"] = list(model.freeze)
+        argv += [a for n in model.freeze for a in ("--freeze", n)]
     if options.db is not None:
         recorded["db"] = str(Path(options.db).resolve())
         argv += ["--db", str(options.db)]

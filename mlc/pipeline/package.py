@@ -4,11 +4,14 @@ manifest."""
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import mmap
 import re
 import shutil
 from pathlib import Path
 from typing import Optional, Sequence
+
+import numpy as np
 
 from mlc import __version__, artifacts, targets
 from mlc import check as check_package
@@ -50,6 +53,7 @@ def package(staged: Path, *, runtime: runtimes.RuntimeFiles, preset: targets.Tar
     runtime_info.gpu_code = result.get("gpu_code")
     _check_runtime_functions(staged, runtime_info)
     reference_info = _write_reference(staged, references)
+    reference_info.user_inputs = prepared.samples
     inputs = [
         TensorSpec(name=s.name, dtype=s.dtype, shape=prepared.fixed.get(s.name, s.shape), value_range=s.value_range,
                    model_shape=_model_shape(s.shape, prepared.fixed.get(s.name, s.shape)))
@@ -89,8 +93,22 @@ def package(staged: Path, *, runtime: runtimes.RuntimeFiles, preset: targets.Tar
         precision=precision,
         quantization=prepared.quantization,
         weights={library: WeightsInfo(**info) for library, info in (weights or {}).items()},
+        frozen={name: frozen_record(value) for name, value in prepared.frozen.items()},
     )
     return artifacts.seal(staged, manifest)
+
+
+FROZEN_VALUE_LIMIT = 64  # elements: a frozen shape or axes is written out; a larger tensor by its sha256
+
+
+def frozen_record(value) -> dict:
+    value = np.asarray(value)
+    record = {"dtype": str(value.dtype), "shape": list(value.shape)}
+    if value.size <= FROZEN_VALUE_LIMIT:
+        record["value"] = value.tolist()
+    else:
+        record["sha256"] = hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()
+    return record
 
 
 def _model_shape(declared: list, fixed: list) -> Optional[list]:

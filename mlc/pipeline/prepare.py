@@ -47,6 +47,8 @@ class Prepared:
     # The dims kept symbolic because the model declares them dynamic (a .pt2's Dims) where --dynamic was not given,
     # {dim: (min, max) or None}: the compile's --dynamic then.
     declared_dynamic: Optional[dict] = None
+    frozen: dict = field(default_factory=dict)  # --freeze: {input: value} folded into the graph (not an input now)
+    samples: Optional[dict] = None  # --inputs: {"file", "sha256"} of the user's sample inputs (the reference's)
 
 
 def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Mapping[str, np.ndarray]] = None,
@@ -78,6 +80,18 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
                                  + (("Loop", "Scan") if "static_control_flow" in planned else ()))
         specs = onnx_frontend.input_specs(onnx_model)
         fixed = onnx_frontend.resolve_input_shapes(specs, list(model.input_shapes))
+        samples, sample_info = None, None
+        if model.inputs:
+            samples = read_samples(model.inputs, specs, fixed)
+            sample_info = {"file": str(Path(model.inputs).resolve()), "sha256": thin_runtime.sha256_file(model.inputs)}
+            if feeds is None or converted is not None:  # a framework's feeds are these samples already
+                feeds = samples
+            fixed = {s.name: list(np.shape(samples[s.name])) for s in specs}  # --dynamic's dims are opened below
+        frozen = frozen_values(model.freeze, specs, samples)
+        if frozen:  # folded into the graph: no longer an input of the model TVM compiles, nor of the artifact
+            onnx_model = onnx_frontend.freeze_inputs(onnx_model, frozen)
+            specs = [s for s in specs if s.name not in frozen]
+            fixed = {n: shape for n, shape in fixed.items() if n not in frozen}
         if static:  # tuning records match static kernels only: symbolic dims take the reference sizes
             fixed = onnx_frontend.concrete_shapes(specs, fixed)
         if feeds is None:
@@ -86,10 +100,14 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
             # Exports keep every dim the model has symbolic: compile for the shapes the framework
             # ran on (static kernels are faster), but for the dims --dynamic names.
             fixed = {s.name: list(np.shape(feeds[s.name])) for s in specs}
+        related = {}
         if dynamic:
             check_dynamic(dynamic, specs, feeds)
-            # A --dynamic dim stays symbolic even where --input-shape gave it a size (the reference's).
-            fixed = {s.name: [d if isinstance(d, str) and d in dynamic else size
+            if samples is not None or converted is not None:  # other symbolic dims would be fixed at one size
+                related = relate_dims(source.path, specs, {**feeds, **frozen}, dynamic)
+            # A --dynamic dim stays symbolic even where --input-shape gave it a size (the reference's); a dim that
+            # moves with it becomes its expression (total -> past+1)
+            fixed = {s.name: [related.get(d, d) if isinstance(d, str) and (d in dynamic or d in related) else size
                               for d, size in zip(s.shape, fixed[s.name])] for s in specs if s.name in fixed}
     with timed("onnx_passes", "Running ONNX graph passes"):
         cleaned, records, notes = onnx_passes.run(onnx_frontend.fix_input_shapes(onnx_model, fixed), steps,
@@ -112,8 +130,84 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
     cleaned_path = workdir / "cleaned.onnx"
     onnx_passes.save(cleaned, cleaned_path)  # the weights it reads by reference stay where they are
     notes = (converted.notes if converted else []) + notes
-    return Prepared(source.path, source.info, onnx_model, specs, fixed, dict(feeds), cleaned, cleaned_path, notes,
-                    converted, records, quantization, calibration_feeds, unquantized_path, declared)
+    feeds = {n: v for n, v in feeds.items() if n not in frozen}
+    hint = onnx_frontend.parameter_hint(specs) if samples is None and converted is None else ""
+    if hint:  # the check judges one value mlc chose; TVM's handling of others is unchecked
+        chosen = ", ".join(f"{s.name}={feeds[s.name].tolist()}" for s in specs
+                           if s.parameter and feeds[s.name].size <= 8)
+        notes.append(f"{hint}: the check ran on a value mlc chose ({chosen}); give real inputs with --inputs "
+                     "FILE.npz, and --freeze the ones that are constant")
+    return Prepared(source.path, source.info, onnx_model, specs, fixed, feeds, cleaned, cleaned_path, notes,
+                    converted, records, quantization, calibration_feeds, unquantized_path, declared, frozen,
+                    sample_info)
+
+
+def read_samples(path: str, specs: list, fixed: dict[str, list[int]]) -> dict[str, np.ndarray]:
+    """--inputs FILE: the user's sample inputs, checked against the model's inputs and --input-shape."""
+    try:
+        data = thin_runtime.load_npz(path, [s.name for s in specs])
+    except thin_runtime.FeedError as e:
+        raise InputError(f"--inputs: {e}") from None
+    samples = onnx_frontend.check_samples(specs, data, f"--inputs {path}")
+    for name, shape in fixed.items():
+        if list(samples[name].shape) != list(shape):
+            raise InputError(f"--input-shape {name}:{'x'.join(map(str, shape))} conflicts with --inputs {path}, "
+                             f"whose '{name}' has shape {list(samples[name].shape)}; give one of them")
+    return samples
+
+
+def frozen_values(names: tuple, specs: list, samples: Optional[dict]) -> dict:
+    """--freeze NAME: the input's value from --inputs (required: mlc never invents the value of a constant)."""
+    if not names:
+        return {}
+    known = [s.name for s in specs]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise InputError(f"--freeze {', '.join(unknown)}: the model has no such input; its inputs are: "
+                         f"{', '.join(known)}")
+    if samples is None:
+        raise InputError(f"--freeze {', '.join(names)} folds the input's value into the graph: give that value with "
+                         "--inputs FILE.npz (one array per input name)")
+    return {n: samples[n] for n in dict.fromkeys(names)}
+
+
+def _resized(feeds: Mapping[str, np.ndarray], specs: list, grow: dict[str, int]) -> dict[str, np.ndarray]:
+    """`feeds` with the axes of the dims in `grow` one longer (edge values repeated: ids and masks stay valid)."""
+    out = dict(feeds)
+    for s in specs:
+        pad = [(0, grow.get(d, 0)) if isinstance(d, str) else (0, 0) for d in s.shape]
+        if any(after for _, after in pad):
+            value = out[s.name]
+            out[s.name] = np.pad(value, pad, mode="edge" if value.size else "constant")
+    return out
+
+
+def relate_dims(path: Path, specs: list, feeds: Mapping[str, np.ndarray], dynamic: dict) -> dict[str, str]:
+    """The symbolic dims that must move with a --dynamic dim (a KV cache's total = past + seq): learnt from the
+    model, by running it with ONNX Runtime with the dynamic dim one longer, alone and then with each other dim.
+    {dim: "past+1"}; a dim is never assumed equal to another."""
+    sizes = {d: np.shape(feeds[s.name])[axis] for s in specs for axis, d in enumerate(s.shape) if isinstance(d, str)}
+    free = [d for d in sizes if d not in dynamic]  # fixed at the samples' size unless related
+    related: dict[str, str] = {}
+    if not free:
+        return related
+
+    def runs(grow: dict[str, int]) -> bool:
+        try:
+            onnx_frontend.onnxruntime_reference(path, _resized(feeds, specs, grow), fallbacks=False)
+            return True
+        except InputError:
+            return False
+
+    for x in (d for d in dynamic if d in sizes):
+        if runs({x: 1}):
+            continue
+        for d in free:
+            if d not in related and runs({x: 1, d: 1}):
+                offset = sizes[d] - sizes[x]
+                related[d] = x if offset == 0 else f"{x}{'+' if offset > 0 else '-'}{abs(offset)}"
+                break
+    return related
 
 
 def calibration_inputs(specs: list, feeds: Mapping[str, np.ndarray], files: tuple, mode: str
@@ -202,13 +296,22 @@ def references(prepared: Prepared) -> References:
     # Calibrated on the user's data, the gate judges that data: seeded inputs (the reference's too) lie outside
     # the calibrated ranges and saturate (a trained resnet50: cosine 0.93 on noise, 0.99998 on held-out images)
     on_reference = not (prepared.quantization and prepared.quantization["calibration"]["source"] == "user" and cases)
+    full = {**prepared.feeds, **prepared.frozen}  # the model as given still takes the frozen inputs
     if converted is None:
-        return References(onnx_frontend.onnxruntime_reference(prepared.path, prepared.feeds), gate_cases=cases,
-                          gate_judges_reference=on_reference)
+        try:
+            expected = onnx_frontend.onnxruntime_reference(prepared.path, full)
+        except InputError as e:
+            hint = "" if prepared.samples else onnx_frontend.parameter_hint(prepared.specs)
+            if not hint:
+                raise
+            raise InputError(f"{hint}, and mlc cannot choose a valid value for it: give the model's inputs with "
+                             f"--inputs FILE.npz ({e})") from None
+        expected.inputs = dict(prepared.feeds)  # the artifact's inputs: the frozen ones are constants in it
+        return References(expected, gate_cases=cases, gate_judges_reference=on_reference)
     eager = onnx_frontend.Reference(producer=f"{converted.framework} {converted.framework_version} eager",
                                     inputs=prepared.feeds, outputs=converted.eager)
     try:
-        return References(eager, onnx_frontend.onnxruntime_reference(prepared.path, prepared.feeds).outputs,
+        return References(eager, onnx_frontend.onnxruntime_reference(prepared.path, full).outputs,
                           gate_cases=cases, gate_judges_reference=on_reference)
     except InputError as e:  # the export may be broken; TVM may still get it right, and the check decides
         return References(eager, onnxruntime_error=str(e))
@@ -226,7 +329,8 @@ def gate_cases(prepared: Prepared) -> list[tuple[dict, dict]]:
     cases = []
     for feeds in inputs:
         try:
-            cases.append((feeds, onnx_frontend.onnxruntime_reference(prepared.path, feeds).outputs))
+            outputs = onnx_frontend.onnxruntime_reference(prepared.path, {**feeds, **prepared.frozen}).outputs
+            cases.append(({n: v for n, v in feeds.items() if n not in prepared.frozen}, outputs))
         except InputError:
             return []
     return cases
@@ -254,7 +358,8 @@ def bind_to_reference(prepared: Prepared, steps: list, error: MlcError) -> bool:
     start = time.perf_counter()
     prepared.fixed = {s.name: list(np.shape(prepared.feeds[s.name])) for s in prepared.specs}
     workdir = prepared.cleaned_path.parent
-    model = prepared.model if prepared.model.graph.initializer else onnx_frontend.load(prepared.path, workdir)
+    model = prepared.model if prepared.model.graph.initializer else onnx_frontend.freeze_inputs(
+        onnx_frontend.load(prepared.path, workdir), prepared.frozen)  # read again: --freeze's values folded again
     cleaned, records, notes = onnx_passes.run(onnx_frontend.fix_input_shapes(model, prepared.fixed),
                                               [s for s in steps if s.level == "onnx"], weights_dir=workdir)
     if prepared.quantization:  # quantised again, on the same calibration feeds

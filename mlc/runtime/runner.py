@@ -67,6 +67,10 @@ class FeedError(ValueError):
     """The inputs given do not match what the artifact expects."""
 
 
+class RunnerClosed(ValueError):
+    """The runner was closed (close(), or the end of its `with` block): what it loaded is gone."""
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -514,10 +518,17 @@ def copy_tensor(tensor: Any, device: Any) -> Any:
 
 
 def validate_feeds(specs: list[dict[str, Any]], feeds: Mapping[str, np.ndarray],
-                   ranges: Mapping[str, Any] | None = None) -> tuple[list[np.ndarray], list[str]]:
+                   ranges: Mapping[str, Any] | None = None, frozen: Mapping[str, Any] | None = None
+                   ) -> tuple[list[np.ndarray], list[str]]:
     """Check feeds against the manifest's input specs and the ranges of its symbolic dims;
-    returns the arrays in call order (C-order, 64-byte aligned) and warnings."""
+    returns the arrays in call order (C-order, 64-byte aligned) and warnings. `frozen`: the manifest's --freeze
+    record; a feed of a frozen input is refused (the artifact computes with the frozen value only)."""
     expected = [spec["name"] for spec in specs]
+    for name, record in (frozen or {}).items():
+        if name in feeds:
+            value = record.get("value", f"sha256 {str(record.get('sha256'))[:12]}")
+            raise FeedError(f"input '{name}' was frozen at compile time (--freeze) to {value}; this artifact computes "
+                            f"with that value only: leave '{name}' out of the feeds, or compile without --freeze")
     unknown = [k for k in feeds if k not in expected]
     missing = [k for k in expected if k not in feeds]
     if unknown or missing:
@@ -551,7 +562,13 @@ def validate_feeds(specs: list[dict[str, Any]], feeds: Mapping[str, np.ndarray],
 
 
 def check_ranges(dims: Mapping[str, int], ranges: Mapping[str, Any] | None) -> None:
-    """Each symbolic dim's size (bound from the inputs) within the range the artifact was compiled for."""
+    """Each symbolic dim's size (bound from the inputs) within the range the artifact was compiled for, and a dim
+    compiled as an expression of another (a KV cache's total as "past+1", from the user's --inputs) equal to it."""
+    for dim, size in dims.items():
+        base, sign, offset = dim.partition("+") if "+" in dim else dim.partition("-")
+        if offset.isdigit() and base in dims and size != dims[base] + int(sign + offset):
+            raise FeedError(f"dimension '{dim}' must be {base}{sign}{offset}: the inputs give {base}={dims[base]} "
+                            f"but {size} for it")
     for dim, (lo, hi) in (ranges or {}).items():
         if dim in dims and not lo <= dims[dim] <= hi:
             raise FeedError(f"dimension '{dim}' is {dims[dim]}, outside the compiled range {lo}..{hi}; "
@@ -615,6 +632,7 @@ class _ArtifactRunner:
     validation, and `measure`, which validates once and returns outputs and latency together."""
 
     def __init__(self, artifact_dir: str | os.PathLike, verify: bool, threads: int | None = None):
+        self.closed = False
         self.root = Path(artifact_dir)
         self.threads = set_threads(threads)
         self.manifest = read_manifest(self.root)
@@ -629,8 +647,28 @@ class _ArtifactRunner:
         self.buckets: dict[str, Any] | None = self.manifest.get("buckets")
         self.last_bucket: tuple[int, int] | None = None  # (length, bucket) of the last bucketed run
 
+    def close(self) -> None:
+        """Release what the runner loaded (the compiled model, its VM, weights and device memory); a second call
+        does nothing, and running afterwards raises RunnerClosed."""
+        if not self.closed:
+            self.closed = True
+            self._release()
+
+    def _release(self) -> None:
+        """What close() frees; the runner subclass holds it."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RunnerClosed(f"this runner of {self.root} is closed; open the artifact again to run it")
+
     def prepare(self, feeds: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], list[str]]:
-        return validate_feeds(self.inputs, feeds, self.manifest.get("dynamic_ranges"))
+        return validate_feeds(self.inputs, feeds, self.manifest.get("dynamic_ranges"), self.manifest.get("frozen"))
 
     def _measure(self, arrays: list[np.ndarray], warmup: int, repeat: int, bucket: int | None = None
                  ) -> tuple[dict[str, np.ndarray], list[float]]:
@@ -640,6 +678,7 @@ class _ArtifactRunner:
                 ) -> tuple[dict[str, np.ndarray], dict[str, Any] | None, list[str]]:
         """Outputs, latency statistics (None when repeat is 0) and input warnings, in one pass.
         Bucketed artifacts: inputs are padded to the smallest bucket that fits, outputs sliced back."""
+        self._check_open()
         arrays, warnings = self.prepare(feeds)
         bucket = None
         if self.buckets:
@@ -754,6 +793,7 @@ class Runner(_ArtifactRunner):
         """Where the time goes: every call the model makes (kernels, the VM's allocations), timed
         one by one over `runs` runs after a warm-up, summed per callee, slowest first. The device
         is synchronised around each call, so GPU kernels are timed, not just launched."""
+        self._check_open()
         arrays, _ = self.prepare(feeds)
         bucket = None
         if self.buckets:
@@ -785,6 +825,11 @@ class Runner(_ArtifactRunner):
                 for name, (calls, seconds) in totals.items()]
         return sorted(rows, key=lambda row: -row["ms"])
 
+    def _release(self) -> None:
+        # The entry points hold the weights (on the GPU: copies there), the VMs the loaded libraries and their
+        # memory pools, the maps the weight files: dropped, TVM and numpy free them.
+        self._mains, self._vms, self._mapped = {}, {}, {}
+
     def _to_device(self, array: np.ndarray) -> Any:
         host = host_tensor(self._tvm_ffi, array)
         return host if self.device.dlpack_device_type() == 1 else copy_tensor(host, self.device)
@@ -803,6 +848,7 @@ class Runner(_ArtifactRunner):
         """The outputs for `feeds`: numpy arrays, or DLPack tensors (torch, cupy); tensors on the artifact's device
         are used where they are, with no copy. `device_outputs`: return tvm_ffi tensors left on the device
         (torch.from_dlpack takes them without a copy) instead of numpy arrays."""
+        self._check_open()
         if not device_outputs and not any(_on_device(value) for value in feeds.values()):
             return super().run(feeds)
         if self.buckets:
@@ -822,7 +868,8 @@ class Runner(_ArtifactRunner):
         if unknown:
             raise FeedError(f"input names do not match (unexpected {', '.join(unknown)}); the model takes: "
                             f"{', '.join(spec['name'] for spec in self.inputs)}")
-        arrays, _ = validate_feeds(host_specs, {k: v for k, v in feeds.items() if k not in on_device})
+        arrays, _ = validate_feeds(host_specs, {k: v for k, v in feeds.items() if k not in on_device},
+                                   frozen=self.manifest.get("frozen"))
         dims: dict[str, int] = {}
         for spec in self.inputs:
             tensor = on_device.get(spec["name"])
