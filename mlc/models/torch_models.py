@@ -161,3 +161,47 @@ def resnet18() -> FrameworkModel:
 
 def resnet50() -> FrameworkModel:
     return _resnet([3, 4, 6, 3], bottleneck=True)
+
+
+def shufflenet_v1() -> FrameworkModel:
+    """ShuffleNet v1, 3 groups, width 1x (Zhang et al. 2017; the Caffe2 zoo's): 1x1 group conv -> channel shuffle
+    -> 3x3 depthwise -> 1x1 group conv, stages of 4/8/4 units at 240/480/960 channels; a stride-2 unit concatenates
+    an average-pooled shortcut."""
+    torch = _torch()
+    nn = torch.nn
+    groups = 3
+
+    class Unit(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int, first_groups: int):
+            super().__init__()
+            self.stride = stride
+            out = cout - cin if stride == 2 else cout
+            mid = cout // 4
+            self.g = first_groups
+            self.reduce = nn.Sequential(nn.Conv2d(cin, mid, 1, groups=first_groups, bias=False), nn.BatchNorm2d(mid),
+                                        nn.ReLU(inplace=True))
+            self.depthwise = nn.Sequential(nn.Conv2d(mid, mid, 3, stride, 1, groups=mid, bias=False),
+                                           nn.BatchNorm2d(mid))
+            self.expand = nn.Sequential(nn.Conv2d(mid, out, 1, groups=groups, bias=False), nn.BatchNorm2d(out))
+            self.relu = nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            y = self.reduce(x)
+            n, c, h, w = y.shape
+            y = y.reshape(n, self.g, c // self.g, h, w).transpose(1, 2).reshape(n, c, h, w)  # channel shuffle
+            y = self.expand(self.depthwise(y))
+            if self.stride == 2:
+                return self.relu(torch.cat([nn.functional.avg_pool2d(x, 3, 2, 1), y], 1))
+            return self.relu(x + y)
+
+    layers = [nn.Conv2d(3, 24, 3, 2, 1, bias=False), nn.BatchNorm2d(24), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)]
+    cin = 24
+    for stage, (cout, units) in enumerate([(240, 4), (480, 8), (960, 4)]):
+        for i in range(units):
+            # the first unit's 1x1 conv reads the 24-channel stem: not grouped (as in the paper)
+            layers.append(Unit(cin, cout, 2 if i == 0 else 1, 1 if stage == 0 and i == 0 else groups))
+            cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 1000)]
+    module = nn.Sequential(*layers)
+    _randomize_batchnorm(module)
+    return from_module(module, (torch.randn(1, 3, 224, 224),), ["images"], ["logits"])

@@ -68,6 +68,8 @@ ZOO: dict[str, ZooModel] = {
              paddle="bert_base"),
         _zoo("resnet18", "ResNet-18 on 3x224x224 images, dynamic batch", torch="resnet18"),
         _zoo("resnet50", "ResNet-50 (v1.5) on 3x224x224 images, dynamic batch", torch="resnet50"),
+        _zoo("shufflenet-v1", "ShuffleNet v1 (3 groups, 1x: 1x1 group convs at 240/480/960 channels) on 3x224x224 "
+             "images, dynamic batch", torch="shufflenet_v1"),
         _zoo("lstm", "small LSTM language model: vocab 1000, embedding 32, 1 layer of 64, seq 16, dynamic batch",
              torch="lstm", tensorflow="lstm", paddle="lstm"),
         _zoo("lstm-lm", "seed 001's stacked LSTM LM: vocab 10001, embedding 128, 3 layers of 256, seq 50 "

@@ -1,0 +1,168 @@
+"""Grouped convs (#39): mlc with the per-group register tile ("after") and without it ("before", the whole-J tile:
+`schedule_rules.SPLIT_GROUPS = False`) vs ONNX Runtime and OpenVINO fp32, interleaved call by call in one process.
+
+    .venv/bin/python benchmarks/grouped-conv/models.py /tmp/gc            # the ONNX models
+    .venv/bin/python benchmarks/grouped-conv/bench.py build /tmp/gc g3-240-28 shufflenet-v1 ...
+    .venv/bin/python benchmarks/grouped-conv/bench.py time /tmp/gc --threads 1 -o results/x.json g3-240-28 ...
+
+`build` compiles DIR/NAME.onnx to DIR/art-{before,after}-NAME in this process (default schedules, target x86).
+`time` runs, per model, every round one call of each backend back to back (the order rotating); a row holds each
+side's p50, the median of the per-round ratios (other / mlc after: above 1, mlc faster) with p10-p90, and the load."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
+
+
+MODELS = {"shufflenet-v1"}  # whole models (a symbolic batch, compiled at 1); the rest are single layers
+
+
+def build(folder: Path, names: list[str]) -> None:
+    import mlc.api as api
+    from mlc.compiler import schedule_rules
+
+    for name in names:
+        for label, split in (("before", False), ("after", True)):
+            schedule_rules.SPLIT_GROUPS = split
+            result = api.compile(str(folder / f"{name}.onnx"), target="x86", output=folder / f"art-{label}-{name}",
+                                 isolate=False, input_shapes=["images:1x3x224x224"] if name in MODELS else ())
+            print(name, label, "check", bool(result.check.passed), result.manifest.compile.schedules["unscheduled"])
+
+
+def measure(folder: Path, names: list[str], threads: int, rounds: int, output: Path) -> None:
+    for var in ("OMP_NUM_THREADS", "TVM_NUM_THREADS"):
+        os.environ[var] = str(threads)
+    import onnxruntime as ort
+
+    from mlc.bench.baselines import openvino_model
+    from mlc.bench.machine import load_average, machine_info
+    from mlc.runtime.runner import Runner
+
+    doc = json.loads(output.read_text()) if output.exists() else {"benchmark": "grouped-conv", "rows": []}
+    for name in names:
+        runners = {label: Runner(folder / f"art-{label}-{name}") for label in ("before", "after")}
+        first = runners["after"]
+        with np.load(first.root / first.manifest["reference"]["inputs"]) as npz:
+            feeds = {k: npz[k] for k in npz.files}
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        session = ort.InferenceSession(str(folder / f"{name}.onnx"), options, providers=["CPUExecutionProvider"])
+        compiled, precision = openvino_model(folder / f"{name}.onnx", threads, "f32")
+        request = compiled.create_infer_request()
+        wanted = {n for port in compiled.inputs for n in port.get_names()}
+
+        def timed(fn):
+            def run() -> float:
+                start = time.perf_counter()
+                fn()
+                return time.perf_counter() - start
+            return run
+
+        ov_feeds = {k: v for k, v in feeds.items() if k in wanted}
+        timers = {"ort": timed(lambda s=session, f=feeds: s.run(None, f)),
+                  "openvino_fp32": timed(lambda r=request, f=ov_feeds: r.infer(f))}
+        for label, runner in runners.items():
+            timers[f"mlc_{label}"] = lambda r=runner, f=feeds: r.measure(f, warmup=0, repeat=1)[1]["mean_ms"] / 1e3
+        keys = list(timers)
+        for _ in range(5):
+            for key in keys:
+                timers[key]()
+        samples = {key: [] for key in keys}
+        load_start = load_average()
+        for i in range(rounds):
+            for key in keys[i % len(keys):] + keys[:i % len(keys)]:
+                samples[key].append(timers[key]())
+        arrays = {k: np.array(v) for k, v in samples.items()}
+        row = {"label": name, "threads": threads, "rounds": rounds, "openvino_precision": precision,
+               "p50_ms": {k: round(float(np.median(a)) * 1e3, 4) for k, a in arrays.items()},
+               "load_average": [load_start, load_average()]}
+        for mine in ("before", "after"):
+            for other in ("ort", "openvino_fp32"):
+                ratio = arrays[other] / arrays[f"mlc_{mine}"]
+                row[f"speedup_{mine}_vs_{other}"] = [round(float(np.percentile(ratio, q)), 3) for q in (50, 10, 90)]
+        ratio = arrays["mlc_before"] / arrays["mlc_after"]
+        row["speedup_after_vs_before"] = [round(float(np.percentile(ratio, q)), 3) for q in (50, 10, 90)]
+        doc["rows"] = [r for r in doc["rows"] if (r["label"], r["threads"]) != (name, threads)] + [row]
+        doc["machine"] = machine_info()
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(doc, indent=1) + "\n")
+        print(json.dumps(row))
+
+
+def kernels(folder: Path, names: list[str], rounds: int, output: Path) -> None:
+    """The conv kernel alone, 1 thread: mlc's (before/after; the VM's per-kernel profile, which leaves out the
+    single-layer models' layout transposes) and ONNX Runtime's Conv node (its node profiler), rounds alternating."""
+    for var in ("OMP_NUM_THREADS", "TVM_NUM_THREADS"):
+        os.environ[var] = "1"
+    import tempfile
+
+    import onnxruntime as ort
+
+    from mlc.bench.machine import load_average, machine_info
+    from mlc.runtime.runner import Runner
+
+    doc = json.loads(output.read_text()) if output.exists() else {"benchmark": "grouped-conv kernels", "rows": []}
+    for name in names:
+        runners = {label: Runner(folder / f"art-{label}-{name}") for label in ("before", "after")}
+        with np.load(runners["after"].root / runners["after"].manifest["reference"]["inputs"]) as npz:
+            feeds = {k: npz[k] for k in npz.files}
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = 1
+        options.enable_profiling = True
+        options.profile_file_prefix = tempfile.mkdtemp() + "/ort"
+        session = ort.InferenceSession(str(folder / f"{name}.onnx"), options, providers=["CPUExecutionProvider"])
+        samples = {"before": [], "after": []}
+        load_start = load_average()
+        for i in range(3 + rounds):
+            session.run(None, feeds)
+            for label in (("before", "after") if i % 2 else ("after", "before")):
+                ms = sum(r["ms"] for r in runners[label].profile(feeds, runs=1) if "conv2d" in r["name"])
+                if i >= 3:
+                    samples[label].append(ms)
+        events = json.load(open(session.end_profiling()))
+        convs = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
+                 and e.get("args", {}).get("op_name") in ("Conv", "FusedConv")]
+        ort_ms = [sum(e["dur"] for e in convs if start <= e["ts"] <= start + length) / 1e3  # per run
+                  for start, length in ((e["ts"], e["dur"]) for e in events if e["name"] == "model_run")][3:]
+        arrays = {"ort": np.array(ort_ms), **{f"mlc_{k}": np.array(v) for k, v in samples.items()}}
+        row = {"label": name, "threads": 1, "rounds": rounds, "load_average": [load_start, load_average()],
+               "p50_ms": {k: round(float(np.median(a)), 4) for k, a in arrays.items()},
+               "p10_p90_ms": {k: [round(float(np.percentile(a, q)), 4) for q in (10, 90)] for k, a in arrays.items()}}
+        row["ort_over_after"] = round(row["p50_ms"]["ort"] / row["p50_ms"]["mlc_after"], 3)
+        row["before_over_after"] = round(float(np.median(arrays["mlc_before"] / arrays["mlc_after"])), 3)
+        doc["rows"] = [r for r in doc["rows"] if r["label"] != name] + [row]
+        doc["machine"] = machine_info()
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(doc, indent=1) + "\n")
+        print(json.dumps(row))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["build", "time", "kernels"])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("names", nargs="+")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("-o", "--output", type=Path)
+    args = parser.parse_args()
+    if args.command == "build":
+        build(args.folder, args.names)
+    elif args.command == "kernels":
+        kernels(args.folder, args.names, args.rounds, args.output)
+    else:
+        measure(args.folder, args.names, args.threads, args.rounds, args.output)
+
+
+if __name__ == "__main__":
+    main()
