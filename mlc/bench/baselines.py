@@ -7,6 +7,10 @@ returns a function that runs the model once on those inputs and returns its outp
 ONNX output order. Whatever setup does before returning (and the first call, which is where
 lazy compilers compile) counts as the baseline's compile time.
 
+A run may carry attributes the worker records: `precision` (what it ran at, where the engine picks) and
+`batches_per_call` (a throughput baseline: each call runs that many batches at once; the cell then records
+samples/s, not a latency).
+
 Adding one: decorate `setup(ctx) -> run` with @baseline(name, framework, description).
 This module imports no framework; the setups import theirs."""
 
@@ -37,6 +41,8 @@ class Context:
     inputs: list[np.ndarray]
     threads: int
     scratch: Path  # a folder of this cell's own (compiler caches)
+    # int8 baselines' calibration feeds (input name -> array); None: the seeded inputs mlc's --quantize int8 uses
+    calibration: Optional[list[dict[str, np.ndarray]]] = None
 
 
 Setup = Callable[[Context], Callable[[], list[np.ndarray]]]
@@ -138,7 +144,7 @@ def torchscript(ctx: Context):
         traced = torch.jit.trace(module, args, check_trace=False, strict=False)
         try:
             traced = torch.jit.freeze(traced)
-        except Exception:  # noqa: BLE001 - freezing is an optimisation; the traced module still runs
+        except Exception:  # freezing is an optimisation; the traced module still runs
             pass
     run = _torch_call(traced, ctx)
     run()  # the profiling executor specialises on the first calls
@@ -170,24 +176,120 @@ def onnxruntime(ctx: Context):
     return lambda: session.run(None, feeds)
 
 
+# int8 baselines -----------------------------------------------------------------------------------
+
+def calibration_feeds(ctx: Context) -> list[dict[str, np.ndarray]]:
+    """The inputs int8 baselines calibrate on: ctx.calibration, else the seeded inputs `mlc compile --quantize int8`
+    calibrates on without --calibration (the same function, seeds and shapes), so every engine sees the same data."""
+    if ctx.calibration is not None:
+        return ctx.calibration
+    from mlc.frontends import onnx as onnx_frontend
+    from mlc.pipeline.prepare import calibration_inputs
+
+    specs = onnx_frontend.input_specs(onnx_frontend.load_graph(ctx.onnx_path))
+    feeds, _ = calibration_inputs(specs, dict(zip(ctx.input_names, ctx.inputs)), (), "int8")
+    return feeds
+
+
+def ort_int8_model(path: Path, calibration: list[dict[str, np.ndarray]], folder: Path) -> Path:
+    """ONNX Runtime's own static int8 of `path` (QDQ, per-channel int8 weights, uint8 activations, MinMax), on the
+    nodes mlc's --quantize int8 quantises, calibrated on `calibration`; the quantised model's path."""
+    import logging
+
+    import onnx
+    from onnxruntime import quantization as q
+
+    from mlc.passes import quantize
+
+    logging.getLogger().setLevel(logging.ERROR)  # its "consider pre-processing" advice, twice per model
+    model = onnx.load(str(path))
+    folder.mkdir(parents=True, exist_ok=True)
+    if not all(n.name for n in model.graph.node):  # nodes_to_quantize needs names
+        for k, node in enumerate(model.graph.node):
+            node.name = node.name or f"mlc_node_{k}"
+        path = folder / "named.onnx"
+        onnx.save(model, str(path))
+    nodes = [c.node.name for c in quantize.candidates(model, "int8")[0]]
+    if not nodes:  # an empty nodes_to_quantize would make ORT quantise every node
+        raise Unavailable("mlc's --quantize int8 quantises no node of this model (no MatMul, Gemm or Conv to compare)")
+    batches = iter(calibration)
+
+    class Reader(q.CalibrationDataReader):
+        def get_next(self):
+            return next(batches, None)
+
+    out = folder / "model.ort-int8.onnx"
+    q.quantize_static(str(path), str(out), Reader(), quant_format=q.QuantFormat.QDQ, per_channel=True,
+                      activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8, nodes_to_quantize=nodes,
+                      op_types_to_quantize=["MatMul", "Gemm", "Conv"])
+    return out
+
+
+@baseline("ort-int8", ONNX_EXPORT, "ONNX Runtime's static int8 (quantize_static: QDQ, per-channel int8 weights, uint8 "
+          "activations) of mlc's ONNX export, on the nodes and calibration inputs mlc's --quantize int8 uses",
+          compiles=True)
+def onnxruntime_int8(ctx: Context):
+    quantized = ort_int8_model(ctx.onnx_path, calibration_feeds(ctx), ctx.scratch / "ort-int8")
+    session = ort_session(quantized, ctx.threads)
+    wanted = {i.name for i in session.get_inputs()}
+    feeds = {k: v for k, v in zip(ctx.input_names, ctx.inputs) if k in wanted}
+    run = lambda: session.run(None, feeds)  # noqa: E731
+    run.precision = "int8"  # judged by the int8 gate, as mlc's int8 builds are
+    return run
+
+
 # OpenVINO ----------------------------------------------------------------------------------------
 
-def openvino_model(path: Path, threads: int, precision: Optional[str] = "f32"):
-    """An OpenVINO CPU model compiled for latency with `threads` threads, and the inference precision it
-    runs at. precision None keeps OpenVINO's default, which is bf16 on CPUs with avx512_bf16 or AMX."""
+def _ov():
     try:
         import openvino as ov
     except ImportError:
         raise Unavailable("openvino is not installed: pip install 'mlc[bench]'") from None
-    config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+    return ov
+
+
+def openvino_model(model, threads: int, precision: Optional[str] = "f32", hint: str = "LATENCY"):
+    """An OpenVINO CPU model (`model`: an ONNX path or an openvino.Model) compiled with `threads` threads and the
+    LATENCY or THROUGHPUT performance hint, and the inference precision it runs at. precision None keeps OpenVINO's
+    default, which is bf16 on CPUs with avx512_bf16 or AMX."""
+    ov = _ov()
+    config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": hint}
     if precision:
         config["INFERENCE_PRECISION_HINT"] = precision
-    compiled = ov.Core().compile_model(str(path), "CPU", config)
+    compiled = ov.Core().compile_model(model if isinstance(model, ov.Model) else str(model), "CPU", config)
     return compiled, compiled.get_property("INFERENCE_PRECISION_HINT").to_string()  # "f32", "bf16"
 
 
-def _openvino(ctx: Context, precision: Optional[str]):
-    compiled, ran_at = openvino_model(ctx.onnx_path, ctx.threads, precision)
+def nncf_int8_model(path: Path, calibration: list[dict[str, np.ndarray]]):
+    """NNCF's post-training int8 (nncf.quantize, its default preset) of the OpenVINO model read from `path`,
+    calibrated on `calibration`: the openvino.Model with FakeQuantize nodes the CPU plugin runs as int8."""
+    ov = _ov()
+    try:
+        import nncf
+    except ImportError:
+        raise Unavailable("nncf is not installed: pip install 'mlc[bench]' (or pip install nncf==3.4.0)") from None
+    import logging
+
+    nncf.set_log_level(logging.ERROR)
+    model = ov.Core().read_model(str(path))
+    names = [port.get_any_name() for port in model.inputs]
+    data = nncf.Dataset([{n: feeds[n] for n in names} for feeds in calibration])
+    return nncf.quantize(model, data, subset_size=len(calibration))
+
+
+def runtime_precisions(compiled) -> dict[str, int]:
+    """How many of the compiled model's executed layers run at each precision (its runtime graph), e.g. {"u8": 5}."""
+    counts: dict[str, int] = {}
+    for op in compiled.get_runtime_model().get_ops():
+        info = op.get_rt_info()
+        if info["layerType"].astype(str) not in ("Const", "Input", "Output"):
+            precision = info["runtimePrecision"].astype(str)
+            counts[precision] = counts.get(precision, 0) + 1
+    return counts
+
+
+def _openvino(ctx: Context, precision: Optional[str], model=None):
+    compiled, ran_at = openvino_model(ctx.onnx_path if model is None else model, ctx.threads, precision)
     request = compiled.create_infer_request()
     wanted = {name for port in compiled.inputs for name in port.get_names()}
     feeds = {k: v for k, v in zip(ctx.input_names, ctx.inputs) if k in wanted}
@@ -197,6 +299,7 @@ def _openvino(ctx: Context, precision: Optional[str]):
         return [np.asarray(results[port]) for port in compiled.outputs]
 
     run.precision = ran_at  # what the cell records: OpenVINO picks bf16 by itself where the CPU has it
+    run.compiled = compiled
     return run
 
 
@@ -210,6 +313,45 @@ def openvino_fp32(ctx: Context):
           "avx512_bf16 or AMX; the cell records which) on mlc's ONNX export", compiles=True)
 def openvino_default(ctx: Context):
     return _openvino(ctx, None)
+
+
+@baseline("openvino-int8", ONNX_EXPORT, "OpenVINO CPU plugin on NNCF's post-training int8 (nncf.quantize) of mlc's "
+          "ONNX export, calibrated on the inputs mlc's --quantize int8 uses; f32 where not quantised, latency hint",
+          compiles=True)
+def openvino_int8(ctx: Context):
+    run = _openvino(ctx, "f32", nncf_int8_model(ctx.onnx_path, calibration_feeds(ctx)))
+    run.precision = "int8"  # judged by the int8 gate, as mlc's int8 builds are
+    return run
+
+
+@baseline("openvino-throughput", ONNX_EXPORT, "OpenVINO CPU plugin at fp32 with the THROUGHPUT hint: its optimal "
+          "number of infer requests in flight on an AsyncInferQueue; records samples/s (batch x requests per call), "
+          "not latency", compiles=True)
+def openvino_throughput(ctx: Context):
+    ov = _ov()
+    compiled, ran_at = openvino_model(ctx.onnx_path, ctx.threads, "f32", hint="THROUGHPUT")
+    requests = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+    queue = ov.AsyncInferQueue(compiled, requests)
+    wanted = {name for port in compiled.inputs for name in port.get_names()}
+    feeds = {k: v for k, v in zip(ctx.input_names, ctx.inputs) if k in wanted}
+    first: list[list[np.ndarray]] = [[]]
+
+    def keep(request, job: int) -> None:  # one job's outputs are enough to check; copying all would cost time
+        if job == 0:
+            first[0] = [np.array(request.get_output_tensor(i).data) for i in range(len(compiled.outputs))]
+
+    queue.set_callback(keep)
+
+    def run() -> list[np.ndarray]:
+        for job in range(requests):
+            queue.start_async(feeds, job)
+        queue.wait_all()
+        return first[0]
+
+    run.precision = ran_at
+    run.batches_per_call = requests
+    run.streams = int(compiled.get_property("NUM_STREAMS"))
+    return run
 
 
 # TensorFlow --------------------------------------------------------------------------------------

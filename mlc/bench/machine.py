@@ -6,6 +6,8 @@ import datetime as dt
 import os
 import platform
 import socket
+import subprocess
+from pathlib import Path
 from importlib import metadata
 
 from mlc.errors import TargetError
@@ -40,6 +42,20 @@ def load_average() -> list[float] | None:
         return None
 
 
+def source_commit() -> str | None:
+    """The mlc checkout's commit (short hash, "-dirty" with uncommitted changes), or None outside a git checkout:
+    a table may only put side by side the records of one commit (`mlc report`, benchmarks/suites/merge.py)."""
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():  # an installed copy, not the checkout
+        return None
+    try:
+        proc = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=root,
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (proc.stdout.strip() or None) if proc.returncode == 0 else None
+
+
 def _llvm_cpu() -> str | None:
     """The instruction set the host target compiles for (haswell: AVX2, cooperlake: AVX-512 ...):
     VM model names ("Intel(R) Xeon(R) Processor") often hide it."""
@@ -52,6 +68,7 @@ def _llvm_cpu() -> str | None:
 def machine_info() -> dict:
     return {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": source_commit(),
         "host": socket.gethostname(),
         "cpu": host_cpu_name(),
         "llvm_cpu": _llvm_cpu(),

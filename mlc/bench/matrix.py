@@ -241,7 +241,7 @@ def run(config: BenchConfig, output: Optional[Path] = None, progress: Optional[P
                     try:
                         artifacts[build] = _compile_mlc(model_source, model_fw, target, precision, shape["shapes"],
                                                         workdir / _safe(f"{name}-{shape['key']}-{build}"), config.db)
-                    except Exception as e:  # noqa: BLE001 - recorded in the cells; the matrix goes on
+                    except Exception as e:  # recorded in the cells; the matrix goes on
                         artifacts[build] = {"error": f"mlc compile failed: {error_text(e)}",
                                              "stage": _compile_stage(e)}
                 model_cells = []
@@ -366,13 +366,14 @@ def _cell(config: BenchConfig, model: str, source: str, source_fw: str, backend:
     tag = re.sub(r"[^\w.-]", "_", f"{model}-{shape['key']}-t{threads}-{backend}")
     try:
         result = run_child(job, workdir, tag, f"the {backend} benchmark process", config.cell_timeout)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return {**cell, "status": "failed", "error": error_text(e)}
     finally:
         shutil.rmtree(job["scratch"], ignore_errors=True)
     if "skipped" in result:
         return {**cell, "status": "skipped", "error": result["skipped"]}
-    for key in ("setup_s", "compile_s", "precision", "latency_ms", "accuracy", "peak_rss_mb", "load_average"):
+    for key in ("setup_s", "compile_s", "precision", "latency_ms", "throughput", "runtime_precisions", "accuracy",
+                "peak_rss_mb", "load_average"):
         if key in result:
             cell[key] = result[key]
     if is_mlc and (result.get("emulated") or cell.get("target_emulated")):

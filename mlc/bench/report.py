@@ -1,7 +1,8 @@
 """`mlc report`: benchmark JSON files (one or several machines and targets) to an HTML or Markdown page.
 
 The page is built once as sections of text, tables and matplotlib figures, then written as HTML
-(figures embedded as base64 PNG) or Markdown (figures as PNG files beside it). Latency measured
+(figures embedded as base64 PNG) or Markdown (figures as PNG files in a `plots/` folder beside it, which .gitignore
+keeps out of the repository: they are rendered again from the JSON records). Latency measured
 under emulation (ARM targets run with qemu on x86) is shown as such and never compared."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from mlc.bench.cells import SCHEMA
 from mlc.errors import InputError
 
 EMULATED = "emulated"
+PLOTS = "plots"  # the Markdown page's figures go to PLOTS/ beside it (git-ignored)
 
 
 @dataclass
@@ -61,6 +63,30 @@ def load(paths: Sequence[Path]) -> list[dict]:
     return docs
 
 
+def commit(doc: dict) -> Optional[str]:
+    """The commit a record ran at (`machine.commit`, or a study script's top-level `commit`); None if not recorded."""
+    return (doc.get("machine") or {}).get("commit") or doc.get("commit")
+
+
+def check_one_commit(docs: Sequence[dict]) -> None:
+    """One table holds the records of one commit: refuse files from different commits, or whose commit is not
+    recorded (nothing shows they ran the same code)."""
+    if len(docs) < 2:
+        return
+    commits = [commit(d) for d in docs]
+    if None in commits or len(set(commits)) > 1:
+        listed = ", ".join(f"{d.get('file', '?')} at {c or 'an unrecorded commit'}" for d, c in zip(docs, commits))
+        raise InputError(f"refusing to put records of different (or unrecorded) commits in one table: {listed}; "
+                         "render each run on its own")
+
+
+def run_line(doc: dict) -> str:
+    """Where a table's numbers come from: file, commit, machine, date and load."""
+    m = doc.get("machine") or {}
+    return (f"Run `{doc.get('file', '?')}`: commit {commit(doc) or 'not recorded'}, {machine_label(m)}, "
+            f"{m.get('date', 'date not recorded')}, load average {_load(m)}.")
+
+
 def machine_label(machine: dict) -> str:
     cpu = " ".join(machine.get("cpu", "?").replace("(R)", "").replace("(TM)", "").replace(" CPU", "").split())
     env = "".join(f", {k}={v}" for k, v in sorted(machine.get("environment", {}).items()))
@@ -97,6 +123,13 @@ def latency(cell: dict) -> Optional[float]:
     return (cell.get("latency_ms") or {}).get("p50")
 
 
+def samples_per_s(cell: dict) -> Optional[float]:
+    """Samples a second: a throughput baseline's (requests in flight), else the batch over the mean call time."""
+    if cell.get("status") != "ok" or cell.get("emulated"):
+        return None
+    return (cell.get("throughput") or cell.get("latency_ms") or {}).get("samples_per_s")
+
+
 def _ms(value: Optional[float]) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
@@ -119,6 +152,8 @@ def _status_text(cell: Optional[dict]) -> str:
         return cell["status"]
     if cell.get("emulated"):
         return EMULATED
+    if cell.get("throughput"):  # no latency: samples/s with requests in flight
+        return f"{samples_per_s(cell):.0f}/s"
     return _ms(latency(cell)) + _unscheduled_tag(unscheduled(cell))
 
 
@@ -143,8 +178,8 @@ def _load(machine: dict) -> str:
 
 
 def _machines_section(docs: list[dict]) -> Section:
-    table = Table(["machine", "CPU", "cores (usable/all)", "memory GiB", "date", "load avg start → end", "versions",
-                   "file"], [])
+    table = Table(["machine", "CPU", "cores (usable/all)", "memory GiB", "date", "load avg start → end", "commit",
+                   "versions", "file"], [])
     for doc in docs:
         m = doc["machine"]
         versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items()
@@ -152,7 +187,8 @@ def _machines_section(docs: list[dict]) -> Section:
                                       "paddlepaddle"))
         cpu = m.get("cpu", "?") + (f" ({m['llvm_cpu']})" if m.get("llvm_cpu") else "")
         table.rows.append([machine_label(m), cpu, f"{m.get('cores_usable')}/{m.get('cpu_count')}",
-                           str(m.get("memory_gib", "?")), m.get("date", "?"), _load(m), versions, doc["file"]])
+                           str(m.get("memory_gib", "?")), m.get("date", "?"), _load(m), commit(doc) or "not recorded",
+                           versions, doc["file"]])
     config = docs[0]["config"]
     text = [f"Warm-up {config.get('warmup')} runs, then {config.get('repeat')} timed runs per cell; each cell runs in "
             "a process of its own with its thread count set. Latency is the median (p50) in milliseconds unless "
@@ -180,6 +216,25 @@ def _latency_section(cells: list[dict]) -> Section:
         table.rows.append(row)
     section.parts.append(table)
     return section
+
+
+def _throughput_section(cells: list[dict]) -> Optional[Section]:
+    """Samples/s per backend where a cell is batched or a throughput baseline ran (e.g. --batch 8,32 --threads all
+    --baselines ort,openvino-throughput: mlc runs one batched call at a time)."""
+    if not any(c["batch"] > 1 or c.get("throughput") for c in cells):
+        return None
+    backends = _backends(cells)
+    table = Table(["machine", "model", "shape", "threads", *backends], [])
+    for (machine, model, shape, threads), by in _grouped(cells).items():
+        values = {b: samples_per_s(by[b]) for b in backends if b in by}
+        table.rows.append([machine, model, shape, str(threads)]
+                          + [f"{values[b]:.0f}" if values.get(b) else _status_text(by.get(b)) for b in backends])
+        best = [i for i, b in enumerate(backends) if values.get(b)]
+        if best:
+            table.bold.add((len(table.rows) - 1, 4 + max(best, key=lambda i: values[backends[i]])))
+    return Section("Throughput (samples/s)", [
+        "Highest per row in bold. Batch over the mean call time, one call at a time; a throughput baseline "
+        "(openvino-throughput) keeps its optimal number of infer requests in flight and counts them all."], [table])
 
 
 def _speedups(cells: list[dict]) -> tuple[list[str], list[str], list[tuple[tuple, dict[tuple[str, str], float]]]]:
@@ -452,6 +507,7 @@ def lengths_console_table(doc: dict):
 
 
 def build(docs: list[dict]) -> list[Section]:
+    check_one_commit(docs)
     cells = rows(docs)
     lengths = _lengths_sections(docs)
     if not cells and not lengths:
@@ -461,12 +517,18 @@ def build(docs: list[dict]) -> list[Section]:
     latency_figs, speedup_figs, compile_figs = _figures(cells)
     sections = [_machines_section(docs)] + lengths + suite_sections(docs)
     lat = _latency_section(cells)
+    lat.text += [run_line(d) for d in docs]
     lat.parts += latency_figs
     sections.append(lat)
     speed = _speedup_section(cells)
     if speed:
+        speed.text += [run_line(d) for d in docs]
         speed.parts += speedup_figs
         sections.append(speed)
+    throughput = _throughput_section(cells)
+    if throughput:
+        throughput.text += [run_line(d) for d in docs]
+        sections.append(throughput)
     sections.append(_accuracy_section(cells))
     comp = _compile_section(cells)
     if comp:
@@ -537,6 +599,7 @@ def suite_sections(docs: list[dict]) -> list[Section]:
         text = [f"Pass rate: {rate}" + (f"; failures by stage: {failed}" if failed else "")
                 + (f"; {slow} of the passes with unscheduled kernels (TVM's serial loops)." if slow else ".")
                 + (" Tiny configs (MLC_SUITE_TINY): not the published sizes." if suite.get("tiny") else ""),
+                run_line(doc),
                 "A model passes when mlc exports, imports, compiles and runs it and its outputs match torch eager's. "
                 "Speed-up: the baseline's p50 over mlc's (above 1: mlc is faster), over the models where both ran."]
         for threads, per in sorted(s["geomean"].items()):
@@ -663,8 +726,10 @@ def render(paths: Sequence[Path], output: Path, title: str = "mlc benchmark repo
     sections = build(load(paths))
     output.parent.mkdir(parents=True, exist_ok=True)
     if output.suffix.lower() == ".md":
-        text, images = to_markdown(sections, title, f"{output.stem}-")
+        text, images = to_markdown(sections, title, f"{PLOTS}/{output.stem}-")
         written = [output]
+        if images:
+            (output.parent / PLOTS).mkdir(exist_ok=True)
         for name, data in images.items():
             (output.parent / name).write_bytes(data)
             written.append(output.parent / name)
@@ -680,7 +745,8 @@ def console_table(doc: dict):
 
     cells = rows([{**doc, "file": ""}])
     backends = _backends(cells)
-    table = RichTable(title="p50 latency, ms (accuracy vs eager: ✓ pass, ✗ fail)", title_justify="left")
+    table = RichTable(title="p50 latency, ms (accuracy vs eager: ✓ pass, ✗ fail)\n" + run_line({**doc, "file": "-"}),
+                      title_justify="left")
     for column in ("model", "shape", "threads", *backends):
         table.add_column(column, justify="left" if column in ("model", "shape") else "right")
     for (_, model, shape, threads), by in _grouped(cells).items():

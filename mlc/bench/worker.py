@@ -94,7 +94,7 @@ def prepare(request: dict) -> dict:
                     if wide is not None:
                         save_npz(out / suites.REFERENCE64.format(key=key), dict(zip(names, wide)))
                 entry["shapes"] = concrete
-            except Exception as e:  # noqa: BLE001 - one shape failing (memory, limits) must not stop the rest
+            except Exception as e:  # one shape failing (memory, limits) must not stop the rest
                 entry["error"] = one_line(e)
             shapes.append(entry)
     return {"ok": True, "exporter": exporter, "reference": version if fm else "onnxruntime",
@@ -169,12 +169,20 @@ def measure(request: dict) -> dict:
             run()
             times.append(time.perf_counter() - start)
         batch = int(ctx.inputs[0].shape[0]) if ctx.inputs and ctx.inputs[0].ndim else 1
-        stats = thin_runtime.latency_stats(times, batch)
+        per_call = getattr(run, "batches_per_call", None)  # a throughput baseline: batches in flight per call
+        stats = thin_runtime.latency_stats(times, batch * (per_call or 1))
+        if per_call:  # its call time is no latency: the cell records samples/s and how they were run
+            result["throughput"] = {"batch": batch, "batches_per_call": per_call,
+                                    "samples_per_s": stats["samples_per_s"], "call_ms": stats["p50_ms"],
+                                    **({"streams": run.streams} if hasattr(run, "streams") else {})}
+        if hasattr(run, "compiled"):  # OpenVINO: the precisions its executed layers ran at (int8: u8/i8)
+            result["runtime_precisions"] = baselines.runtime_precisions(run.compiled)
         if len(produced) != len(reference):
             raise ValueError(f"{chosen.name} returned {len(produced)} outputs where the model has {len(reference)}")
         outputs = dict(zip(reference, produced))
     check = compare(reference, {k: np.asarray(v) for k, v in outputs.items()})
-    result["latency_ms"] = {k.removesuffix("_ms"): v for k, v in stats.items()}
+    if "throughput" not in result:
+        result["latency_ms"] = {k.removesuffix("_ms"): v for k, v in stats.items()}
     result["accuracy"] = {"max_abs_error": max((o.max_abs_error for o in check.outputs), default=None),
                           "max_rel_error": max((o.max_rel_error for o in check.outputs), default=None),
                           "passed": check.passed}
