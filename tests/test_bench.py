@@ -13,6 +13,7 @@ import pytest
 from helpers import assert_clean_error, run_mlc
 from mlc import bench, targets
 from mlc.bench import matrix, report
+from mlc.errors import InputError
 
 
 @pytest.fixture(scope="module")
@@ -376,3 +377,78 @@ def test_bench_precision_builds_are_judged_by_the_gate(tmp_path):
         row = rows[f"mlc@x86 {precision}"]
         assert row["precision"] == precision and row["result"] == "pass (gate)"
     assert rows["mlc@x86"]["result"] == "pass"
+
+
+def _record(path: Path, commit: str | None, p50: float, load: float = 0.5) -> Path:
+    """A small `mlc bench` record written by hand (no run): ORT and mlc on zoo:mlp, one thread."""
+    from mlc.bench.cells import SCHEMA
+
+    machine = {"cpu": "Testium 9", "cores_usable": 2, "cpu_count": 2, "date": "2026-11-26T20:00:00+00:00",
+               "load_average": [load, load, load], "load_average_end": [load, load, load]}
+    if commit:
+        machine["commit"] = commit
+    cells = [{"model": "mlp", "batch": 1, "seq": None, "threads": 1, "backend": backend, "target": "x86",
+              "status": "ok", "latency_ms": {"p50": ms}, "accuracy": {"passed": True, "max_abs_error": 0.0}}
+             for backend, ms in (("ort", 2.0), ("mlc", p50))]
+    path.write_text(json.dumps({"schema": SCHEMA, "machine": machine, "config": {"command": "mlc bench ..."},
+                                "cells": cells}))
+    return path
+
+
+def test_report_refuses_records_of_different_commits(tmp_path):
+    """#38: one table, one commit. Before, the later file's cells silently replaced the earlier one's."""
+    old = _record(tmp_path / "old.json", "1111111", p50=4.0)
+    new = _record(tmp_path / "new.json", "2222222", p50=1.0)
+    unrecorded = _record(tmp_path / "unrecorded.json", None, p50=1.0)
+    proc = run_mlc("report", old, new, "-o", tmp_path / "r.md")
+    assert_clean_error(proc, 1, "different (or unrecorded) commits", "old.json at 1111111", "new.json at 2222222")
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "r.md").exists()
+    with pytest.raises(InputError, match="unrecorded.json at an unrecorded commit"):
+        report.render([new, unrecorded], tmp_path / "r.md")
+    # One commit (a machine's runs, parts of one run) still renders; so does one file that predates the field.
+    same = _record(tmp_path / "same.json", "2222222", p50=1.1, load=3.0)
+    assert report.render([new, same], tmp_path / "ok.md")[0].is_file()
+    assert report.render([unrecorded], tmp_path / "alone.md")[0].is_file()
+    assert "commit not recorded" in (tmp_path / "alone.md").read_text()
+
+
+def test_report_tables_state_commit_machine_load_and_date(tmp_path):
+    path = _record(tmp_path / "run.json", "abc1234", p50=1.0, load=1.5)
+    written = report.render([path], tmp_path / "page.md")
+    text = written[0].read_text()
+    line = "Run `run.json`: commit abc1234, Testium 9, 2 cores, 2026-11-26T20:00:00+00:00, load average 1.5 → 1.5."
+    latency = text.partition("## Latency")[2].partition("\n## ")[0]
+    speedup = text.partition("## Speed-up")[2].partition("\n## ")[0]
+    assert line in latency and line in speedup
+    assert "| abc1234 |" in text.partition("## Machines")[2].partition("\n## ")[0]
+    # The plots go to plots/ beside the page, a folder .gitignore keeps out of the repository.
+    plots = written[1:]
+    assert plots and all(p.parent == tmp_path / report.PLOTS for p in plots)
+    assert all(f"]({report.PLOTS}/page-" in line for line in text.splitlines() if line.startswith("!["))
+
+
+def test_machine_records_the_commit(monkeypatch):
+    """Every record's machine block carries the checkout's commit, which the report and merge.py compare."""
+    import subprocess
+
+    from mlc.bench import machine
+
+    expected = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True,
+                              text=True, cwd=Path(machine.__file__).resolve().parents[2]).stdout.strip()
+    assert machine.source_commit() == expected and expected
+    monkeypatch.setattr(machine, "source_commit", lambda: "abc1234")
+    monkeypatch.setattr(machine, "_llvm_cpu", lambda: None)  # no target resolution in this test
+    assert machine.machine_info()["commit"] == "abc1234"
+
+
+def test_benchmark_records_and_plots_are_where_readers_look():
+    """#38: every JSON record of a study lies in its results/ folder; a plot in git is one a README in its folder
+    shows (rendered plots go to a git-ignored plots/ folder)."""
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    studies = [d for d in root.iterdir() if d.is_dir() and not d.name.startswith("work")]
+    stray = [str(p.relative_to(root)) for d in studies for p in d.rglob("*.json")
+             if "results" not in p.relative_to(d).parts[:-1]]
+    assert not stray, stray
+    for png in (p for d in studies for p in d.rglob("*.png") if "plots" not in p.relative_to(d).parts):
+        readme = png.parent / "README.md"
+        assert readme.is_file() and f"]({png.name})" in readme.read_text(), f"{png} is not shown by {readme}"

@@ -44,12 +44,13 @@ def test_tiny_lengths_run(tmp_path):
     text = page.read_text()
     for name in rows:
         assert f"| {name} | ok |" in text
-    assert "cola-like lengths, 3 sentences" in text and list(tmp_path.glob("report-lengths-bert-tiny*.png"))
+    assert "cola-like lengths, 3 sentences" in text
+    assert list((tmp_path / report.PLOTS).glob("report-lengths-bert-tiny*.png"))  # plots/ beside the page
     # Two runs of one model on one machine (e.g. strategies split over two runs): a plot each.
     both = tmp_path / "both.md"
     report.render([out, out], both)
     links = {line.partition("](")[2] for line in both.read_text().splitlines() if line.startswith("![")}
-    assert len(links) == 2 and len(list(tmp_path.glob("both-lengths-*.png"))) == 2
+    assert len(links) == 2 and len(list((tmp_path / report.PLOTS).glob("both-lengths-*.png"))) == 2
 
 
 def test_lengths_errors(tmp_path):

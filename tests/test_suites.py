@@ -207,3 +207,39 @@ def test_a_pass_with_unscheduled_kernels_is_no_plain_pass():
         assert section.parts[0].rows[0][2] == "pass (3 unscheduled)"
         assert "1 of the passes with unscheduled kernels" in section.text[0]
     assert report._status_text(cell) == "2 (3 unscheduled)"  # the latency table's cell
+
+
+def _suite_record(path: Path, commit: str | None, model: str, p50: float) -> Path:
+    machine = {"cpu": "x", "date": "2026-11-26T20:00:00+00:00", "load_average": [1.0, 1.0, 1.0]}
+    if commit:
+        machine["commit"] = commit
+    cell = {"model": model, "backend": "mlc", "target": "x86", "status": "ok", "threads": 1, "batch": 1,
+            "latency_ms": {"p50": p50}}
+    path.write_text(json.dumps({"machine": machine, "config": {"command": f"mlc bench ... {path.name}"},
+                                "cells": [cell], "suite": {"name": "timm", "models": {model: {"status": "passed"}}}}))
+    return path
+
+
+def test_merge_refuses_records_of_different_commits(tmp_path):
+    """#38: benchmarks/suites/merge.py put a model's latest run into one table with the others, whatever code each
+    ran; now it merges one commit's records only, and says which file ran where in one line."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "suites" / "merge.py"
+    first = _suite_record(tmp_path / "a.json", "1111111", "ghost", 2.0)
+    later = _suite_record(tmp_path / "b.json", "2222222", "ghost", 1.0)
+    unrecorded = _suite_record(tmp_path / "c.json", None, "deit", 1.0)
+    out = tmp_path / "merged.json"
+    for files in ([first, later], [later, unrecorded]):
+        proc = subprocess.run([sys.executable, script, *map(str, files), "-o", str(out)], capture_output=True,
+                              text=True)
+        assert_clean_error(proc, 1, "refusing to merge records of different (or unrecorded) commits")
+        assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
+    assert "b.json at 2222222" in proc.stderr and "c.json at an unrecorded commit" in proc.stderr
+    same = _suite_record(tmp_path / "d.json", "2222222", "deit", 3.0)
+    proc = subprocess.run([sys.executable, script, str(later), str(same), "-o", str(out)], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+    merged = json.loads(out.read_text())
+    assert merged["machine"]["commit"] == "2222222" and list(merged["suite"]["models"]) == ["ghost", "deit"]

@@ -12,9 +12,9 @@ import numpy as np
 import tvm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
-from tvm import relax  # noqa: E402
+from tvm import relax
 
-from mlc.compiler import schedules  # noqa: E402
+from mlc.compiler import schedules
 
 TARGET = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4", "num-cores": 2}
 

@@ -19,8 +19,8 @@ from pathlib import Path
 os.environ.setdefault("TVM_NUM_THREADS", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from mlc.bench.machine import machine_info  # noqa: E402
-from mlc.runtime.runner import Runner, load_npz  # noqa: E402
+from mlc.bench.machine import machine_info
+from mlc.runtime.runner import Runner, load_npz
 
 _LOAD = """
 import resource, sys, time
@@ -54,8 +54,8 @@ def main() -> None:
     for label, path in labels.items():
         runner = Runner(path, verify=False)
         feeds = load_npz(Path(path) / runner.manifest["reference"]["inputs"])
-        tensors = [runner._to_device(a) for a in runner.prepare(feeds)[0]]  # noqa: SLF001 - timing the call alone
-        calls[label] = (runner._mains[None], tensors)  # noqa: SLF001
+        tensors = [runner._to_device(a) for a in runner.prepare(feeds)[0]]  # timing the call alone
+        calls[label] = (runner._mains[None], tensors)
     best = {label: float("inf") for label in labels}
     for _ in range(args.rounds):
         for label, (main, tensors) in calls.items():

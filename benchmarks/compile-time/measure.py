@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from mlc.bench.machine import machine_info  # noqa: E402
+from mlc.bench.machine import machine_info
 
 
 def measure(tree: Path, model: str, extra: list[str], out: Path) -> dict:

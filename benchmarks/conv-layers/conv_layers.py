@@ -5,7 +5,7 @@ whole model does once, left out), to see which layer shapes a schedule rule leav
     mlc export zoo:resnet50 -o resnet50.onnx
     .venv/bin/python benchmarks/conv-layers/conv_layers.py resnet50.onnx --label "after X" \
         -o benchmarks/conv-layers/results/b.json
-    .venv/bin/python benchmarks/conv-layers/conv_layers.py --plot benchmarks/conv-layers/ab.png \
+    .venv/bin/python benchmarks/conv-layers/conv_layers.py --plot benchmarks/conv-layers/plots/ab.png \
         benchmarks/conv-layers/results/a.json benchmarks/conv-layers/results/b.json
 
 Each layer is Conv(+bias) -> Relu on seeded random data, batch 1, with the model's shapes, strides,
@@ -171,6 +171,7 @@ def plot(paths: list[Path], output: Path) -> None:
     fig.suptitle(f"{docs[0]['model']} convolutions, {machine['cpu']} (LLVM cpu {machine.get('llvm_cpu', '?')})",
                  fontsize=10)
     fig.tight_layout()
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=110)
     plt.close(fig)
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 os.environ.setdefault("TVM_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from symbolic_vs_static import _cpu_time, _feeds, _inputs  # noqa: E402
+from symbolic_vs_static import _cpu_time, _feeds, _inputs
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ import time
 
 os.environ.setdefault("TVM_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 # name: (K, N, epilogue): bias, bias + residual, or none (the Q/K/V projections combined into one matmul)
 SHAPES = {"qkv 768x2304 no bias": (768, 2304, "none"), "attn-out 768x768": (768, 768, "bias"),

@@ -26,7 +26,7 @@ from pathlib import Path
 
 os.environ.setdefault("TVM_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 
 def _inputs(onnx_path: str) -> list[tuple[str, list, int]]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 os.environ.setdefault("TVM_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 
 def _feeds(length: int) -> dict[str, np.ndarray]:

@@ -87,7 +87,7 @@ def timing(bundle: Path) -> dict:
 
     sys.path.insert(0, str(SITE))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import models  # noqa: E402 - this folder's: the same architectures, seeded
+    import models  # this folder's: the same architectures, seeded
 
     cases = {"bert2-fp16": [(1, 128), (32, 128)]}
     figures = {}
@@ -138,7 +138,7 @@ def main() -> None:
     if "--timing" in sys.argv:
         try:
             record["timing"] = timing(bundle)
-        except Exception as e:  # noqa: BLE001 - the checks above are recorded whatever happens here
+        except Exception as e:  # the checks above are recorded whatever happens here
             record["timing_error"] = f"{type(e).__name__}: {e}"
     (out / "gpu-results.json").write_text(json.dumps(record, indent=1) + "\n")
     for name, entry in record["checks"].items():

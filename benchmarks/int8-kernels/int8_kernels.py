@@ -7,7 +7,8 @@ call of each backend (the starting backend rotating); the table gives the median
 multiply-add counts 2) and its share of the core's peak for that instruction, measured with peak.c (best of 3 runs,
 interleaved with the kernels). The int8 results are checked equal to numpy's before timing.
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/int8-kernels/int8_kernels.py -o benchmarks/int8-kernels/results.json"""
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/int8-kernels/int8_kernels.py \
+        -o benchmarks/int8-kernels/results/results.json"""
 
 from __future__ import annotations
 
@@ -155,7 +156,7 @@ def _ort_kernel(shape, precision: str):
         session = ort.InferenceSession(onnx.shape_inference.infer_shapes(model).SerializeToString(), options,
                                        providers=["CPUExecutionProvider"])
         session.run(None, {"x": x})
-    except Exception as e:  # noqa: BLE001 - e.g. an int8 weight ConvInteger does not support
+    except Exception as e:  # e.g. an int8 weight ConvInteger does not support
         print(f"ORT {op}: {str(e).splitlines()[0][:160]}", file=sys.stderr)
         return None
     return lambda: session.run(None, {"x": x})

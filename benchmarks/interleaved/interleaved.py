@@ -9,6 +9,8 @@ same machine; the result is each side's p50 and the median of the per-round rati
     mlc compile zoo:bert-base --input-shape input_ids:1x128 --input-shape attention_mask:1x128 --db DB -o art
     .venv/bin/python benchmarks/interleaved/interleaved.py --artifact art --onnx bert-base.onnx \
         --label "bert-base b1 s128" -o benchmarks/interleaved/results/x.json   # appends a row
+    .venv/bin/python benchmarks/interleaved/interleaved.py -o benchmarks/interleaved/results/x.json \
+        --plot benchmarks/interleaved/plots/x.png    # only draws the recorded rows (plots/ is git-ignored)
 
 ORT runs on the artifact's reference inputs (its static shapes); the ONNX may have dynamic dims. `--ort-int8` (for a
 `--quantize` artifact) also times ONNX Runtime's own int8 build of the same ONNX: onnxruntime.quantization's QDQ
@@ -31,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--artifact", type=Path, required=True)
-    parser.add_argument("--onnx", type=Path, required=True)
-    parser.add_argument("--label", required=True)
+    parser.add_argument("--artifact", type=Path, help="Required unless only drawing --output's rows (--plot).")
+    parser.add_argument("--onnx", type=Path)
+    parser.add_argument("--label")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=30)
@@ -45,6 +47,11 @@ def main() -> None:
     parser.add_argument("--ort-int8", action="store_true",
                         help="Also time ONNX Runtime's int8 QDQ build of --onnx (quantize_static/quantize_dynamic).")
     args = parser.parse_args()
+    if args.artifact is None and args.plot:  # draw the recorded rows, run nothing
+        plot(json.loads(args.output.read_text()), args.plot)
+        return
+    if args.artifact is None or args.onnx is None or args.label is None:
+        parser.error("give --artifact, --onnx and --label (or only -o RESULTS.json --plot PNG to draw a record)")
     for name in ("OMP_NUM_THREADS", "TVM_NUM_THREADS"):  # before TVM's or ORT's thread pools start
         os.environ[name] = str(args.threads)
 
@@ -122,8 +129,10 @@ def main() -> None:
         row[f"{name}_p50_ms"] = round(float(np.median(extra_s[name])) * 1e3, 3)
         row[f"{name}_precision"] = precision
         row[f"mlc_over_{name}_median"] = round(float(np.median(np.array(mlc_s) / np.array(extra_s[name]))), 3)
+    machine = machine_info()  # the file's machine is the last row's; each row keeps its own commit and date
+    row.update(commit=machine.get("commit"), date=machine["date"])
     doc = json.loads(args.output.read_text()) if args.output.exists() else {"benchmark": "interleaved", "rows": []}
-    doc["machine"] = machine_info()
+    doc["machine"] = machine
     doc["rows"] = [r for r in doc["rows"] if r["label"] != args.label] + [row]
     args.output.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(row))
@@ -198,6 +207,7 @@ def plot(doc: dict, path: Path) -> None:
     isa = f" ({machine['llvm_cpu']})" if machine.get("llvm_cpu") else ""
     ax.set_title(f"{machine['cpu']}{isa}, {rows[0]['threads']} thread, interleaved call by call", fontsize=9)
     fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
-from mlc.bench.machine import machine_info  # noqa: E402
+from mlc.bench.machine import machine_info
 
-import mlc.api as api  # noqa: E402
-from mlc import passes  # noqa: E402
+import mlc.api as api
+from mlc import passes
 
 
 def main() -> None:

@@ -101,7 +101,7 @@ def _ours(seed: Seed, path: Path) -> list[str]:
             ratio = f"{base / min(mlcs):.2f}×" if mlcs and base else "–"
         lines.append(f"| {model} | {shape} | {threads} | " + " | ".join(values) + (f" | {ratio} |" if eager else " |"))
     machine = report.machine_label(docs[0]["machine"])
-    return [f"Measured here ({machine}, {docs[0]['machine']['date']}; p50 ms):", ""] + lines
+    return [f"Measured here ({machine}, {docs[0]['machine']['date']}; p50 ms). {report.run_line(docs[0])}", ""] + lines
 
 
 def tables(keys: list[str]) -> str:

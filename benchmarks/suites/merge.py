@@ -1,6 +1,10 @@
 """Merge suite re-runs into a suite run: each re-run model's cells and table row replace the first run's; the merged
 document lists the re-runs (their commands and load) under "reruns".
 
+Only records of one commit merge (`machine.commit`, recorded by `mlc bench` since #38): files from different commits,
+or from before commits were recorded, are refused with a one-line error, since one table would then mix code. Render
+such runs one by one (`mlc report FILE -o FILE.md`).
+
     python benchmarks/suites/merge.py results/timm-1t.json results/timm-1t-rerun.json -o results/timm-1t-merged.json
 
 With --parts, the files are parts of one run (a suite split across processes): the merged document's command is
@@ -15,7 +19,21 @@ import sys
 from pathlib import Path
 
 
+class MixedCommits(ValueError):
+    """The files did not all run at one recorded commit."""
+
+
+def check_one_commit(docs: list[dict], names: list[str]) -> str:
+    """The one commit all the records ran at; MixedCommits otherwise (a missing commit counts as different)."""
+    commits = [(d.get("machine") or {}).get("commit") for d in docs]
+    if None in commits or len(set(commits)) > 1:
+        listed = ", ".join(f"{n} at {c or 'an unrecorded commit'}" for n, c in zip(names, commits))
+        raise MixedCommits(f"refusing to merge records of different (or unrecorded) commits into one table: {listed}")
+    return commits[0]
+
+
 def merge(first: dict, reruns: list[dict]) -> dict:
+    check_one_commit([first, *reruns], [f"file {i + 1}" for i in range(1 + len(reruns))])
     doc = json.loads(json.dumps(first))
     for again in reruns:
         names = list(again["suite"]["models"])
@@ -37,6 +55,10 @@ def main() -> None:
     parser.add_argument("--parts", action="store_true", help="the files are parts of one run")
     args = parser.parse_args()
     parts = [json.loads(args.first.read_text())] + [json.loads(p.read_text()) for p in args.reruns]
+    try:
+        check_one_commit(parts, [str(p) for p in [args.first, *args.reruns]])
+    except MixedCommits as e:
+        sys.exit(f"merge.py: error: {e}")
     doc = merge(parts[0], parts[1:])
     if args.parts:
         sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root

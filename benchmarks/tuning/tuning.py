@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
-from mlc.bench.machine import machine_info  # noqa: E402
+from mlc.bench.machine import machine_info
 
-import mlc.api as api  # noqa: E402
-from mlc import tuning  # noqa: E402
+import mlc.api as api
+from mlc import tuning
 
 
 def _stats(times_s: list[float]) -> dict:

@@ -156,7 +156,7 @@ def run(config, output: Optional[Path] = None, progress=None) -> dict:
                             "run_cpu_total_s": round(measured["run_cpu_total_s"], 4),
                             "run_cpu_ms": [round(t, 4) for t in measured["run_cpu_ms"]],
                             "peak_rss_mb": measured["peak_rss_mb"], "load_average": measured["load_average"]})
-            except Exception as e:  # noqa: BLE001 - recorded; the other strategies go on
+            except Exception as e:  # recorded; the other strategies go on
                 row.update({"status": "failed", "error": error_text(e)})
             finally:
                 for path in artifacts.values():

@@ -305,7 +305,7 @@ def _forward_args(module) -> set:
 def _timm(name: str):
     try:
         import timm
-    except Exception as e:  # noqa: BLE001 - torchvision fails in several ways beside a torch it was not built for
+    except Exception as e:  # torchvision fails in several ways beside a torch it was not built for
         raise MissingDependencyError(f"timm unavailable: needs torchvision, and `import timm` fails here "
                                      f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     import torch
