@@ -649,9 +649,9 @@ def bench_cmd(
     seq: str = typer.Option("128", "--seq", help="Sequence lengths, comma-separated (models without one ignore it)."),
     threads: str = typer.Option("1", "--threads", help="CPU thread counts, comma-separated; all: every usable core."),
     baselines: str = typer.Option("torch,ort", "--baselines", "-b",
-                                  help="Baselines, comma-separated: torch, torch-compile, torchscript, ort, "
-                                       "openvino, openvino-default, tf, tf-graph, paddle, paddle-static; 'none' for "
-                                       "mlc only."),
+                                  help="Baselines, comma-separated: torch, torch-compile, torchscript, ort, ort-int8, "
+                                       "openvino, openvino-default, openvino-int8, openvino-throughput, tf, tf-graph, "
+                                       "paddle, paddle-static; 'none' for mlc only."),
     warmup: int = typer.Option(3, help="Untimed runs per cell."),
     repeat: int = typer.Option(20, help="Timed runs per cell."),
     framework: Optional[str] = typer.Option(None, "--framework", "-f",
