@@ -54,10 +54,12 @@ class MissingDependencyError(MlcError):
 
 class CompilerError(MlcError):
     """TVM failed or crashed on a model that passed our checks. `stage` names the worker step that failed
-    ("import", "passes", "build", "export", "run", ...; None when the worker died without saying)."""
+    ("import", "passes", "build", "export", "run", ...; None when the worker died without saying); `detail` TVM's
+    own one-line message, where the worker reported one (the message adds where the log is)."""
 
     exit_code = ExitCode.INTERNAL
 
-    def __init__(self, message: str, stage: str | None = None):
+    def __init__(self, message: str, stage: str | None = None, detail: str | None = None):
         super().__init__(message)
         self.stage = stage
+        self.detail = detail

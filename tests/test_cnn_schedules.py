@@ -466,11 +466,14 @@ def test_a_kernel_tvm_finds_ill_formed_keeps_its_loops_alone(tvm_tools, monkeypa
 
     monkeypatch.setattr(rules, "_reparsed", lambda func: func)  # as if the reprint could not mend loop_partition's
     mod, arrays, expected = _ghost_concat(relax, head=True)
-    notes: list[str] = []
+    from mlc.compiler.contract import NoteKind
+
+    notes = []
     executable, report = schedules.build(mod, target_json, None, True, notes)
     (name,) = report["unscheduled"]
     assert "concatenate" in name and report["default"], report
-    assert any(name in n and "multiple definitions of variable" in n for n in notes), notes
+    assert any(n.kind is NoteKind.UNSCHEDULED and name in n.text and "multiple definitions of variable" in n.text
+               for n in notes), notes
     warning = schedule_notes(report, "m.onnx", "x86", None)[0]
     assert warning.startswith("1 kernel(s) unscheduled") and name in warning, warning
     np.testing.assert_allclose(_run(tvm, relax, executable, *arrays), expected, rtol=1e-5, atol=1e-6)

@@ -72,12 +72,13 @@ def test_symbolic_kernel_takes_its_static_twins_record_and_stays_exact(tmp_path,
     assert dynamic_records.read_lengths(db) == {"n": [TUNED_AT]}
 
     symbolic = _module(relax, tvm.tirx.Var("n", "int64"), weight)
-    notes: list[str] = []
+    notes = []
     # Without the opt-in the twin is found and named, not applied (replays measured slower than the defaults).
     _, report = schedules.build(symbolic, target_json, str(db), True, notes)
     assert not report["tuned"] and not report["tuned_at"] and report["default"], report
-    assert len(notes) == 1 and f"static twins (n={TUNED_AT}), not applied" in notes[0], notes
-    assert notes[0].endswith(", ".join(sorted(tuned))), notes
+    assert len(notes) == 1 and notes[0].kind.value == "records", notes
+    assert f"static twins (n={TUNED_AT}), not applied" in notes[0].text, notes
+    assert notes[0].text.endswith(", ".join(sorted(tuned))), notes
     notes.clear()
     monkeypatch.setenv(dynamic_records.REPLAY_ENV, "replay")
     executable, report = schedules.build(symbolic, target_json, str(db), True, notes)

@@ -222,8 +222,10 @@ def test_compile_worker_results_map_to_errors():
     """compile_in_worker's reading of the compile worker's kinds (here without running TVM)."""
     from mlc.compiler.client import _check_result
 
-    ok = _proc.WorkerResult.from_dict({"ok": True, "outputs": [], "timings": {}})
-    assert _check_result(ok, None) == {"ok": True, "outputs": [], "timings": {}}
+    payload = {"tvm_version": "0.27", "outputs": [], "timings": {}, "pass_records": []}
+    ok = _proc.WorkerResult.success(payload)
+    assert _check_result(ok, None).to_json() == {**payload, "notes": [], "kernels": {}, "schedules": None,
+                                                  "weights": None, "precision": "fp32", "gpu_code": None}
     with pytest.raises(CompilerError, match="^TVM failed during build: boom$") as caught:
         _check_result(_proc.WorkerResult.from_dict({"ok": False, "kind": "compile", "stage": "build",
                                                     "message": "boom"}), None)

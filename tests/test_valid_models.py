@@ -147,28 +147,30 @@ def test_build_retries_without_optional_steps(monkeypatch) -> None:
     without the Relax passes (the module imported again); the note names the step and TVM's reason; a failure of
     every try raises."""
     from mlc.compiler import worker
+    from mlc.compiler.contract import CompileRequest, Note, NoteKind, ScheduleRequest
 
-    calls = []
+    calls, passes_fail = [], []
 
     def fake_build(mod, request, default_schedules, notes, use_db=True):
         calls.append((mod, default_schedules))
-        if default_schedules or mod == "passed" and request.get("passes_fail"):
+        if default_schedules or mod == "passed" and passes_fail:
             raise RuntimeError("Traceback:\n  File x\nInternalError: Check failed: rule blew up")
         return f"exe({mod})", {"default": []}, []
 
     monkeypatch.setattr(worker, "_build", fake_build)
-    request = {"target": {}, "schedules": {"db": None, "default": True}}
-    notes: list[str] = []
+    request = CompileRequest(onnx="m.onnx", target={}, schedules=ScheduleRequest(db=None, default=True))
+    notes: list[Note] = []
     imported = lambda: "imported"  # noqa: E731 - the module without the passes, made only when needed
     assert worker._build_with_fallbacks("passed", True, imported, request, notes)[0] == "exe(passed)"
     assert calls == [("passed", True), ("passed", False)]
-    assert notes == ["built without mlc's default CPU schedules: TVM failed with them: "
-                     "InternalError: Check failed: rule blew up"]
+    assert notes == [Note(NoteKind.FALLBACK, "built without mlc's default CPU schedules: TVM failed with them: "
+                                             "InternalError: Check failed: rule blew up")]
     calls.clear()
     notes.clear()
-    built = worker._build_with_fallbacks("passed", True, imported, {**request, "passes_fail": True}, notes)
+    passes_fail.append(True)
+    built = worker._build_with_fallbacks("passed", True, imported, request, notes)
     assert built[0] == "exe(imported)"
-    assert calls[-1] == ("imported", False) and "the Relax passes and mlc's default CPU schedules" in notes[0]
+    assert calls[-1] == ("imported", False) and "the Relax passes and mlc's default CPU schedules" in notes[0].text
     monkeypatch.setattr(worker, "_build", lambda *a: (_ for _ in ()).throw(ValueError("mandatory")))
     with pytest.raises(ValueError, match="mandatory"):
         worker._build_with_fallbacks("imported", False, imported, request, [])

@@ -16,9 +16,9 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -62,25 +62,131 @@ def padding_waste(lengths: list[int], sizes: list[int]) -> float:
     return round(100.0 * (sum(padded) - sum(lengths)) / sum(padded), 2)
 
 
-def run(config, output: Optional[Path] = None, progress=None) -> dict:
-    """config: a BenchConfig with lengths set (one model, its first target, its first thread count)."""
+@dataclass
+class _LengthsRun:
+    """One --lengths run's model, machine settings and scratch folders, once the model is exported."""
+    zoo: object
+    source: str
+    target: str
+    threads: int
+    lengths: list
+    sizes: list  # the buckets, ascending
+    workdir: Path
+    prep_dir: Path
+    prepared: dict  # the prepare job's answer
+    cell_timeout: object
+    tell: Callable
+    n_strategies: int
 
-    if len(config.models) != 1:
-        raise InputError("--lengths runs one model; give one --models entry")
-    lengths = lengths_for(config.lengths, config.sentences)
+    @property
+    def distinct(self) -> list:
+        return sorted(set(self.lengths))
+
+    def input_shapes(self, n: int) -> list[str]:
+        shape_of = {e["seq"]: e["shapes"] for e in self.prepared["shapes"]}
+        return [f"{k}:{'x'.join(map(str, v))}" for k, v in shape_of[n].items()]
+
+    def compile(self, what: str, name: str, **options) -> str:
+        """One compile in a fresh process (the time includes its start and imports, as a user's
+        `mlc compile` would): 20 bert-base compiles in one process grew it to 15 GB."""
+        job = {"job": "compile", "source": str(self.prep_dir / "model.onnx"), "target": self.target,
+               "output": str(self.workdir / name), "options": options}
+        return run_child(job, self.workdir, f"compile-{name}", f"compiling {what}")["path"]
+
+    def compile_strategy(self, index: int, strategy: str, row: dict, artifacts: dict) -> None:
+        """Fill `artifacts` ({seq or '*': artifact path}) with the builds `strategy` needs (none for a baseline)."""
+        name, sizes, distinct = self.zoo.name, self.sizes, self.distinct
+        if strategy == "dynamic":
+            artifacts["*"] = self.compile(f"{name}: dynamic", "dynamic", input_shapes=self.input_shapes(distinct[-1]),
+                                          dynamic=[f"seq=1..{sizes[-1]}"])
+        elif strategy == "buckets":
+            artifacts["*"] = self.compile(f"{name}: buckets", "buckets", input_shapes=self.input_shapes(distinct[0]),
+                                          buckets=[",".join(map(str, sizes))])
+            row["padding_waste_pct"] = padding_waste(self.lengths, sizes)
+        elif strategy == "static":
+            for n in distinct:
+                self.tell(index, self.n_strategies, f"{name}: static, compiling seq {n}")
+                artifacts[str(n)] = self.compile(f"{name}: static seq {n}", f"static-{n}",
+                                                 input_shapes=self.input_shapes(n))
+
+    def measure(self, strategy: str, artifacts: dict) -> dict:
+        return run_child({"job": "sequence", "backend": "mlc" if artifacts else strategy,
+                          "artifacts": artifacts, "dir": str(self.prep_dir), "lengths": self.lengths,
+                          "inputs": self.prepared["inputs"], "outputs": self.prepared["outputs"],
+                          "source": self.source, "threads": self.threads},
+                         self.workdir, f"sequence-{strategy}", f"the {strategy} benchmark process",
+                         self.cell_timeout)
+
+    def strategy_row(self, index: int, strategy: str) -> dict:
+        """Build and run one strategy over every sentence; a failure is recorded in the row."""
+        row = {"strategy": strategy, "status": "ok", "compiles": 0}
+        artifacts: dict[str, str] = {}
+        try:
+            start = time.perf_counter()
+            self.compile_strategy(index, strategy, row, artifacts)
+            row["compile_s"] = round(time.perf_counter() - start, 3) if artifacts else None
+            row["compiles"] = len(self.distinct) if strategy == "static" else int(bool(artifacts))
+            if artifacts:
+                row["artifact_bytes"] = sum(dir_size(Path(p)) for p in artifacts.values())
+            row.setdefault("padding_waste_pct", 0.0)
+            measured = self.measure(strategy, artifacts)
+            if strategy in ("ort", "openvino"):  # session creation / compile_model: their graph optimisation
+                row["compile_s"] = round(measured["setup_s"], 3)
+            row.update({"setup_s": round(measured["setup_s"], 3), "run_total_s": round(measured["run_total_s"], 4),
+                        "run_ms": [round(t, 4) for t in measured["run_ms"]], "accuracy": measured["accuracy"],
+                        "run_cpu_total_s": round(measured["run_cpu_total_s"], 4),
+                        "run_cpu_ms": [round(t, 4) for t in measured["run_cpu_ms"]],
+                        "peak_rss_mb": measured["peak_rss_mb"], "load_average": measured["load_average"]})
+        except Exception as e:  # recorded; the other strategies go on
+            row.update({"status": "failed", "error": error_text(e)})
+        finally:
+            for path in artifacts.values():
+                shutil.rmtree(path, ignore_errors=True)
+        return row
+
+
+def _checked_strategies(config) -> list[str]:
     strategies = config.strategies or list(STRATEGIES)
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
         raise InputError(f"unknown --strategies {', '.join(unknown)}; choose from: {', '.join(STRATEGIES)}")
-    sizes = sorted(config.buckets)
-    if max(lengths) > sizes[-1]:
-        raise InputError(f"the longest sentence has {max(lengths)} tokens, more than the largest bucket {sizes[-1]}")
+    return strategies
+
+
+def _torch_model(config):
+    """(the zoo model, its source, its framework), which must be torch: the comparison is with PyTorch eager."""
     zoo = models.get(config.models[0])
     source = f"{models.ZOO_PREFIX}{zoo.name}"
     framework = source_framework(zoo, config.framework)
     if framework != "torch":
         raise InputError(f"--lengths compares with PyTorch eager: give a model with a torch build ({zoo.name} "
                          f"has {', '.join(zoo.frameworks)})")
+    return zoo, source, framework
+
+
+def _prepare(zoo, source: str, framework: str, distinct: list, workdir: Path, prep_dir: Path, doc: dict) -> dict:
+    """Export the model with a dynamic seq and run it eagerly at each length (the time goes into `doc`)."""
+    start = time.perf_counter()
+    prepared = run_child({"job": "prepare", "source": source, "framework": framework, "out_dir": str(prep_dir),
+                          "batch": [1], "seq": distinct}, workdir, "prepare", "the torch benchmark process")
+    doc["lengths"]["export_s"] = round(time.perf_counter() - start, 3)
+    failed = [e for e in prepared["shapes"] if "error" in e]
+    if failed:
+        raise InputError(f"preparing {zoo.name} failed at seq {failed[0]['seq']}: {failed[0]['error']}")
+    return prepared
+
+
+def run(config, output: Optional[Path] = None, progress=None) -> dict:
+    """config: a BenchConfig with lengths set (one model, its first target, its first thread count)."""
+
+    if len(config.models) != 1:
+        raise InputError("--lengths runs one model; give one --models entry")
+    lengths = lengths_for(config.lengths, config.sentences)
+    strategies = _checked_strategies(config)
+    sizes = sorted(config.buckets)
+    if max(lengths) > sizes[-1]:
+        raise InputError(f"the longest sentence has {max(lengths)} tokens, more than the largest bucket {sizes[-1]}")
+    zoo, source, framework = _torch_model(config)
     target = config.targets[0] if config.targets else "x86"
     threads = config.threads[0]
     tell = progress or (lambda done, total, what: None)
@@ -99,69 +205,12 @@ def run(config, output: Optional[Path] = None, progress=None) -> dict:
         workdir = Path(scratch)
         prep_dir = workdir / "prepared"
         tell(0, len(strategies), f"{zoo.name}: exporting (dynamic seq) and running eagerly at {len(distinct)} lengths")
-        start = time.perf_counter()
-        prepared = run_child({"job": "prepare", "source": source, "framework": framework, "out_dir": str(prep_dir),
-                               "batch": [1], "seq": distinct}, workdir, "prepare", "the torch benchmark process")
-        doc["lengths"]["export_s"] = round(time.perf_counter() - start, 3)
-        failed = [e for e in prepared["shapes"] if "error" in e]
-        if failed:
-            raise InputError(f"preparing {zoo.name} failed at seq {failed[0]['seq']}: {failed[0]['error']}")
-        onnx_path = prep_dir / "model.onnx"
-        shape_of = {e["seq"]: e["shapes"] for e in prepared["shapes"]}
-
-        def input_shapes(n: int) -> list[str]:
-            return [f"{k}:{'x'.join(map(str, v))}" for k, v in shape_of[n].items()]
-
-        def compile_(what: str, name: str, **options) -> str:
-            """One compile in a fresh process (the time includes its start and imports, as a user's
-            `mlc compile` would): 20 bert-base compiles in one process grew it to 15 GB."""
-            job = {"job": "compile", "source": str(onnx_path), "target": target, "output": str(workdir / name),
-                   "options": options}
-            return run_child(job, workdir, f"compile-{name}", f"compiling {what}")["path"]
-
+        prepared = _prepare(zoo, source, framework, distinct, workdir, prep_dir, doc)
+        lengths_run = _LengthsRun(zoo, source, target, threads, lengths, sizes, workdir, prep_dir, prepared,
+                                  config.cell_timeout, tell, len(strategies))
         for index, strategy in enumerate(strategies):
             tell(index, len(strategies), f"{zoo.name}: {strategy}")
-            row = {"strategy": strategy, "status": "ok", "compiles": 0}
-            artifacts: dict[str, str] = {}
-            try:
-                start = time.perf_counter()
-                if strategy == "dynamic":
-                    artifacts["*"] = compile_(f"{zoo.name}: dynamic", "dynamic",
-                                              input_shapes=input_shapes(distinct[-1]),
-                                              dynamic=[f"seq=1..{sizes[-1]}"])
-                elif strategy == "buckets":
-                    artifacts["*"] = compile_(f"{zoo.name}: buckets", "buckets", input_shapes=input_shapes(distinct[0]),
-                                              buckets=[",".join(map(str, sizes))])
-                    row["padding_waste_pct"] = padding_waste(lengths, sizes)
-                elif strategy == "static":
-                    for n in distinct:
-                        tell(index, len(strategies), f"{zoo.name}: static, compiling seq {n}")
-                        artifacts[str(n)] = compile_(f"{zoo.name}: static seq {n}", f"static-{n}",
-                                                     input_shapes=input_shapes(n))
-                row["compile_s"] = round(time.perf_counter() - start, 3) if artifacts else None
-                row["compiles"] = len(distinct) if strategy == "static" else int(bool(artifacts))
-                if artifacts:
-                    row["artifact_bytes"] = sum(dir_size(Path(p)) for p in artifacts.values())
-                row.setdefault("padding_waste_pct", 0.0)
-                measured = run_child({"job": "sequence", "backend": "mlc" if artifacts else strategy,
-                                       "artifacts": artifacts, "dir": str(prep_dir), "lengths": lengths,
-                                       "inputs": prepared["inputs"], "outputs": prepared["outputs"],
-                                       "source": source, "threads": threads},
-                                      workdir, f"sequence-{strategy}", f"the {strategy} benchmark process",
-                                      config.cell_timeout)
-                if strategy in ("ort", "openvino"):  # session creation / compile_model: their graph optimisation
-                    row["compile_s"] = round(measured["setup_s"], 3)
-                row.update({"setup_s": round(measured["setup_s"], 3), "run_total_s": round(measured["run_total_s"], 4),
-                            "run_ms": [round(t, 4) for t in measured["run_ms"]], "accuracy": measured["accuracy"],
-                            "run_cpu_total_s": round(measured["run_cpu_total_s"], 4),
-                            "run_cpu_ms": [round(t, 4) for t in measured["run_cpu_ms"]],
-                            "peak_rss_mb": measured["peak_rss_mb"], "load_average": measured["load_average"]})
-            except Exception as e:  # recorded; the other strategies go on
-                row.update({"status": "failed", "error": error_text(e)})
-            finally:
-                for path in artifacts.values():
-                    shutil.rmtree(path, ignore_errors=True)
-            rows.append(row)
+            rows.append(lengths_run.strategy_row(index, strategy))
             save()
     doc["machine"]["load_average_end"] = load_average()
     save()

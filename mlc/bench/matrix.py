@@ -189,61 +189,24 @@ def run(config: BenchConfig, output: Optional[Path] = None, progress: Optional[P
         save()
         tell(len(cells), total, "")
 
+    def status(what: str) -> None:
+        tell(len(cells), total, what)
+
     with tempfile.TemporaryDirectory(prefix="mlc-bench-") as scratch:
         workdir = Path(scratch)
         for index, name in enumerate(config.models):
             entry = _entry(config, name)
             name = entry["name"]
-            source, source_fw, frameworks = entry["source"], entry["framework"], entry["frameworks"]
-            wanted = dict.fromkeys([source_fw] if config.targets else [])  # framework -> None, in order
-            for b in config.baselines:
-                fw = baselines.get(b).framework
-                wanted[source_fw if fw == baselines.ONNX_EXPORT else fw] = None
-            prepared: dict[str, dict] = {}
+            source, source_fw = entry["source"], entry["framework"]
             where = f"[{index + 1}/{len(config.models)}] {name}" if config.suite else name
-            for fw in wanted:
-                tell(len(cells), total, f"{where}: building in {fw}, exporting, eager reference")
-                if fw not in frameworks:
-                    prepared[fw] = {"skip": f"{entry['label']} is not built for {fw} (it exists for: "
-                                            f"{', '.join(frameworks)})"}
-                    continue
-                out_dir = workdir / f"{_safe(name)}-{fw}"
-                try:
-                    prepared[fw] = run_child({"job": "prepare", "source": source, "framework": fw,
-                                               "out_dir": str(out_dir), "batch": config.batch, "seq": config.seq},
-                                              workdir, f"{_safe(name)}-{fw}-prepare", f"the {fw} benchmark process",
-                                              config.cell_timeout if config.suite else None)
-                    prepared[fw]["dir"] = out_dir
-                except (MlcError, CellError) as e:
-                    prepared[fw] = {"error": f"preparing the {fw} model failed: {error_text(e)}"}
-            # The source framework decides the shapes (models without a seq dim ignore --seq).
+            prepared = _prepare_frameworks(config, entry, _frameworks_to_prepare(config, source_fw), workdir, where,
+                                           status)
             main = prepared.get(source_fw) or {}
-            shapes = main.get("shapes") or [{"batch": b, "seq": s, "key": f"b{b}-s{s}"}
-                                            for b in config.batch for s in config.seq]
-            if config.suite == "huggingface":  # static shapes: the suite's text length
-                for shape in shapes:
-                    shape["seq"] = suites.SEQ
+            shapes = _cell_shapes(config, main)
             total -= per_model - len(shapes) * len(config.threads) * len(backends)
             for shape in shapes:
                 base = {"model": name, "batch": shape["batch"], "seq": shape["seq"]}
-                artifacts: dict[str, dict] = {}
-                for build in mlc_builds(config):
-                    target, precision = split_build(build)
-                    tell(len(cells), total, f"{where} {_label(shape)}: mlc compiling for {target} at {precision}")
-                    failure = main.get("skip") or main.get("error") or shape.get("error")
-                    if failure:
-                        artifacts[build] = {"error": failure}
-                        continue
-                    # Suite models compile from the ONNX graph prepare exported (one export per model, and the
-                    # cells check it against the eager outputs); zoo models from their framework, as users do.
-                    model_source, model_fw = ((str(main["dir"] / "model.onnx"), "onnx") if config.suite
-                                              else (source, source_fw))
-                    try:
-                        artifacts[build] = _compile_mlc(model_source, model_fw, target, precision, shape["shapes"],
-                                                        workdir / _safe(f"{name}-{shape['key']}-{build}"), config.db)
-                    except Exception as e:  # recorded in the cells; the matrix goes on
-                        artifacts[build] = {"error": f"mlc compile failed: {error_text(e)}",
-                                             "stage": _compile_stage(e)}
+                artifacts = _compile_builds(config, entry, main, shape, workdir, where, status)
                 model_cells = []
                 for threads in config.threads:
                     for backend in backends:
@@ -260,6 +223,74 @@ def run(config: BenchConfig, output: Optional[Path] = None, progress: Optional[P
     doc["machine"]["load_average_end"] = load_average()
     save()
     return doc
+
+
+def _frameworks_to_prepare(config: BenchConfig, source_fw: str) -> dict:
+    """The frameworks the cells run in, in order (a dict used as an ordered set): the source's for mlc's builds,
+    each baseline's."""
+    wanted = dict.fromkeys([source_fw] if config.targets else [])  # framework -> None, in order
+    for b in config.baselines:
+        fw = baselines.get(b).framework
+        wanted[source_fw if fw == baselines.ONNX_EXPORT else fw] = None
+    return wanted
+
+
+def _prepare_frameworks(config: BenchConfig, entry: dict, wanted, workdir: Path, where: str,
+                        status: Callable[[str], None]) -> dict[str, dict]:
+    """{framework: the model built in it, exported and run eagerly; or why not ("skip" or "error")}."""
+    name, source, frameworks = entry["name"], entry["source"], entry["frameworks"]
+    prepared: dict[str, dict] = {}
+    for fw in wanted:
+        status(f"{where}: building in {fw}, exporting, eager reference")
+        if fw not in frameworks:
+            prepared[fw] = {"skip": f"{entry['label']} is not built for {fw} (it exists for: "
+                                    f"{', '.join(frameworks)})"}
+            continue
+        out_dir = workdir / f"{_safe(name)}-{fw}"
+        try:
+            prepared[fw] = run_child({"job": "prepare", "source": source, "framework": fw,
+                                       "out_dir": str(out_dir), "batch": config.batch, "seq": config.seq},
+                                      workdir, f"{_safe(name)}-{fw}-prepare", f"the {fw} benchmark process",
+                                      config.cell_timeout if config.suite else None)
+            prepared[fw]["dir"] = out_dir
+        except (MlcError, CellError) as e:
+            prepared[fw] = {"error": f"preparing the {fw} model failed: {error_text(e)}"}
+    return prepared
+
+
+def _cell_shapes(config: BenchConfig, main: dict) -> list[dict]:
+    # The source framework decides the shapes (models without a seq dim ignore --seq).
+    shapes = main.get("shapes") or [{"batch": b, "seq": s, "key": f"b{b}-s{s}"}
+                                    for b in config.batch for s in config.seq]
+    if config.suite == "huggingface":  # static shapes: the suite's text length
+        for shape in shapes:
+            shape["seq"] = suites.SEQ
+    return shapes
+
+
+def _compile_builds(config: BenchConfig, entry: dict, main: dict, shape: dict, workdir: Path, where: str,
+                    status: Callable[[str], None]) -> dict[str, dict]:
+    """{build: mlc's artifact at this shape, or why there is none}, for each target x precision build."""
+    name, source, source_fw = entry["name"], entry["source"], entry["framework"]
+    artifacts: dict[str, dict] = {}
+    for build in mlc_builds(config):
+        target, precision = split_build(build)
+        status(f"{where} {_label(shape)}: mlc compiling for {target} at {precision}")
+        failure = main.get("skip") or main.get("error") or shape.get("error")
+        if failure:
+            artifacts[build] = {"error": failure}
+            continue
+        # Suite models compile from the ONNX graph prepare exported (one export per model, and the
+        # cells check it against the eager outputs); zoo models from their framework, as users do.
+        model_source, model_fw = ((str(main["dir"] / "model.onnx"), "onnx") if config.suite
+                                  else (source, source_fw))
+        try:
+            artifacts[build] = _compile_mlc(model_source, model_fw, target, precision, shape["shapes"],
+                                            workdir / _safe(f"{name}-{shape['key']}-{build}"), config.db)
+        except Exception as e:  # recorded in the cells; the matrix goes on
+            artifacts[build] = {"error": f"mlc compile failed: {error_text(e)}",
+                                 "stage": _compile_stage(e)}
+    return artifacts
 
 
 def _entry(config: BenchConfig, name: str) -> dict:

@@ -111,111 +111,141 @@ def _parameter_count(native, model) -> int:
 REDUCED_PRECISIONS = ("bf16", "fp16", "int8", "int8-dynamic")  # judged by the accuracy gate
 
 
-def measure(request: dict) -> dict:
-    import numpy as np
+def _measure_mlc(request: dict, feeds: dict, result: dict):
+    """Run the mlc artifact: (outputs, latency stats); its setup time, precision and whether it ran emulated go
+    into `result`."""
     import time
+
+    from mlc.runtime import runner as thin_runtime
+
+    artifact = Path(request["artifact"])
+    manifest = thin_runtime.read_manifest(artifact)
+    runner_class = (thin_runtime.Runner if manifest["target"]["runtime_arch"] == thin_runtime.HOST_ARCH
+                    else thin_runtime.NativeRunner)
+    start = time.perf_counter()
+    runner = runner_class(artifact)
+    result["setup_s"] = time.perf_counter() - start
+    outputs, stats, _ = runner.measure(feeds, request["warmup"], request["repeat"])
+    result["emulated"] = bool(getattr(runner, "emulated", False))
+    quantization = manifest.get("quantization") or {}
+    result["precision"] = quantization.get("mode") or manifest.get("precision", "fp32")
+    return outputs, stats
+
+
+def _timed_calls(run, warmup: int, repeat: int) -> tuple[list, list[float]]:
+    """(the first call's outputs, the times of `repeat` calls after `warmup` untimed ones)."""
+    import time
+
+    produced = run()
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return produced, times
+
+
+def _measure_baseline(request: dict, feeds: dict, reference: dict, result: dict):
+    """Run a baseline: (outputs, latency stats), or the reason it cannot run here; its setup (and compile) time,
+    precision, and a throughput baseline's figures go into `result`."""
+    import time
+
+    from mlc.bench import baselines
+    from mlc.runtime import runner as thin_runtime
+
+    names = request["inputs"]
+    chosen = baselines.get(request["backend"])
+    framework = request["framework"]
+    if framework != "onnx" and chosen.framework != baselines.ONNX_EXPORT:
+        baselines.limit_threads(framework, request["threads"])
+    model = None
+    if chosen.framework != baselines.ONNX_EXPORT and framework != "onnx":
+        model = _framework_model(request["source"], framework)
+    scratch = Path(request["scratch"])
+    scratch.mkdir(parents=True, exist_ok=True)
+    ctx = baselines.Context(model, Path(request["onnx"]), names, [feeds[n] for n in names], request["threads"],
+                            scratch)
+    start = time.perf_counter()
+    try:
+        run = chosen.setup(ctx)
+    except baselines.Unavailable as e:
+        return str(e)
+    result["setup_s"] = time.perf_counter() - start
+    if chosen.compiles:
+        result["compile_s"] = result["setup_s"]
+    # a backend that picks its own says which (OpenVINO: f32, bf16, f16)
+    ran_at = getattr(run, "precision", "fp32")
+    result["precision"] = {"f32": "fp32", "f16": "fp16"}.get(ran_at, ran_at)
+    produced, times = _timed_calls(run, request["warmup"], request["repeat"])
+    batch = int(ctx.inputs[0].shape[0]) if ctx.inputs and ctx.inputs[0].ndim else 1
+    per_call = getattr(run, "batches_per_call", None)  # a throughput baseline: batches in flight per call
+    stats = thin_runtime.latency_stats(times, batch * (per_call or 1))
+    if per_call:  # its call time is no latency: the cell records samples/s and how they were run
+        result["throughput"] = {"batch": batch, "batches_per_call": per_call,
+                                "samples_per_s": stats["samples_per_s"], "call_ms": stats["p50_ms"],
+                                **({"streams": run.streams} if hasattr(run, "streams") else {})}
+    if hasattr(run, "compiled"):  # OpenVINO: the precisions its executed layers ran at (int8: u8/i8)
+        result["runtime_precisions"] = baselines.runtime_precisions(run.compiled)
+    if len(produced) != len(reference):
+        raise ValueError(f"{chosen.name} returned {len(produced)} outputs where the model has {len(reference)}")
+    return dict(zip(reference, produced)), stats
+
+
+def _accuracy(request: dict, reference: dict, outputs: dict, precision: str) -> dict:
+    """The outputs against the eager reference: within tolerance, or for a reduced precision by the accuracy gate
+    (a suite model failing the tolerance: by torch's benchmark rule)."""
+    import numpy as np
 
     from mlc.bench import suites
     from mlc.check import compare
     from mlc.runtime import runner as thin_runtime
 
-    feeds = thin_runtime.load_npz(request["feeds"])
-    reference = thin_runtime.load_npz(request["reference"])
-    names = request["inputs"]
-    result: dict = {"ok": True}
-    if request["backend"] == "mlc":
-        artifact = Path(request["artifact"])
-        manifest = thin_runtime.read_manifest(artifact)
-        runner_class = (thin_runtime.Runner if manifest["target"]["runtime_arch"] == thin_runtime.HOST_ARCH
-                        else thin_runtime.NativeRunner)
-        start = time.perf_counter()
-        runner = runner_class(artifact)
-        result["setup_s"] = time.perf_counter() - start
-        outputs, stats, _ = runner.measure(feeds, request["warmup"], request["repeat"])
-        result["emulated"] = bool(getattr(runner, "emulated", False))
-        quantization = manifest.get("quantization") or {}
-        result["precision"] = quantization.get("mode") or manifest.get("precision", "fp32")
-    else:
-        from mlc.bench import baselines
-
-        chosen = baselines.get(request["backend"])
-        framework = request["framework"]
-        if framework != "onnx" and chosen.framework != baselines.ONNX_EXPORT:
-            baselines.limit_threads(framework, request["threads"])
-        model = None
-        if chosen.framework != baselines.ONNX_EXPORT and framework != "onnx":
-            model = _framework_model(request["source"], framework)
-        scratch = Path(request["scratch"])
-        scratch.mkdir(parents=True, exist_ok=True)
-        ctx = baselines.Context(model, Path(request["onnx"]), names, [feeds[n] for n in names], request["threads"],
-                                scratch)
-        start = time.perf_counter()
-        try:
-            run = chosen.setup(ctx)
-        except baselines.Unavailable as e:
-            return {"ok": True, "skipped": str(e)}
-        result["setup_s"] = time.perf_counter() - start
-        if chosen.compiles:
-            result["compile_s"] = result["setup_s"]
-        # a backend that picks its own says which (OpenVINO: f32, bf16, f16)
-        ran_at = getattr(run, "precision", "fp32")
-        result["precision"] = {"f32": "fp32", "f16": "fp16"}.get(ran_at, ran_at)
-        produced = run()
-        for _ in range(request["warmup"]):
-            run()
-        times = []
-        for _ in range(request["repeat"]):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-        batch = int(ctx.inputs[0].shape[0]) if ctx.inputs and ctx.inputs[0].ndim else 1
-        per_call = getattr(run, "batches_per_call", None)  # a throughput baseline: batches in flight per call
-        stats = thin_runtime.latency_stats(times, batch * (per_call or 1))
-        if per_call:  # its call time is no latency: the cell records samples/s and how they were run
-            result["throughput"] = {"batch": batch, "batches_per_call": per_call,
-                                    "samples_per_s": stats["samples_per_s"], "call_ms": stats["p50_ms"],
-                                    **({"streams": run.streams} if hasattr(run, "streams") else {})}
-        if hasattr(run, "compiled"):  # OpenVINO: the precisions its executed layers ran at (int8: u8/i8)
-            result["runtime_precisions"] = baselines.runtime_precisions(run.compiled)
-        if len(produced) != len(reference):
-            raise ValueError(f"{chosen.name} returned {len(produced)} outputs where the model has {len(reference)}")
-        outputs = dict(zip(reference, produced))
     check = compare(reference, {k: np.asarray(v) for k, v in outputs.items()})
-    if "throughput" not in result:
-        result["latency_ms"] = {k.removesuffix("_ms"): v for k, v in stats.items()}
-    result["accuracy"] = {"max_abs_error": max((o.max_abs_error for o in check.outputs), default=None),
-                          "max_rel_error": max((o.max_rel_error for o in check.outputs), default=None),
-                          "passed": check.passed}
+    accuracy = {"max_abs_error": max((o.max_abs_error for o in check.outputs), default=None),
+                "max_rel_error": max((o.max_rel_error for o in check.outputs), default=None),
+                "passed": check.passed}
     wide = Path(request["reference"]).with_name(Path(request["reference"]).name.replace("reference-", "reference64-"))
-    if result["precision"] in REDUCED_PRECISIONS:  # judged as `mlc compile --precision` judges it: by the gate
+    if precision in REDUCED_PRECISIONS:  # judged as `mlc compile --precision` judges it: by the gate
         from mlc.check import gate
 
-        figures = gate(reference, {k: np.asarray(v) for k, v in outputs.items()}, result["precision"])
-        result["accuracy"].update(passed=figures.passed, gate=figures.to_json())
+        figures = gate(reference, {k: np.asarray(v) for k, v in outputs.items()}, precision)
+        accuracy.update(passed=figures.passed, gate=figures.to_json())
     elif not check.passed and suites.is_suite(request.get("source") or ""):  # torch's benchmark rule
         fallback = suites.suite_check(reference, thin_runtime.load_npz(wide) if wide.is_file() else None, outputs)
-        result["accuracy"].update(fallback)
+        accuracy.update(fallback)
+    return accuracy
+
+
+def measure(request: dict) -> dict:
+    from mlc.runtime import runner as thin_runtime
+
+    feeds = thin_runtime.load_npz(request["feeds"])
+    reference = thin_runtime.load_npz(request["reference"])
+    result: dict = {"ok": True}
+    if request["backend"] == "mlc":
+        outputs, stats = _measure_mlc(request, feeds, result)
+    else:
+        measured = _measure_baseline(request, feeds, reference, result)
+        if isinstance(measured, str):  # the baseline cannot run on this machine
+            return {"ok": True, "skipped": measured}
+        outputs, stats = measured
+    if "throughput" not in result:
+        result["latency_ms"] = {k.removesuffix("_ms"): v for k, v in stats.items()}
+    result["accuracy"] = _accuracy(request, reference, outputs, result["precision"])
     result["peak_rss_mb"] = peak_rss_mb()
     result["load_average"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return result
 
 
-def sequence(request: dict) -> dict:
-    """One strategy over a list of sentence lengths (batch 1, one sentence at a time): every distinct
-    length once untimed (warm-up, and its outputs checked against the eager reference), then each
-    sentence once, timed; returns the total and the per-length accuracy."""
-    import time
-
+def _sequence_call(request: dict, folder: Path, feeds: dict):
+    """The strategy's backend set up: a function from a sentence length to the outputs on that length's feeds."""
     import numpy as np
 
-    from mlc.check import compare
     from mlc.runtime import runner as thin_runtime
 
-    folder, names = Path(request["dir"]), request["inputs"]
-    lengths = request["lengths"]
-    distinct = sorted(set(lengths))
-    feeds = {n: thin_runtime.load_npz(folder / FEEDS.format(key=shape_key(1, n))) for n in distinct}
-    start = time.perf_counter()
+    names = request["inputs"]
     backend = request["backend"]
     if backend == "mlc":  # artifacts by length ("*": one serving every length)
         artifacts = request["artifacts"]
@@ -251,6 +281,26 @@ def sequence(request: dict) -> dict:
             return dict(zip(request["outputs"], out))
     else:
         raise ValueError(f"unknown strategy backend {backend!r}")
+    return call
+
+
+def sequence(request: dict) -> dict:
+    """One strategy over a list of sentence lengths (batch 1, one sentence at a time): every distinct
+    length once untimed (warm-up, and its outputs checked against the eager reference), then each
+    sentence once, timed; returns the total and the per-length accuracy."""
+    import time
+
+    import numpy as np
+
+    from mlc.check import compare
+    from mlc.runtime import runner as thin_runtime
+
+    folder = Path(request["dir"])
+    lengths = request["lengths"]
+    distinct = sorted(set(lengths))
+    feeds = {n: thin_runtime.load_npz(folder / FEEDS.format(key=shape_key(1, n))) for n in distinct}
+    start = time.perf_counter()
+    call = _sequence_call(request, folder, feeds)
     setup_s = time.perf_counter() - start
     worst, passed = 0.0, True
     for n in distinct:

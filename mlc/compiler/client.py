@@ -1,5 +1,5 @@
-"""The parent side of the TVM compile worker (compile_in_worker: request, run through mlc._proc, result read
-back into a dict or an MlcError), and the checks that need no tvm. Only the worker imports tvm."""
+"""The parent side of the TVM compile worker (compile_in_worker: a CompileRequest, run through mlc._proc, its
+CompileResult or an MlcError back), and the checks that need no tvm. Only the worker imports tvm."""
 
 from __future__ import annotations
 
@@ -10,17 +10,18 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from mlc import _proc
+from mlc.compiler.contract import CompileRequest, CompileResult, FailureKind, Note, NoteKind, RunFiles, ScheduleRequest
 from mlc.errors import CompilerError, NodeConversionError, TargetError, UnsupportedModelError
 
 
-def check_supported(model, *, rewritten: Sequence[str] = (), notes: Sequence[str] = ()) -> None:
+def check_supported(model, *, rewritten: Sequence[str] = (), notes: Sequence[Note] = ()) -> None:
     """Raise UnsupportedModelError listing every op type TVM cannot import (all of them at once), but for the
-    `rewritten` ones a pending pass replaces; a skipped pass (a "pass ..." note) is named in the error."""
+    `rewritten` ones a pending pass replaces; a skipped pass (a PASS_SKIPPED note) is named in the error."""
     from mlc.compiler.importer import unsupported_ops
 
     missing = {op: info for op, info in unsupported_ops(model).items() if op not in rewritten}
     if missing:
-        skipped = [n for n in notes if n.startswith("pass ")]
+        skipped = [n.text for n in notes if n.kind is NoteKind.PASS_SKIPPED]
         raise UnsupportedModelError(format_unsupported(missing) + (f" ({'; '.join(skipped)})" if skipped else ""))
 
 
@@ -41,53 +42,58 @@ def compile_in_worker(
     cross_compiler: Optional[str] = None,
     kernels_dir: Optional[Path] = None,
     object_dir: Optional[Path] = None,
-    schedules: Optional[dict[str, Any]] = None,
+    schedules: Optional[ScheduleRequest | dict[str, Any]] = None,
     relax_passes: Optional[list[dict]] = None,
     dump_ir: Optional[Path] = None,
     dim_upper_bounds: Optional[dict[str, int]] = None,
     precision: str = "fp32",
-) -> dict[str, Any]:
+) -> CompileResult:
     """Import + build (+ export to `library`) (+ run on `run`=(inputs.npz, outputs.npz)) with TVM.
 
     With `isolate` (the default) this happens in a child process whose log goes to a file that
     is kept, and named in the error, only when the step fails (mlc._proc runs it). `isolate=False` runs
-    in this process (tests use it to patch TVM). Returns the worker's result or raises an MlcError."""
+    in this process (tests use it to patch TVM). Returns the worker's CompileResult or raises an MlcError."""
     from mlc.compiler import worker
 
-    request = {"onnx": str(onnx_path), "target": target_json, "library": str(library) if library else None,
-               "run": {"inputs": str(run[0]), "outputs": str(run[1])} if run else None,
-               "cross_compiler": cross_compiler, "kernels_dir": str(kernels_dir) if kernels_dir else None,
-               "object_dir": str(object_dir) if object_dir else None, "schedules": schedules,
-               "relax_passes": relax_passes or [], "dump_ir": str(dump_ir) if dump_ir else None,
-               "dim_upper_bounds": dim_upper_bounds or {}, "precision": precision,
-               "reproducer": str(onnx_path.with_name(onnx_path.stem + ".reproducer.onnx"))}
+    if isinstance(schedules, dict):
+        schedules = ScheduleRequest(**schedules)
+    request = CompileRequest(
+        onnx=str(onnx_path), target=target_json, library=str(library) if library else None,
+        run=RunFiles(str(run[0]), str(run[1])) if run else None, cross_compiler=cross_compiler,
+        kernels_dir=str(kernels_dir) if kernels_dir else None, object_dir=str(object_dir) if object_dir else None,
+        schedules=schedules, relax_passes=relax_passes or [], dump_ir=str(dump_ir) if dump_ir else None,
+        dim_upper_bounds=dim_upper_bounds or {}, precision=precision,
+        reproducer=str(onnx_path.with_name(onnx_path.stem + ".reproducer.onnx")))
     if not isolate:
-        return _check_result(_proc.WorkerResult.from_dict(worker.compile_request(request)), None)
+        # through JSON as from the child: the same contract either way
+        return _check_result(worker.as_worker_result(worker.compile_request(CompileRequest.from_json(
+            request.to_json()))), None)
     request_path = onnx_path.with_name(onnx_path.stem + ".request.json")
-    result, log_path = _proc.run("mlc.compiler.worker", request, request_path, "the TVM compile process")
+    result, log_path = _proc.run("mlc.compiler.worker", request.to_json(), request_path, "the TVM compile process")
     return _check_result(result, log_path)
 
 
 # A failure of these kinds is the model's or the user's: the log holds nothing worth keeping.
-_USER_KINDS = ("unsupported", "unsupported_node", "unsupported_output", "target", "pass")
+_USER_KINDS = (FailureKind.UNSUPPORTED, FailureKind.UNSUPPORTED_NODE, FailureKind.UNSUPPORTED_OUTPUT,
+               FailureKind.TARGET, FailureKind.PASS)
 
 
-def _check_result(result: _proc.WorkerResult, log_path: Optional[Path]) -> dict[str, Any]:
-    """The compile worker's result dict, or the MlcError its failure means."""
+def _check_result(result: _proc.WorkerResult, log_path: Optional[Path]) -> CompileResult:
+    """The compile worker's CompileResult, or the MlcError its failure means."""
     if log_path is not None and (result.ok or result.kind in _USER_KINDS or result.kind == _proc.ERROR):
         log_path.unlink(missing_ok=True)
     if result.ok:
-        return result.as_dict()
-    if result.kind == "unsupported":
+        return CompileResult.from_json(result.payload)
+    if result.kind == FailureKind.UNSUPPORTED:
         raise UnsupportedModelError(format_unsupported(result.payload["ops"]))
-    if result.kind == "unsupported_output":
+    if result.kind == FailureKind.UNSUPPORTED_OUTPUT:
         raise UnsupportedModelError(f"the model returns something other than tensors ({result.message}); "
                                     "only tensor outputs are supported")
-    if result.kind == "unsupported_node":  # TVM's converter for an op cannot convert this node
+    if result.kind == FailureKind.UNSUPPORTED_NODE:  # TVM's converter for an op cannot convert this node
         raise NodeConversionError(result.message)
-    if result.kind == "pass":  # a pass the user asked for cannot handle the model
+    if result.kind == FailureKind.PASS:  # a pass the user asked for cannot handle the model
         raise UnsupportedModelError(result.message)
-    if result.kind == "target":
+    if result.kind == FailureKind.TARGET:
         raise TargetError(f"TVM rejects the target: {result.message}")
     if result.kind == _proc.ERROR:  # an MlcError raised in the worker
         raise result.error(default=CompilerError)
@@ -98,7 +104,7 @@ def _check_result(result: _proc.WorkerResult, log_path: Optional[Path]) -> dict[
                      f"{result.payload['model_nodes']} nodes): {reproducer}")
     where = f" ({'; '.join(notes)})" if notes else ""
     during = f" during {result.stage}" if result.stage else ""
-    raise CompilerError(f"TVM failed{during}: {result.message}{where}", stage=result.stage)
+    raise CompilerError(f"TVM failed{during}: {result.message}{where}", stage=result.stage, detail=result.message)
 
 
 def _keep_reproducer(payload: dict[str, Any], log_path: Optional[Path]) -> Optional[Path]:

@@ -51,6 +51,28 @@ def writes_over(func, source, output) -> bool:
     return reads_source
 
 
+def _fresh_outputs_and_last_uses(mod, copies) -> tuple[set, set, dict]:
+    """(vars bound to a copying kernel's fresh output; vars some use may alias, or a function returns; var -> the
+    call that uses it last), over every Relax function of `mod`."""
+    from tvm import relax
+
+    made, unsafe, last_use = set(), set(), {}
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function):
+            continue
+        for block in getattr(func.body, "blocks", []):
+            for b in block.bindings:
+                copy = copies(b.value)
+                if copy:  # (not a reshape: a view of its input, later)
+                    made.add(b.var)
+                for var in relax.analysis.free_vars(b.value):
+                    last_use[var] = b.value
+                    if not copy or sum(a.same_as(var) for a in b.value.args[1].fields) != 1:
+                        unsafe.add(var)
+        unsafe.update(relax.analysis.free_vars(func.body.body))  # the function's outputs
+    return made, unsafe, last_use
+
+
 def write_over_dead_inputs(mod):
     """`mod` with each `call_tir` whose kernel `writes_over` an argument turned into a `call_tir_inplace` on it,
     where that argument is another kernel's fresh output and this call is its last use, before memory planning.
@@ -72,20 +94,7 @@ def write_over_dead_inputs(mod):
         kernel = mod[value.args[0]] if kernel_call(value) and isinstance(value.args[0], tvm.ir.GlobalVar) else None
         return isinstance(kernel, tvm.tirx.PrimFunc) and not relax.analysis.has_reshape_pattern(kernel)
 
-    made, unsafe, last_use = set(), set(), {}  # fresh kernel outputs; vars some use may alias; var -> last call
-    for func in mod.functions.values():
-        if not isinstance(func, relax.Function):
-            continue
-        for block in getattr(func.body, "blocks", []):
-            for b in block.bindings:
-                copy = copies(b.value)
-                if copy:  # (not a reshape: a view of its input, later)
-                    made.add(b.var)
-                for var in relax.analysis.free_vars(b.value):
-                    last_use[var] = b.value
-                    if not copy or sum(a.same_as(var) for a in b.value.args[1].fields) != 1:
-                        unsafe.add(var)
-        unsafe.update(relax.analysis.free_vars(func.body.body))  # the function's outputs
+    made, unsafe, last_use = _fresh_outputs_and_last_uses(mod, copies)
     replaced: dict = {}  # (kernel, argument index) -> the in-place PrimFunc, or False
 
     def written_over(call):

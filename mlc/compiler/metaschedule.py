@@ -304,18 +304,13 @@ def _cost_model(trials_per_task: int, threads: int):
     return ms.cost_model.XGBModel(num_tuning_cores=threads, early_stopping_rounds=10)
 
 
-def tune_request(request: dict) -> dict:
+def _tasks_and_database(request: dict, target):
+    """(the model's tuning tasks, their constant inputs, the database, notes on records set aside): the model
+    imported and run through the same Relax passes as a build."""
     import onnx
-    import tvm
-    from tvm.s_tir import meta_schedule as ms
 
     from mlc.compiler import importer, records
     from mlc.compiler import schedules
-
-    events = Events(request["events"])
-    start = time.time()
-    target = tvm.target.Target(request["target"])
-    register_intrinsics(target)
     from mlc.compiler import relax_passes
 
     mod = importer.to_relax(onnx.load(request["onnx"]))
@@ -325,11 +320,44 @@ def tune_request(request: dict) -> dict:
     set_aside: list[str] = []
     database = records.checked(records.open_readable(request["db"], set_aside, repair=True),
                                Path(request["events"]).parent / "read-back")  # the parent's scratch folder
+    return tasks, constant_inputs, database, set_aside
+
+
+def _builder_and_runner(request: dict):
+    """Builds kept in memory and measured in this process, or on the RPC device the request names."""
     builder = make_builder(keep_in_memory=not request.get("rpc"))
     if request.get("rpc"):
         runner = make_rpc_runner(request["rpc"]["tracker"], request["rpc"]["key"], request["rpc"].get("timeout", 60))
     else:
         runner = make_runner(builder)
+    return builder, runner
+
+
+def _tune_contexts(request: dict, tasks: list):
+    from tvm.s_tir import meta_schedule as ms
+
+    # Smaller than MetaSchedule's defaults (population 512, 4 generations): on 2 cores the
+    # defaults spend minutes per batch searching before anything is measured.
+    population = request.get("population", 128)
+    strategy = ms.search_strategy.EvolutionarySearch(
+        population_size=population, init_min_unmeasured=min(50, population // 2),
+        genetic_num_iters=request.get("generations", 2))
+    contexts, _ = ms.relax_integration.extracted_tasks_to_tune_contexts(
+        tasks, work_dir=request["logs"], strategy=strategy, num_threads=request["threads"],
+        seed=request.get("seed"))
+    return contexts
+
+
+def tune_request(request: dict) -> dict:
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    events = Events(request["events"])
+    start = time.time()
+    target = tvm.target.Target(request["target"])
+    register_intrinsics(target)
+    tasks, constant_inputs, database, set_aside = _tasks_and_database(request, target)
+    builder, runner = _builder_and_runner(request)
     left_to_default = seed_default_schedules(database, tasks, target, builder, runner, events, constant_inputs)
     tasks = [t for t in tasks if t.task_name not in left_to_default]
     names = [t.task_name for t in tasks]
@@ -358,15 +386,7 @@ def tune_request(request: dict) -> dict:
         reason = "interrupted" if _proc.stop_requested() else "budget"
         events.emit("finished", trials=0, reason=reason)
         return {**finished, "trials": 0, "reason": reason}
-    # Smaller than MetaSchedule's defaults (population 512, 4 generations): on 2 cores the
-    # defaults spend minutes per batch searching before anything is measured.
-    population = request.get("population", 128)
-    strategy = ms.search_strategy.EvolutionarySearch(
-        population_size=population, init_min_unmeasured=min(50, population // 2),
-        genetic_num_iters=request.get("generations", 2))
-    contexts, _ = ms.relax_integration.extracted_tasks_to_tune_contexts(
-        [tasks[i] for i in todo], work_dir=request["logs"], strategy=strategy, num_threads=request["threads"],
-        seed=request.get("seed"))
+    contexts = _tune_contexts(request, [tasks[i] for i in todo])
     best = {names[i]: v for i, v in prior_best.items()}
     progress = _progress_callback(events, [names[i] for i in todo], deadline, best, database)
     batch = max(1, min(request["trials_per_iter"], per_task))

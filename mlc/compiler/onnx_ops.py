@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -745,32 +746,23 @@ def _tensor_attr(attr, name, default=None):
     return np.asarray(value)
 
 
-def _tree_ensemble(bb, inputs, attr, params, tvm_impl):
-    """TreeEnsemble (ai.onnx.ml 5): every tree walked at once, one level per step for the deepest tree's depth
-    (a sample at a leaf stays there); each comparison mode, NaN routing and set membership as ONNX defines them;
-    leaf weights summed, averaged, or min/max-ed per target."""
-    from tvm import relax
+@dataclass
+class _TreeNodes:
+    """TreeEnsemble's node arrays, indexed by node id."""
+    feature: np.ndarray
+    splits: np.ndarray
+    modes: np.ndarray
+    true_ids: np.ndarray
+    false_ids: np.ndarray
+    true_leaf: np.ndarray
+    false_leaf: np.ndarray
+    missing: np.ndarray  # NaN goes to the true branch
 
-    x = inputs[0]
-    dtype = _dtype(x)
-    if int(attr.get("post_transform", 0)) != 0:
-        raise NotImplementedError("TreeEnsemble's post_transform other than NONE")
-    aggregate = int(attr.get("aggregate_function", 1))
-    feature = _tensor_attr(attr, "nodes_featureids").astype(np.int64)
-    splits = _tensor_attr(attr, "nodes_splits").astype(dtype)
-    modes = _tensor_attr(attr, "nodes_modes").astype(np.int64)
-    true_ids = _tensor_attr(attr, "nodes_truenodeids").astype(np.int64)
-    false_ids = _tensor_attr(attr, "nodes_falsenodeids").astype(np.int64)
-    true_leaf = _tensor_attr(attr, "nodes_trueleafs").astype(bool)
-    false_leaf = _tensor_attr(attr, "nodes_falseleafs").astype(bool)
-    missing = _tensor_attr(attr, "nodes_missing_value_tracks_true", np.zeros(len(feature), np.int64)).astype(bool)
-    targets = _tensor_attr(attr, "leaf_targetids").astype(np.int64)
-    weights = _tensor_attr(attr, "leaf_weights").astype(dtype)
-    roots = _tensor_attr(attr, "tree_roots").astype(np.int64)
-    n_targets = int(attr["n_targets"])
+
+def _membership_table(attr, modes, n_nodes: int, dtype) -> np.ndarray:
+    """Set members per MEMBER node (NaN-separated, in node order), padded with NaN: [nodes, largest set]."""
     members = _tensor_attr(attr, "membership_values")
-    # set members per MEMBER node (NaN-separated, in node order), padded with NaN
-    sets = [[] for _ in feature]
+    sets = [[] for _ in range(n_nodes)]
     if members is not None:
         chunks, current = [], []
         for v in members.astype(np.float64):
@@ -782,9 +774,27 @@ def _tree_ensemble(bb, inputs, attr, params, tvm_impl):
         for node, chunk in zip([i for i, m in enumerate(modes) if m == 6], chunks):
             sets[node] = chunk
     width = max([len(c) for c in sets] + [1])
-    table = np.full((len(feature), width), np.nan, dtype)
+    table = np.full((n_nodes, width), np.nan, dtype)
     for i, chunk in enumerate(sets):
         table[i, :len(chunk)] = chunk
+    return table
+
+
+def _tree_nodes(attr, dtype) -> _TreeNodes:
+    feature = _tensor_attr(attr, "nodes_featureids").astype(np.int64)
+    splits = _tensor_attr(attr, "nodes_splits").astype(dtype)
+    modes = _tensor_attr(attr, "nodes_modes").astype(np.int64)
+    true_ids = _tensor_attr(attr, "nodes_truenodeids").astype(np.int64)
+    false_ids = _tensor_attr(attr, "nodes_falsenodeids").astype(np.int64)
+    true_leaf = _tensor_attr(attr, "nodes_trueleafs").astype(bool)
+    false_leaf = _tensor_attr(attr, "nodes_falseleafs").astype(bool)
+    missing = _tensor_attr(attr, "nodes_missing_value_tracks_true", np.zeros(len(feature), np.int64)).astype(bool)
+    return _TreeNodes(feature, splits, modes, true_ids, false_ids, true_leaf, false_leaf, missing)
+
+
+def _tree_depths(nodes: _TreeNodes, roots) -> tuple[np.ndarray, int]:
+    """(per tree: whether it is one leaf, both branches of its root naming it; the deepest tree's depth)."""
+    true_ids, false_ids, true_leaf, false_leaf = nodes.true_ids, nodes.false_ids, nodes.true_leaf, nodes.false_leaf
 
     def depth(node: int, leaf: bool) -> int:
         if leaf:
@@ -793,33 +803,42 @@ def _tree_ensemble(bb, inputs, attr, params, tvm_impl):
                        depth(int(false_ids[node]), bool(false_leaf[node])))
 
     degenerate = np.array([true_leaf[r] and false_leaf[r] and true_ids[r] == false_ids[r] for r in roots])
-    steps = max(depth(int(r), bool(d)) for r, d in zip(roots, degenerate))
-    batch = x.ty.shape.values[0]
-    trees = len(roots)
-    current = relax.op.broadcast_to(_array(np.where(degenerate, true_ids[roots], roots)[None, :]), [batch, trees])
-    at_leaf = relax.op.broadcast_to(_array(degenerate[None, :]), [batch, trees])
-    for _ in range(steps):
-        value = bb.normalize(relax.op.gather_elements(x, relax.op.take(_array(feature), current, axis=0), axis=1))
-        split = relax.op.take(_array(splits), current, axis=0)
-        mode = relax.op.take(_array(modes), current, axis=0)
-        member = relax.op.equal(relax.op.expand_dims(value, -1), relax.op.take(_array(table), current, axis=0))
-        member = relax.op.greater(relax.op.sum(relax.op.astype(member, "int32"), axis=-1), relax.const(0, "int32"))
-        outcomes = [relax.op.less_equal(value, split), relax.op.less(value, split),
-                    relax.op.greater_equal(value, split), relax.op.greater(value, split),
-                    relax.op.equal(value, split),
-                    relax.op.logical_or(relax.op.not_equal(value, split), relax.op.isnan(value)),  # NaN != v
-                    member]
-        decided = outcomes[-1]
-        for code in range(5, -1, -1):
-            decided = relax.op.where(relax.op.equal(mode, relax.const(code, "int64")), outcomes[code], decided)
-        nan_goes_true = relax.op.logical_and(relax.op.isnan(value), relax.op.take(_array(missing), current, axis=0))
-        decided = bb.normalize(relax.op.logical_or(decided, nan_goes_true))
-        following = relax.op.where(decided, relax.op.take(_array(true_ids), current, axis=0),
-                                   relax.op.take(_array(false_ids), current, axis=0))
-        reaches_leaf = relax.op.where(decided, relax.op.take(_array(true_leaf), current, axis=0),
-                                      relax.op.take(_array(false_leaf), current, axis=0))
-        current = bb.normalize(relax.op.where(at_leaf, current, following))
-        at_leaf = bb.normalize(relax.op.logical_or(at_leaf, reaches_leaf))
+    return degenerate, max(depth(int(r), bool(d)) for r, d in zip(roots, degenerate))
+
+
+def _tree_level(bb, x, nodes: _TreeNodes, table: np.ndarray, current, at_leaf):
+    """Every tree one level down from node `current` ([batch, trees]); a sample at a leaf stays there.
+    Returns (current, at_leaf)."""
+    from tvm import relax
+
+    value = bb.normalize(relax.op.gather_elements(x, relax.op.take(_array(nodes.feature), current, axis=0), axis=1))
+    split = relax.op.take(_array(nodes.splits), current, axis=0)
+    mode = relax.op.take(_array(nodes.modes), current, axis=0)
+    member = relax.op.equal(relax.op.expand_dims(value, -1), relax.op.take(_array(table), current, axis=0))
+    member = relax.op.greater(relax.op.sum(relax.op.astype(member, "int32"), axis=-1), relax.const(0, "int32"))
+    outcomes = [relax.op.less_equal(value, split), relax.op.less(value, split),
+                relax.op.greater_equal(value, split), relax.op.greater(value, split),
+                relax.op.equal(value, split),
+                relax.op.logical_or(relax.op.not_equal(value, split), relax.op.isnan(value)),  # NaN != v
+                member]
+    decided = outcomes[-1]
+    for code in range(5, -1, -1):
+        decided = relax.op.where(relax.op.equal(mode, relax.const(code, "int64")), outcomes[code], decided)
+    nan_goes_true = relax.op.logical_and(relax.op.isnan(value), relax.op.take(_array(nodes.missing), current, axis=0))
+    decided = bb.normalize(relax.op.logical_or(decided, nan_goes_true))
+    following = relax.op.where(decided, relax.op.take(_array(nodes.true_ids), current, axis=0),
+                               relax.op.take(_array(nodes.false_ids), current, axis=0))
+    reaches_leaf = relax.op.where(decided, relax.op.take(_array(nodes.true_leaf), current, axis=0),
+                                  relax.op.take(_array(nodes.false_leaf), current, axis=0))
+    current = bb.normalize(relax.op.where(at_leaf, current, following))
+    at_leaf = bb.normalize(relax.op.logical_or(at_leaf, reaches_leaf))
+    return current, at_leaf
+
+
+def _aggregate_leaves(bb, current, targets, weights, n_targets: int, trees: int, aggregate: int, dtype):
+    """The leaves' weights per target: summed, averaged, or min/max-ed over the trees."""
+    from tvm import relax
+
     leaf_weight = relax.op.expand_dims(relax.op.take(_array(weights), current, axis=0), -1)  # [B, T, 1]
     leaf_target = relax.op.expand_dims(relax.op.take(_array(targets), current, axis=0), -1)
     hits = bb.normalize(relax.op.equal(leaf_target, _array(np.arange(n_targets, dtype=np.int64))))  # [B, T, n]
@@ -832,3 +851,31 @@ def _tree_ensemble(bb, inputs, attr, params, tvm_impl):
     extreme = relax.op.min(picked, axis=1) if aggregate == 2 else relax.op.max(picked, axis=1)
     named = relax.op.greater(relax.op.sum(relax.op.astype(hits, "int32"), axis=1), relax.const(0, "int32"))
     return relax.op.where(named, extreme, relax.const(0.0, dtype))
+
+
+def _tree_ensemble(bb, inputs, attr, params, tvm_impl):
+    """TreeEnsemble (ai.onnx.ml 5): every tree walked at once, one level per step for the deepest tree's depth
+    (a sample at a leaf stays there); each comparison mode, NaN routing and set membership as ONNX defines them;
+    leaf weights summed, averaged, or min/max-ed per target."""
+    from tvm import relax
+
+    x = inputs[0]
+    dtype = _dtype(x)
+    if int(attr.get("post_transform", 0)) != 0:
+        raise NotImplementedError("TreeEnsemble's post_transform other than NONE")
+    aggregate = int(attr.get("aggregate_function", 1))
+    nodes = _tree_nodes(attr, dtype)
+    targets = _tensor_attr(attr, "leaf_targetids").astype(np.int64)
+    weights = _tensor_attr(attr, "leaf_weights").astype(dtype)
+    roots = _tensor_attr(attr, "tree_roots").astype(np.int64)
+    n_targets = int(attr["n_targets"])
+    table = _membership_table(attr, nodes.modes, len(nodes.feature), dtype)
+    degenerate, steps = _tree_depths(nodes, roots)
+    batch = x.ty.shape.values[0]
+    trees = len(roots)
+    current = relax.op.broadcast_to(_array(np.where(degenerate, nodes.true_ids[roots], roots)[None, :]),
+                                    [batch, trees])
+    at_leaf = relax.op.broadcast_to(_array(degenerate[None, :]), [batch, trees])
+    for _ in range(steps):
+        current, at_leaf = _tree_level(bb, x, nodes, table, current, at_leaf)
+    return _aggregate_leaves(bb, current, targets, weights, n_targets, trees, aggregate, dtype)

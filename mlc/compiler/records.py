@@ -35,6 +35,33 @@ def _reason(error: BaseException, record_json=None, workload=None) -> str:
     return f"its trace does not apply to its kernel: {why}" if record_json is not None else why
 
 
+def _kernel_writer(folder: Path, mod):
+    """(`folder`, a JSONDatabase there that holds the kernel `mod` alone), or why TVM cannot write it."""
+    from tvm.s_tir import meta_schedule as ms
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        writer = ms.database.JSONDatabase(work_dir=str(folder), module_equality="structural")
+        writer.commit_workload(mod)
+        return folder, writer
+    except Exception as e:  # TVM cannot write this kernel: none of its records reads
+        return f"its kernel cannot be written: {_reason(e)}"
+
+
+def _read_back_failure(folder: Path, db, record) -> Optional[str]:
+    """Why `record`, written alone into `folder` by its kernel's JSONDatabase `db`, does not read back; None if
+    it does."""
+    from tvm.s_tir import meta_schedule as ms
+
+    (folder / RECORDS).write_text("")  # the one record below only (each commit appends a line)
+    try:
+        db.commit_tuning_record(record)
+        ms.database.JSONDatabase(work_dir=str(folder), module_equality="structural", allow_missing=False)
+    except Exception as e:  # TVM says only "parallel_for_dynamic error": ask per record
+        return readable_lines(folder)[3] or _reason(e)
+    return None
+
+
 def checked(database, scratch: str | Path):
     """A Database that hands everything to `database` but keeps a tuning record only if it reads back: each is
     first written by a JSONDatabase of its kernel alone in `scratch` and read back by a fresh one (TVM's own
@@ -62,29 +89,17 @@ def checked(database, scratch: str | Path):
         def _writer(self, mod):
             key = structural_hash(mod)
             if key not in self.writers:
-                folder = Path(scratch) / f"{key & 0xFFFFFFFFFFFF:012x}"
-                try:
-                    folder.mkdir(parents=True, exist_ok=True)
-                    writer = ms.database.JSONDatabase(work_dir=str(folder), module_equality="structural")
-                    writer.commit_workload(mod)
-                    self.writers[key] = (folder, writer)
-                except Exception as e:  # TVM cannot write this kernel: none of its records reads
-                    self.writers[key] = f"its kernel cannot be written: {_reason(e)}"
+                self.writers[key] = _kernel_writer(Path(scratch) / f"{key & 0xFFFFFFFFFFFF:012x}", mod)
             return self.writers[key]
 
         def commit_checked(self, record) -> Optional[str]:
             writer = self._writer(record.workload.mod)
             if isinstance(writer, str):
                 return writer
-            folder, db = writer
-            (folder / RECORDS).write_text("")  # the one record below only (each commit appends a line)
-            try:
-                db.commit_tuning_record(record)
-                ms.database.JSONDatabase(work_dir=str(folder), module_equality="structural", allow_missing=False)
-            except Exception as e:  # TVM says only "parallel_for_dynamic error": ask per record
-                return readable_lines(folder)[3] or _reason(e)
-            self.inner.commit_tuning_record(record)
-            return None
+            why = _read_back_failure(*writer, record)
+            if why is None:
+                self.inner.commit_tuning_record(record)
+            return why
 
         def commit_tuning_record(self, record):  # the search's records
             why = self.commit_checked(record)

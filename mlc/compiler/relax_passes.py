@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
+from mlc.compiler.contract import Note, NoteKind
 from mlc.passes.onnx import changes
 from mlc.passes.registry import REGISTRY
 from mlc.compiler.mutators import rewrite_functions
@@ -576,7 +577,7 @@ def op_counts(mod) -> Counter:
 def run(mod, steps: list[dict[str, Any]], target_json: dict, dump_dir: Optional[str] = None,
         fused_by_build: bool = False):
     """Run the Relax-level steps (Step.to_json() dicts) under the target. Returns the module and a
-    report {"records": [...], "notes": [...], "error": message or None}: a pass the user named
+    report {"records": [...], "notes": [Note, ...], "error": message or None}: a pass the user named
     that fails is an error, any other failing pass is skipped with a note. `fused_by_build`: the
     build that follows (mlc.compiler.schedules' CPU pipeline) runs LegalizeOps..FuseTIR itself, so fuse_ops
     is recorded as left to it instead of fusing twice."""
@@ -610,7 +611,7 @@ def run(mod, steps: list[dict[str, Any]], target_json: dict, dump_dir: Optional[
                 report["error"] = f"pass {step['name']} (requested explicitly) failed on this model: {reason}"
                 return mod, report
             result, status = mod, "skipped"
-            report["notes"].append(f"pass {step['name']} skipped: {reason}")
+            report["notes"].append(Note(NoteKind.PASS_SKIPPED, f"pass {step['name']} skipped: {reason}"))
         elapsed = time.perf_counter() - start
         after = op_counts(result)
         report["records"].append({"name": step["name"], "level": "relax", "status": status,

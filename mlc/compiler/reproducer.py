@@ -5,6 +5,7 @@ but for numbers). Runs in the compile worker after the failure, within a time bu
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import tempfile
 import time
@@ -14,8 +15,11 @@ from typing import Callable, Optional
 import onnx
 from onnx import helper
 
+from mlc._proc import WorkerResult
+from mlc.compiler.contract import REPRODUCER_BUDGET_S as BUDGET_S
+from mlc.compiler.contract import CompileRequest, FailureKind
+
 STAGES = ("import", "build", "export")  # the worker stages a subgraph can reproduce
-BUDGET_S = 120.0
 
 
 def _names_in_subgraphs(node: onnx.NodeProto) -> set[str]:
@@ -119,21 +123,21 @@ def reduce(model: onnx.ModelProto, fails: Callable[[onnx.ModelProto], bool], bud
     return subgraph(model, types, *best)
 
 
-def write(model: onnx.ModelProto, request: dict, stage: str, message: str, compile_request) -> dict:
-    """Search the smallest subgraph that fails the worker's `stage` with `message` and write it to
-    request["reproducer"]; the payload keys for the worker's result ({} when none was found). `compile_request`:
-    the worker's (passed in: the worker imports this module)."""
+def write(model: onnx.ModelProto, request: CompileRequest, stage: str, message: str, compile_request) -> dict:
+    """Search the smallest subgraph that fails the worker's `stage` with `message` within the request's
+    reproducer_budget_s and write it to request.reproducer; the payload keys for the worker's result ({} when none
+    was found). `compile_request`: the worker's (passed in: the worker imports this module)."""
     from mlc.compiler import importer
     from mlc.compiler.log import summarize
 
-    path = Path(request["reproducer"])
+    path = Path(request.reproducer)
     scratch = tempfile.TemporaryDirectory(prefix="mlc-reproducer-")
 
     def fails(candidate: onnx.ModelProto) -> bool:
         print(f"mlc: reproducer search: trying {len(candidate.graph.node)} node(s)", flush=True)
         if stage == "import":  # no need to build what imports
             try:
-                importer.to_relax(candidate, request.get("dim_upper_bounds"))
+                importer.to_relax(candidate, request.dim_upper_bounds)
             except importer.ConversionError:
                 return False
             except Exception as e:  # the failure looked for
@@ -141,15 +145,16 @@ def write(model: onnx.ModelProto, request: dict, stage: str, message: str, compi
             return False
         onnx_path = Path(scratch.name) / "candidate.onnx"
         onnx.save(candidate, str(onnx_path))
-        sub = {**request, "onnx": str(onnx_path), "reproducer": None, "run": None, "kernels_dir": None,
-               "object_dir": None, "library": str(Path(scratch.name) / "candidate.so") if stage == "export" else None}
-        result = compile_request(sub)
-        return not result["ok"] and result.get("kind") == "compile" and result.get("stage") == stage \
-            and same_failure(result.get("message", ""), message)
+        sub = dataclasses.replace(request, onnx=str(onnx_path), reproducer=None, run=None, kernels_dir=None,
+                                  object_dir=None,
+                                  library=str(Path(scratch.name) / "candidate.so") if stage == "export" else None)
+        result = compile_request(sub)  # a CompileResult where it builds, else a WorkerResult
+        return isinstance(result, WorkerResult) and result.kind == FailureKind.COMPILE and result.stage == stage \
+            and same_failure(result.message, message)
 
     try:
         with scratch:
-            found = reduce(model, fails, float(request.get("reproducer_budget_s") or BUDGET_S))
+            found = reduce(model, fails, request.reproducer_budget_s)
         if found is None:
             return {}
         onnx.save(found, str(path))

@@ -23,6 +23,7 @@ kernel a rule cannot handle is left unscheduled. Imports tvm."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from mlc.compiler import int8_dot
 from mlc.compiler.concat import schedule_concatenated_axis, schedule_concatenation
@@ -543,18 +544,37 @@ def _bf16_dot_block(sch, block, reduction, lanes: int, target) -> bool:
         return False
 
 
-def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf16: bool = False,
-                            int8: bool = False, registers=None, columns=None, row_count=None,
-                            padded_rows: bool = False) -> None:
-    """out[M, J] += ... with J contiguous: a (rows x vectors) accumulator tile in registers,
-    the reduction loops around it, blocks of J tiles outermost so their weight slices stay in
-    cache while the rows stream past (each row tile visits the block's tiles in turn), epilogue
-    applied on the tile."""
-    from tvm import tirx
+@dataclass
+class _TilePlan:
+    """A register tile: `row_tile` rows x `vectors` vectors of `lanes`, over a J of `j_extent` and rows of
+    `row_extent` (None: symbolic), the innermost reduction in groups of `group` (a dot product's pairs or quads;
+    0: none)."""
+    lanes: int
+    vectors: int
+    row_tile: int
+    group: int
+    row_extent: object
+    j_extent: int
+    depths: list
 
+    @property
+    def width(self) -> int:
+        return self.vectors * self.lanes
+
+
+@dataclass
+class _TileLoops:
+    """The loops around a tile: `head` run in parallel, `serial` inside them (symbolic row and column tiles, a
+    block's panels), `rows` the tile's rows (None: one row)."""
+    head: list
+    serial: list
+    rows: object
+    row_loop: object  # the serial loop over symbolic rows' tiles
+    col_loop: object  # the serial loop over a symbolic J's tiles
+
+
+def _plan_tile(sch, spatial, reduction, lanes: int, bf16: bool, int8: bool, registers, columns) -> _TilePlan:
     row_extent = _extent(sch, spatial[-2]) if len(spatial) > 1 else 1
-    if row_count is None:  # (else the row count before `_pad_symbolic_width` padded it)
-        row_count = sch.get(spatial[-2]).extent if len(spatial) > 1 else None
     # A symbolic J (attention scores, seq x seq) comes zero-padded to 2 vectors (`_pad_symbolic_width`)
     j_extent = _extent(sch, spatial[-1]) if columns is None else 2 * lanes
     depths = [_extent(sch, r) for r in reduction]
@@ -566,16 +586,36 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
         # einsum): one vector wide, every row of the tile, where no Relax pass padded the rows (bf16_matmul pads
         # bf16 convs': relax_passes._conv_tile_padding)
         vectors, row_tile = 1, row_extent
-    jo, jv, ji = sch.split(spatial[-1], factors=[None, vectors, lanes])
-    panels = _panels_per_block(_extent(sch, jo), None if None in depths else math.prod(depths), vectors * lanes)
+    return _TilePlan(lanes, vectors, row_tile, group, row_extent, j_extent, depths)
+
+
+def _split_column_panels(sch, j_loop, plan: _TilePlan, padded_rows: bool):
+    """J into tiles of `plan.width` and blocks of tiles whose weight panels fit in L2: (blocks, vectors, lanes,
+    panels per block, [the loop over a block's panels] or [])."""
+    jo, jv, ji = sch.split(j_loop, factors=[None, plan.vectors, plan.lanes])
+    panels = _panels_per_block(_extent(sch, jo), None if None in plan.depths else math.prod(plan.depths), plan.width)
     # A partial last block puts a predicate on the tile: no tensorize; and with padded rows TVM 0.27 wrote wrong
     # values (inception_v3's 1x1 conv 768 -> 160 channels at 17 x 17 rows: 5 panels in blocks of 2)
-    if (group or padded_rows) and _extent(sch, jo) % panels:
+    if (plan.group or padded_rows) and _extent(sch, jo) % panels:
         panels = max(d for d in range(1, panels + 1) if _extent(sch, jo) % d == 0)
     inner_panels = []
     if panels > 1:
         jo, inner = sch.split(jo, factors=[None, panels])
         inner_panels = [inner]
+    return jo, jv, ji, panels, inner_panels
+
+
+def _row_tile_passes(sch, spatial, plan: _TilePlan):
+    """The row tiles of one image (of the static dims after the last symbolic one) per weight panel; None where
+    the rows are symbolic."""
+    if len(spatial) < 2 or plan.row_extent is None:
+        return None
+    outer = [_extent(sch, loop) for loop in spatial[:-2]]
+    static = outer[len(outer) - outer[::-1].index(None):] if None in outer else outer
+    return math.prod(static) * -(-plan.row_extent // plan.row_tile)
+
+
+def _tile_loop_nest(sch, spatial, plan: _TilePlan, jo, inner_panels, columns) -> _TileLoops:
     # A symbolic J's tiles get a serial loop (the other spatial loops run in parallel), which tir_pipeline splits
     # into whole tiles, whose write-back needs no predicate, and one tail tile.
     col_loop = jo if columns is not None and len(spatial) > 2 else None
@@ -584,20 +624,15 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     # Rows come from the innermost other spatial loop only (a conv's output width): a tile that
     # crossed into the next output row would make the accumulator a non-rectangular region,
     # which LLVM can no longer keep in registers.
-    passes = None  # the row tiles of one image (of the static dims after the last symbolic one) per weight panel
     if len(spatial) > 1:
-        outer = [_extent(sch, loop) for loop in spatial[:-2]]
-        if row_extent is not None:
-            static = outer[len(outer) - outer[::-1].index(None):] if None in outer else outer
-            passes = math.prod(static) * -(-row_extent // row_tile)
         head += spatial[:-2]
-        if row_tile > 1:
-            mo, rows = sch.split(spatial[-2], factors=[None, row_tile])
+        if plan.row_tile > 1:
+            mo, rows = sch.split(spatial[-2], factors=[None, plan.row_tile])
             head.append(mo)
         else:
             head.append(spatial[-2])
     row_loop = None
-    if rows is not None and row_extent is None:
+    if rows is not None and plan.row_extent is None:
         # Symbolic rows: the row tiles get a serial loop of their own between the parallel blocks of J tiles
         # and the block's tiles, which tir_pipeline splits into whole tiles without a predicate and one tail
         # kernel per remainder.
@@ -608,67 +643,109 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
         serial = []
     if col_loop is not None:
         serial = [col_loop] + serial
-    pair = []
-    if group:  # the innermost reduction in pairs (quads), innermost: vdpbf16ps's (vpdpbusd's) operand layout
-        ko, ki = sch.split(reduction[-1], factors=[None, group])
-        reduction, pair = [*reduction[:-1], ko], [ki]
-    sch.reorder(*head, *serial, *reduction, *([rows] if rows is not None else []), jv, ji, *pair)
+    return _TileLoops(head, serial, rows, row_loop, col_loop)
+
+
+def _mark_padding_taps(sch, block, spatial, reduction, plan: _TilePlan, int8: bool) -> None:
     for k, (mark, extents) in ({} if int8 else _padding_extents(sch, block, len(spatial))).items():  # (int8 pads
         # with the zero point.) The columns' versions of a tile with a predicated row tail each kept the predicate,
         # and LLVM spilled the accumulators (a 3x3 conv at 17 x 17, 12-row tiles: 1.4x the time without versions)
-        if mark == VALID_ROWS or (row_extent is not None and row_extent % row_tile == 0):
+        if mark == VALID_ROWS or (plan.row_extent is not None and plan.row_extent % plan.row_tile == 0):
             sch.annotate(reduction[k], mark, extents)
-    _pack_weights(sch, block, last, vectors * lanes, pairs=group)
-    tile = sch.fuse(*head) if len(head) > 1 else head[0]
+
+
+def _parallel_tiles_with_write_back(sch, block, loops: _TileLoops, lanes: int):
+    """Fuse and parallelize the head; the accumulator written back (with the epilogue, vectorized) per tile.
+    Returns the fused loop."""
+    tile = sch.fuse(*loops.head) if len(loops.head) > 1 else loops.head[0]
     # Annotate before decompose_reduction: the primitives need the block to still be a reduction.
     sch.parallel(tile)
     write_back = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(write_back, serial[-1] if serial else tile, preserve_unit_loops=True)
+    sch.reverse_compute_at(write_back, loops.serial[-1] if loops.serial else tile, preserve_unit_loops=True)
     _inline_epilogue(sch, write_back)
-    inner = sch.get_loops(write_back)[1 + len(serial):]
+    inner = sch.get_loops(write_back)[1 + len(loops.serial):]
     if inner:
         _, vec = sch.split(sch.fuse(*inner) if len(inner) > 1 else inner[0], factors=[None, lanes])
         sch.vectorize(vec)
-    if rows is not None:
-        sch.unroll(rows)
-    sch.unroll(jv)
-    if not group:
-        sch.vectorize(ji)
-    init = sch.decompose_reduction(block, reduction[0])
-    if group:
-        sch.vectorize(sch.get_loops(init)[-1])
-    if PREFETCH_WEIGHTS and panels == 1 and row_loop is None and row_extent is not None \
-            and PREFETCH_MIN_ROWS <= row_extent <= row_tile and not group and columns is None \
-            and len(reduction) == 1 and None not in depths and depths[0] * vectors * lanes * 4 > PANEL_BLOCK_BYTES:
+    return tile
+
+
+def _prefetch_weight_panels(sch, reduction, plan: _TilePlan, panels: int, loops: _TileLoops, passes,
+                            columns) -> None:
+    depths, width, row_extent = plan.depths, plan.width, plan.row_extent
+    if PREFETCH_WEIGHTS and panels == 1 and loops.row_loop is None and row_extent is not None \
+            and PREFETCH_MIN_ROWS <= row_extent <= plan.row_tile and not plan.group and columns is None \
+            and len(reduction) == 1 and None not in depths and depths[0] * width * 4 > PANEL_BLOCK_BYTES:
         # One row tile of 8-12 rows reads each weight panel once, straight from memory: where a panel is over
         # L2's share (bert-base's 3072 -> 768: 384 KB) the hardware prefetcher fell behind (seq 8: 0.54-0.58 ms
         # cold, 0.39-0.45 with these; seq 12: 0.9-1.2 -> 0.6-0.8). Not on fewer rows (1-4: no gain measured, one
         # run read them up to 1.7x slower), nor where more row tiles reread the panel (seq 32: 0.95-1.21x the
         # time, swin's 49 rows: 1.08x), on shallower panels (two to a block) or symbolic-row tiles (--dynamic
         # seq: 1.07x at seq 8). benchmarks/dense-kblock
-        sch.annotate(reduction[0], PREFETCH, depths[0] * vectors * lanes)
-    elif PREFETCH_WEIGHTS and group == 2 and len(reduction) > 1 and passes is not None \
+        sch.annotate(reduction[0], PREFETCH, depths[0] * width)
+    elif PREFETCH_WEIGHTS and plan.group == 2 and len(reduction) > 1 and passes is not None \
             and passes <= PREFETCH_MAX_PASSES and columns is None and None not in depths \
-            and math.prod(depths) * vectors * lanes * 2 > PANEL_BLOCK_BYTES:
+            and math.prod(depths) * width * 2 > PANEL_BLOCK_BYTES:
         # A bf16 conv whose weight panels only a few row tiles read waits on memory in the first of them (resnet50's
         # 3x3 convs at 7 x 7: 0.53 ms in the model, 0.38 with the weights in cache): each pass prefetches the next
         # block's panel (0.45-0.48 ms). With more passes the redundant prefetches cost more than they hide, in the
         # first pass only they hid little, and at fp32 they did not pay (benchmarks/precision, run 11). A symbolic
         # batch counts one image's passes.
-        sch.annotate(reduction[-1], PREFETCH, panels * math.prod(depths) * vectors * lanes)
-        sch.annotate(reduction[-1], PREFETCH_LIMIT, j_extent * math.prod(depths))
-    if row_loop is not None:
+        sch.annotate(reduction[-1], PREFETCH, panels * math.prod(depths) * width)
+        sch.annotate(reduction[-1], PREFETCH_LIMIT, plan.j_extent * math.prod(depths))
+
+
+def _annotate_symbolic_tails(sch, block, loops: _TileLoops, plan: _TilePlan, row_count, columns) -> None:
+    """Mark the serial loops over symbolic rows' (a symbolic J's) tiles for tir_pipeline's whole-tile split."""
+    from tvm import tirx
+
+    if loops.row_loop is not None:
         # The accumulator indexed by row % row_tile (injective within the tile, the only rows it holds at a
         # time): its compacted size is then row_tile rows, not min(rows, row_tile), a size known only at run
         # time that TVM allocates on the heap and LLVM cannot keep in registers.
+        row_tile = plan.row_tile
         sch.transform_layout(block, ("write", 0), lambda *idx: [*idx[:-2], idx[-2] % row_tile, idx[-1]],
                              assume_injective_transform=True)
-    if row_loop is not None and isinstance(row_count, tirx.Var):
-        sch.annotate(row_loop, ROW_TAIL, row_tile)
-        sch.annotate(row_loop, ROW_COUNT, row_count.name)  # a Var would be read as a schedule variable
-    if col_loop is not None and isinstance(columns, tirx.Var):
-        sch.annotate(col_loop, COL_TAIL, vectors * lanes)
-        sch.annotate(col_loop, ROW_COUNT, columns.name)
+    if loops.row_loop is not None and isinstance(row_count, tirx.Var):
+        sch.annotate(loops.row_loop, ROW_TAIL, plan.row_tile)
+        sch.annotate(loops.row_loop, ROW_COUNT, row_count.name)  # a Var would be read as a schedule variable
+    if loops.col_loop is not None and isinstance(columns, tirx.Var):
+        sch.annotate(loops.col_loop, COL_TAIL, plan.width)
+        sch.annotate(loops.col_loop, ROW_COUNT, columns.name)
+
+
+def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf16: bool = False,
+                            int8: bool = False, registers=None, columns=None, row_count=None,
+                            padded_rows: bool = False) -> None:
+    """out[M, J] += ... with J contiguous: a (rows x vectors) accumulator tile in registers,
+    the reduction loops around it, blocks of J tiles outermost so their weight slices stay in
+    cache while the rows stream past (each row tile visits the block's tiles in turn), epilogue
+    applied on the tile."""
+    plan = _plan_tile(sch, spatial, reduction, lanes, bf16, int8, registers, columns)
+    if row_count is None:  # (else the row count before `_pad_symbolic_width` padded it)
+        row_count = sch.get(spatial[-2]).extent if len(spatial) > 1 else None
+    jo, jv, ji, panels, inner_panels = _split_column_panels(sch, spatial[-1], plan, padded_rows)
+    passes = _row_tile_passes(sch, spatial, plan)
+    loops = _tile_loop_nest(sch, spatial, plan, jo, inner_panels, columns)
+    pair = []
+    if plan.group:  # the innermost reduction in pairs (quads), innermost: vdpbf16ps's (vpdpbusd's) operand layout
+        ko, ki = sch.split(reduction[-1], factors=[None, plan.group])
+        reduction, pair = [*reduction[:-1], ko], [ki]
+    sch.reorder(*loops.head, *loops.serial, *reduction, *([loops.rows] if loops.rows is not None else []), jv, ji,
+                *pair)
+    _mark_padding_taps(sch, block, spatial, reduction, plan, int8)
+    _pack_weights(sch, block, last, plan.width, pairs=plan.group)
+    tile = _parallel_tiles_with_write_back(sch, block, loops, lanes)
+    if loops.rows is not None:
+        sch.unroll(loops.rows)
+    sch.unroll(jv)
+    if not plan.group:
+        sch.vectorize(ji)
+    init = sch.decompose_reduction(block, reduction[0])
+    if plan.group:
+        sch.vectorize(sch.get_loops(init)[-1])
+    _prefetch_weight_panels(sch, reduction, plan, panels, loops, passes, columns)
+    _annotate_symbolic_tails(sch, block, loops, plan, row_count, columns)
     # The dot-product tiles must have no predicate (TVM 0.27's tensorize rejects one): rows padded by `_pad_width`
     if bf16:
         sch.tensorize(ji, _bf16_intrinsic(lanes))
@@ -677,68 +754,58 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
         sch.tensorize(ji, int8_dot.vnni_intrinsic())
 
 
-def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None, deferred=None) -> None:
-    stmt = sch.get(block)
+def _loops_of(sch, block, n_spatial: int):
+    """(spatial loops, reduction loops) of `block`, read again after a padding rewrote it."""
     loops = sch.get_loops(block)
-    spatial, reduction = loops[:n_spatial], loops[n_spatial:]
-    last = stmt.iter_vars[n_spatial - 1].var
-    j_extent = _extent(sch, spatial[-1])
-    contiguous = _contiguous_last_axis(stmt, last)
+    return loops[:n_spatial], loops[n_spatial:]
+
+
+def _dot_product_depth(sch, block, reduction, lanes: int, target, contiguous: bool) -> tuple[bool, int]:
+    """(whether the block runs on vpdpbusd, the reduction depth padding `_pad_width` must apply: 1 for a bf16
+    dot-product block, whose rows it pads)."""
     int8 = target is not None and contiguous and int8_dot.vnni_dot_block(sch, block, target, lanes)
     depth = int8_dot.depth_padding(sch, reduction) if int8 else 0
     int8 = int8 and depth > 0
     if target is not None and contiguous and not int8 and _bf16_dot_block(sch, block, reduction, lanes, target):
         depth = 1  # vdpbf16ps: rows padded (an odd depth has no bf16 tile)
-    rows_before = _extent(sch, spatial[-2]) if len(spatial) > 1 else None
-    if (contiguous and j_extent is not None and (j_extent % lanes and j_extent >= 2 * lanes or depth)
-            and _pad_width(sch, block, spatial, len(reduction), lanes, depth)):
-        loops = sch.get_loops(block)
-        spatial, reduction = loops[:n_spatial], loops[n_spatial:]
+    return int8, depth
+
+
+def _schedule_static_width_tile(sch, block, n_spatial: int, spatial, reduction, last, lanes: int, target, int8,
+                                rows_before) -> None:
+    """A register tile on a J that is a multiple of the vector width, on the dot-product instructions where the
+    block and target have them."""
+    j_extent = _extent(sch, spatial[-1])
+    if _pad_rows(sch, block, spatial, len(reduction), j_extent, lanes):
+        spatial, reduction = _loops_of(sch, block, n_spatial)
         last = sch.get(block).iter_vars[n_spatial - 1].var
-        j_extent = _extent(sch, spatial[-1])
-        for pad in int8_dot.input_pads(sch, block) if depth else []:  # a copy of the activations: vectorized
-            _schedule_spatial(sch, pad, lanes)
-    if j_extent is not None and j_extent % lanes == 0 and contiguous:
-        if _pad_rows(sch, block, spatial, len(reduction), j_extent, lanes):
-            loops = sch.get_loops(block)
-            spatial, reduction = loops[:n_spatial], loops[n_spatial:]
-            last = sch.get(block).iter_vars[n_spatial - 1].var
-        bf16 = target is not None and _bf16_dot_block(sch, block, reduction, lanes, target)
-        int8 = int8 and int8_dot.depth_padding(sch, reduction) == 1
-        padded = len(spatial) > 1 and _extent(sch, spatial[-2]) != rows_before
-        _schedule_register_tile(sch, block, spatial, reduction, last, lanes, bf16, int8, padded_rows=padded)
-        return
-    if j_extent is None and contiguous and n_spatial > 1:
-        columns, row_count = sch.get(spatial[-1]).extent, sch.get(spatial[-2]).extent
-        if _pad_symbolic_width(sch, block, spatial, reduction, lanes):
-            loops = sch.get_loops(block)
-            spatial, reduction = loops[:n_spatial], loops[n_spatial:]
-            _schedule_register_tile(sch, block, spatial, reduction, sch.get(block).iter_vars[n_spatial - 1].var,
-                                    lanes, columns=columns, row_count=row_count)
-            return
-    narrow = _narrow_lanes(j_extent, lanes) if contiguous else None
-    if narrow is not None:
-        _schedule_register_tile(sch, block, spatial, reduction, last, narrow, registers=_registers(lanes))
-        return
-    if j_extent is not None and j_extent >= lanes and contiguous:
-        jo, ji = sch.split(spatial[-1], factors=[None, lanes])
-        outer = list(spatial[:-1])
-        rows = None
-        if outer and (_extent(sch, outer[-1]) or 0) >= ROW_TILE:
-            io, rows = sch.split(outer[-1], factors=[None, ROW_TILE])
-            outer = outer[:-1] + [io]
-        order = outer + [jo] + list(reduction) + ([rows] if rows is not None else []) + [ji]
-        sch.reorder(*order)
-        head = outer + [jo]
-        fused = sch.fuse(*head) if len(head) > 1 else head[0]
-        sch.parallel(fused)
-        if rows is not None:
-            sch.unroll(rows)
-        sch.vectorize(ji)
-        sch.decompose_reduction(block, reduction[0])
-        return
-    if _vector_partial_sums(sch, block, spatial, reduction, lanes, deferred):
-        return
+    bf16 = target is not None and _bf16_dot_block(sch, block, reduction, lanes, target)
+    int8 = int8 and int8_dot.depth_padding(sch, reduction) == 1
+    padded = len(spatial) > 1 and _extent(sch, spatial[-2]) != rows_before
+    _schedule_register_tile(sch, block, spatial, reduction, last, lanes, bf16, int8, padded_rows=padded)
+
+
+def _schedule_vector_rows(sch, block, spatial, reduction, lanes: int) -> None:
+    """A J that is no multiple of the vector width (and not narrow): vectors of J by ROW_TILE rows, the tail
+    predicated."""
+    jo, ji = sch.split(spatial[-1], factors=[None, lanes])
+    outer = list(spatial[:-1])
+    rows = None
+    if outer and (_extent(sch, outer[-1]) or 0) >= ROW_TILE:
+        io, rows = sch.split(outer[-1], factors=[None, ROW_TILE])
+        outer = outer[:-1] + [io]
+    order = outer + [jo] + list(reduction) + ([rows] if rows is not None else []) + [ji]
+    sch.reorder(*order)
+    head = outer + [jo]
+    fused = sch.fuse(*head) if len(head) > 1 else head[0]
+    sch.parallel(fused)
+    if rows is not None:
+        sch.unroll(rows)
+    sch.vectorize(ji)
+    sch.decompose_reduction(block, reduction[0])
+
+
+def _parallelize_spatial(sch, spatial) -> None:
     extents = [_extent(sch, loop) for loop in spatial]
     if None in extents:  # fused, symbolic loops cost a division by a run-time value per output element
         first = extents.index(None)
@@ -752,6 +819,44 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None, def
     extent = _extent(sch, fused)
     if extent is None or extent > 1:
         sch.parallel(fused)
+
+
+def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None, deferred=None) -> None:
+    stmt = sch.get(block)
+    spatial, reduction = _loops_of(sch, block, n_spatial)
+    last = stmt.iter_vars[n_spatial - 1].var
+    j_extent = _extent(sch, spatial[-1])
+    contiguous = _contiguous_last_axis(stmt, last)
+    int8, depth = _dot_product_depth(sch, block, reduction, lanes, target, contiguous)
+    rows_before = _extent(sch, spatial[-2]) if len(spatial) > 1 else None
+    if (contiguous and j_extent is not None and (j_extent % lanes and j_extent >= 2 * lanes or depth)
+            and _pad_width(sch, block, spatial, len(reduction), lanes, depth)):
+        spatial, reduction = _loops_of(sch, block, n_spatial)
+        last = sch.get(block).iter_vars[n_spatial - 1].var
+        j_extent = _extent(sch, spatial[-1])
+        for pad in int8_dot.input_pads(sch, block) if depth else []:  # a copy of the activations: vectorized
+            _schedule_spatial(sch, pad, lanes)
+    if j_extent is not None and j_extent % lanes == 0 and contiguous:
+        _schedule_static_width_tile(sch, block, n_spatial, spatial, reduction, last, lanes, target, int8,
+                                    rows_before)
+        return
+    if j_extent is None and contiguous and n_spatial > 1:
+        columns, row_count = sch.get(spatial[-1]).extent, sch.get(spatial[-2]).extent
+        if _pad_symbolic_width(sch, block, spatial, reduction, lanes):
+            spatial, reduction = _loops_of(sch, block, n_spatial)
+            _schedule_register_tile(sch, block, spatial, reduction, sch.get(block).iter_vars[n_spatial - 1].var,
+                                    lanes, columns=columns, row_count=row_count)
+            return
+    narrow = _narrow_lanes(j_extent, lanes) if contiguous else None
+    if narrow is not None:
+        _schedule_register_tile(sch, block, spatial, reduction, last, narrow, registers=_registers(lanes))
+        return
+    if j_extent is not None and j_extent >= lanes and contiguous:
+        _schedule_vector_rows(sch, block, spatial, reduction, lanes)
+        return
+    if _vector_partial_sums(sch, block, spatial, reduction, lanes, deferred):
+        return
+    _parallelize_spatial(sch, spatial)
 
 
 # A grouped conv's register tile runs per group (`_split_groups`) where a group has at least 4 output channels (a

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from mlc.compiler import dynamic_records
+from mlc.compiler.contract import Note, NoteKind
 from mlc.compiler.schedule_rules import SCHEDULED
 from mlc.compiler.mutators import rewrite_functions
 
@@ -46,7 +47,7 @@ def _positive_squeeze_axes(mod):
     return rewrite_functions(Rewrite(mod), mod)
 
 
-def _convert_layout(mod, notes: list[str]):
+def _convert_layout(mod, notes: list[Note]):
     """conv2d to NHWC/HWIO, an optimisation: where TVM's ConvertLayout fails on a model (e.g.
     "Invalid SLayout: can't find S in source layout ABC" on ONNX Max, which imports as stack + max), the
     model builds in its own layout and a note says so."""
@@ -59,8 +60,8 @@ def _convert_layout(mod, notes: list[str]):
     except Exception as e:  # TVM raises InternalError/ValueError/bad_alloc; the step is optional
         from mlc.compiler.log import summarize
 
-        notes.append(f"layout conversion (conv2d to NHWC) skipped: TVM's ConvertLayout failed on this model: "
-                     f"{summarize(e)}")
+        notes.append(Note(NoteKind.FALLBACK, f"layout conversion (conv2d to NHWC) skipped: TVM's ConvertLayout "
+                                             f"failed on this model: {summarize(e)}"))
         return mod
     try:
         from mlc.compiler.layout_cleanup import cancel_transposes
@@ -70,7 +71,7 @@ def _convert_layout(mod, notes: list[str]):
         return converted
 
 
-def _legalize_and_fuse(mod, target, notes: Optional[list[str]] = None):
+def _legalize_and_fuse(mod, target, notes: Optional[list[Note]] = None):
     import tvm
     from tvm import relax
     from tvm.relax.backend.cpu_generic import pipeline as cpu
@@ -110,19 +111,20 @@ def _kernels(mod) -> dict[str, bool]:
             for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
 
 
-def _dynamic_notes(notes: list[str], withheld: dict[str, str], failed: dict[str, str]) -> None:
+def _dynamic_notes(notes: list[Note], withheld: dict[str, str], failed: dict[str, str]) -> None:
     if withheld:
         at = "; ".join(sorted(set(withheld.values())))
-        notes.append(f"{len(withheld)} kernels over symbolic dims have tuning records of their static twins ({at}), "
-                     f"not applied: replayed on symbolic extents such records ran slower than mlc's default schedules "
-                     f"(benchmarks/dynamic-tuning); {dynamic_records.REPLAY_ENV}=replay applies them: "
-                     + ", ".join(sorted(withheld)))
+        notes.append(Note(NoteKind.RECORDS,
+                          f"{len(withheld)} kernels over symbolic dims have tuning records of their static twins "
+                          f"({at}), not applied: replayed on symbolic extents such records ran slower than mlc's "
+                          f"default schedules (benchmarks/dynamic-tuning); {dynamic_records.REPLAY_ENV}=replay "
+                          "applies them: " + ", ".join(sorted(withheld))))
     for name, why in sorted(failed.items()):
-        notes.append(f"kernel {name} keeps the default schedule: {why}")
+        notes.append(Note(NoteKind.RECORDS, f"kernel {name} keeps the default schedule: {why}"))
 
 
 def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool,
-          notes: Optional[list[str]] = None, lifted: Optional[list] = None) -> tuple[Any, dict[str, list[str]]]:
+          notes: Optional[list[Note]] = None, lifted: Optional[list] = None) -> tuple[Any, dict[str, list[str]]]:
     """Compile `mod`; returns the executable and which kernels were {tuned, default, unscheduled}, and with a
     database of `mlc tune --dynamic` "tuned_at": ["kernel: seq=128"], the symbolic kernels among the tuned ones
     and the length of the static twin whose record each took. Given `lifted`, the weights are lifted out of the
@@ -136,6 +138,7 @@ def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool
     from mlc.compiler import schedule_rules as rules
 
     target = tvm.target.Target(target_json)
+    notes = [] if notes is None else notes
     report: dict[str, list[str]] = {"tuned": [], "default": [], "unscheduled": []}
     lengths = dynamic_records.read_lengths(db_dir) if db_dir else {}
 
@@ -145,17 +148,21 @@ def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool
             mod = _legalize_and_fuse(mod, target, notes)
             before = _kernels(mod)
             if db_dir:
-                database = records.open_readable(db_dir, notes if notes is not None else [])
+                said: list[str] = []  # records' notes: all about the records it skipped or moved
+                database = records.open_readable(db_dir, said)
+                notes.extend(Note(NoteKind.RECORDS, text) for text in said)
                 with database:
                     mod = relax.transform.MetaScheduleApplyDatabase()(mod)
                 if lengths:  # kernels over symbolic dims: the records of their static twins
                     mod, replayed, withheld, failed = dynamic_records.apply(
                         mod, database, target, lengths, SCHEDULED, dynamic_records.replay_requested())
                     report["tuned_at"] = [f"{k}: {v}" for k, v in sorted(replayed.items())]
-                    _dynamic_notes(notes if notes is not None else [], withheld, failed)
+                    _dynamic_notes(notes, withheld, failed)
             tuned = {k for k, v in _kernels(mod).items() if v and not before.get(k, False)}
             if default:
-                mod = rules.apply_default_schedules(mod, target, notes)
+                said = []  # its one note: the kernels its rules failed on
+                mod = rules.apply_default_schedules(mod, target, said)
+                notes.extend(Note(NoteKind.UNSCHEDULED, text) for text in said)
             after = _kernels(mod)
             for name, scheduled in sorted(after.items()):
                 kind = "tuned" if name in tuned else ("default" if scheduled else "unscheduled")

@@ -456,8 +456,35 @@ def _qlinear_matmul_converter():
     return QLinearMatMul
 
 
+def _evaluated(op: str):
+    """A converter for an op whose inputs are all constants (a window's size, after mlc freezes it): onnx's
+    reference evaluator computes the values at import; the model holds them as a constant."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    class Evaluated(onnx_frontend.OnnxOpConverter):
+        @classmethod
+        def _impl_v17(cls, bb, inputs, attr, params):
+            from onnx import helper
+            from onnx.reference import ReferenceEvaluator
+
+            values = [onnx_frontend.get_constant(x, params) for x in inputs]
+            if not all(isinstance(v, tvm.ir.GenericConst) for v in values):
+                raise NotImplementedError(f"{op} needs constant inputs")
+            names = [f"input{i}" for i in range(len(values))]
+            kept = {k: v for k, v in attr.items() if not k.startswith("tvm_")}  # TVM adds its own
+            node = helper.make_node(op, names, ["output"], **kept)
+            result = ReferenceEvaluator(node).run(None, {n: v.value.numpy() for n, v in zip(names, values)})[0]
+            return relax.const(result, str(result.dtype))
+
+    Evaluated.__name__ = op
+    return Evaluated
+
+
 def _elementwise_and_shape_converters() -> dict:
-    """Celu; CenterCropPad with a static input shape and a constant target shape (a slice, then a zero pad)."""
+    """Celu; CenterCropPad with a static input shape and a constant target shape (a slice, then a zero pad); the
+    window ops on constant inputs."""
     import tvm
     from tvm import relax, topi
     from tvm.relax.frontend.onnx import onnx_frontend
@@ -499,29 +526,7 @@ def _elementwise_and_shape_converters() -> dict:
                 out = bb.emit_te(topi.nn.pad, bb.normalize(out), before, after, 0.0)
             return out
 
-    def evaluated(op: str):
-        """An op whose inputs are all constants (a window's size, after mlc freezes it): onnx's reference
-        evaluator computes the values at import; the model holds them as a constant."""
-
-        class Evaluated(onnx_frontend.OnnxOpConverter):
-            @classmethod
-            def _impl_v17(cls, bb, inputs, attr, params):
-                from onnx import helper
-                from onnx.reference import ReferenceEvaluator
-
-                values = [onnx_frontend.get_constant(x, params) for x in inputs]
-                if not all(isinstance(v, tvm.ir.GenericConst) for v in values):
-                    raise NotImplementedError(f"{op} needs constant inputs")
-                names = [f"input{i}" for i in range(len(values))]
-                kept = {k: v for k, v in attr.items() if not k.startswith("tvm_")}  # TVM adds its own
-                node = helper.make_node(op, names, ["output"], **kept)
-                result = ReferenceEvaluator(node).run(None, {n: v.value.numpy() for n, v in zip(names, values)})[0]
-                return relax.const(result, str(result.dtype))
-
-        Evaluated.__name__ = op
-        return Evaluated
-
-    windows = {op: evaluated(op) for op in ("BlackmanWindow", "HannWindow", "HammingWindow", "MelWeightMatrix")}
+    windows = {op: _evaluated(op) for op in ("BlackmanWindow", "HannWindow", "HammingWindow", "MelWeightMatrix")}
     return {"Celu": Celu, "CenterCropPad": CenterCropPad, **windows}
 
 

@@ -17,6 +17,8 @@ import time
 import traceback
 from pathlib import Path
 
+from mlc import _proc
+from mlc.compiler.contract import CompileRequest, CompileResult, FailureKind, Note, NoteKind
 from mlc.compiler.log import summarize
 
 
@@ -166,7 +168,7 @@ def _pack_imports(module, is_system_lib: bool, prefix: str, workspace_dir: str, 
     return str(source)
 
 
-def _cuda_code(executable, request: dict, record: dict):
+def _cuda_code(executable, request: CompileRequest, record: dict):
     """export_library's device_code for a CUDA target: its CUDA source compiled to a fatbin for the target's arch
     (mlc.compiler.cuda_binary); what was compiled goes into `record`."""
     from mlc.compiler import cuda_binary
@@ -175,7 +177,7 @@ def _cuda_code(executable, request: dict, record: dict):
     sources = [m.inspect_source() for m in _modules(executable.mod) if m.kind == "cuda"]
 
     def compile_source(source: str) -> bytes:
-        fatbin, code = cuda_binary.compile_fatbin(source, request["target"]["arch"], cache_dir())
+        fatbin, code = cuda_binary.compile_fatbin(source, request.target["arch"], cache_dir())
         record.update(code.to_json())
         return fatbin
 
@@ -188,21 +190,22 @@ def _modules(module):
         yield from _modules(child)
 
 
-def _build(mod, request: dict, default_schedules: bool, notes: list[str], use_db: bool = True):
+def _build(mod, request: CompileRequest, default_schedules: bool, notes: list[Note], use_db: bool = True):
     """The executable, the schedule report, and the weights its `main` takes after the inputs."""
     from mlc.compiler import build
 
     lifted: list = []
-    if request.get("schedules"):  # CPU: tuning records and/or default schedules (mlc.compiler.schedules)
+    if request.schedules:  # CPU: tuning records and/or default schedules (mlc.compiler.schedules)
         from mlc.compiler import schedules
 
-        db = request["schedules"].get("db") if use_db else None
-        executable, report = schedules.build(mod, request["target"], db, default_schedules, notes, lifted)
+        db = request.schedules.db if use_db else None
+        executable, report = schedules.build(mod, request.target, db, default_schedules, notes, lifted)
         return executable, report, lifted
-    return build.build(mod, request["target"], lifted), None, lifted
+    return build.build(mod, request.target, lifted), None, lifted
 
 
-def _build_with_fallbacks(mod, passes_applied: bool, imported, request: dict, notes: list[str], at_fp32=None):
+def _build_with_fallbacks(mod, passes_applied: bool, imported, request: CompileRequest, notes: list[Note],
+                          at_fp32=None):
     """Build `mod`; where TVM fails, build again without the optional steps, the likeliest culprit first:
     the tuning records (--db: records an older mlc wrote broke builds, #41), mlc's default CPU schedules, then
     the Relax passes (when `passes_applied`; `imported()` makes the module without them), then, for a
@@ -210,8 +213,8 @@ def _build_with_fallbacks(mod, passes_applied: bool, imported, request: dict, no
     A fallback that builds adds a note naming the step left out and TVM's reason; when every try fails, the
     first error is raised (a mandatory step failed). Returns the executable, the schedule report, the lifted
     weights and whether the precision was left out."""
-    default = bool(request.get("schedules") and request["schedules"].get("default", True))
-    db = request.get("schedules") and request["schedules"].get("db")
+    default = bool(request.schedules and request.schedules.default)
+    db = request.schedules and request.schedules.db
     attempts = [(lambda: mod, default, None, True)]
     if db:
         attempts.append((lambda: mod, default, f"the tuning records (--db {db})", False))
@@ -221,10 +224,10 @@ def _build_with_fallbacks(mod, passes_applied: bool, imported, request: dict, no
         attempts.append((imported, False, "the Relax passes" + (" and mlc's default CPU schedules" if default else ""),
                          True))
     if at_fp32 is not None:
-        attempts.append((at_fp32, default, _AT_FP32.format(precision=request.get("precision")), True))
+        attempts.append((at_fp32, default, _AT_FP32.format(precision=request.precision), True))
     first = None
     for module, default_schedules, skipped, use_db in attempts:
-        tried: list[str] = []
+        tried: list[Note] = []
         try:
             executable, report, lifted = _build(module(), request, default_schedules, tried, use_db)
         except Exception as e:  # TVM raises many kinds; the last try re-raises the first
@@ -233,7 +236,7 @@ def _build_with_fallbacks(mod, passes_applied: bool, imported, request: dict, no
             continue
         notes.extend(n for n in tried if n not in notes)
         if skipped:
-            notes.append(f"built without {skipped}: TVM failed with them: {summarize(first)}")
+            notes.append(Note(NoteKind.FALLBACK, f"built without {skipped}: TVM failed with them: {summarize(first)}"))
         return executable, report, lifted, module is at_fp32
     raise first
 
@@ -243,7 +246,7 @@ def _build_with_fallbacks(mod, passes_applied: bool, imported, request: dict, no
 _AT_FP32 = "--precision {precision} (the artifact is fp32)"
 
 
-def _reduce_precision(mod, precision: str, target: dict, notes: list[str]):
+def _reduce_precision(mod, precision: str, target: dict, notes: list[Note]):
     """The module at `precision` and its pass record; where TVM fails on it, the module as it was, no record, and a
     note."""
     from mlc.compiler import relax_passes
@@ -252,15 +255,29 @@ def _reduce_precision(mod, precision: str, target: dict, notes: list[str]):
         return relax_passes.reduce_precision(mod, precision, target)
     except Exception as e:  # TVM raises many kinds
         traceback.print_exc()  # into the log file
-        notes.append(f"built without {_AT_FP32.format(precision=precision)}: TVM failed with it: {summarize(e)}")
+        notes.append(Note(NoteKind.FALLBACK,
+                          f"built without {_AT_FP32.format(precision=precision)}: TVM failed with it: {summarize(e)}"))
         return mod, None
 
 
-def compile_request(request: dict) -> dict:
+def as_worker_result(outcome: CompileResult | _proc.WorkerResult) -> _proc.WorkerResult:
+    """compile_request's outcome as mlc._proc sends it: a success carries the CompileResult's JSON."""
+    return _proc.WorkerResult.success(outcome.to_json()) if isinstance(outcome, CompileResult) else outcome
+
+
+def _serve(data: dict) -> _proc.WorkerResult:
+    """The child's handler: the request parsed once, here."""
+    return as_worker_result(compile_request(CompileRequest.from_json(data)))
+
+
+def compile_request(request: CompileRequest) -> CompileResult | _proc.WorkerResult:
+    """Compile as `request` says: its CompileResult, or a failure of a FailureKind."""
     import onnx
 
-    from mlc import _proc
     from mlc.compiler import build, importer, reproducer, weights
+
+    def failure(kind: FailureKind, message: str = "", stage=None, **payload) -> _proc.WorkerResult:
+        return _proc.WorkerResult.failure(kind.value, message, stage, **payload)
 
     timings: dict[str, float] = {}
     _proc.large_blocks_mapped()
@@ -271,117 +288,117 @@ def compile_request(request: dict) -> dict:
 
         tvm = import_without_torch("tvm")  # TVM's ONNX import and build never use torch
         # The weights stay in the file (the importer reads each as it converts it): in memory once, as TVM's.
-        weights_dir = Path(request["onnx"]).parent
-        model = onnx.load(request["onnx"], load_external_data=False)
+        weights_dir = Path(request.onnx).parent
+        model = onnx.load(request.onnx, load_external_data=False)
         timings["tvm_import"] = time.perf_counter() - start
         stage = "target"
         try:
-            tvm.target.Target(request["target"])
+            tvm.target.Target(request.target)
         except Exception as e:  # TVM raises ValueError/TVMError/AttributeError for bad JSON targets
-            return {"ok": False, "kind": "target", "message": summarize(e)}
+            return failure(FailureKind.TARGET, summarize(e))
         stage = "import"
         missing = importer.unsupported_ops(model)
         if missing:
-            return {"ok": False, "kind": "unsupported", "ops": missing}
+            return failure(FailureKind.UNSUPPORTED, ops=missing)
         start = time.perf_counter()
-        mod = importer.to_relax(model, request.get("dim_upper_bounds"), weights_dir)
+        mod = importer.to_relax(model, request.dim_upper_bounds, weights_dir)
         timings["relax_import"] = time.perf_counter() - start
         model = None  # its weights are TVM's now; a reproducer search reads the file again
         _proc.release_memory()
         try:
             outputs = build.output_signature(mod)
         except TypeError as e:  # e.g. an output that is a shape, not a tensor
-            return {"ok": False, "kind": "unsupported_output", "message": str(e)}
+            return failure(FailureKind.UNSUPPORTED_OUTPUT, str(e))
         stage = "passes"
         from mlc.compiler import relax_passes
 
-        precision, precision_record, notes = request.get("precision", "fp32"), None, []
+        precision, precision_record, notes = request.precision, None, []
         if precision == "fp16":  # before the passes: GPU builds fuse there, and ToMixedPrecision needs unfused ops
-            mod, precision_record = _reduce_precision(mod, precision, request["target"], notes)
+            mod, precision_record = _reduce_precision(mod, precision, request.target, notes)
 
         def with_passes(again):
             # mlc.compiler.schedules' CPU build legalizes and fuses itself (its tuning keys are the kernels it fuses)
-            return relax_passes.run(again, request.get("relax_passes") or [], request["target"],
-                                    request.get("dump_ir"), fused_by_build=bool(request.get("schedules")))
+            return relax_passes.run(again, request.relax_passes, request.target, request.dump_ir,
+                                    fused_by_build=bool(request.schedules))
 
         def import_again():
-            return importer.to_relax(onnx.load(request["onnx"], load_external_data=False),
-                                     request.get("dim_upper_bounds"), weights_dir)
+            return importer.to_relax(onnx.load(request.onnx, load_external_data=False), request.dim_upper_bounds,
+                                     weights_dir)
 
         def imported():
             """The module without the Relax passes, imported again: kept through the build, it held each weight a
             pass replaced (the Q, K and V weights that combine_parallel_matmul concatenates) twice."""
             again = import_again()
-            return relax_passes.reduce_precision(again, precision, request["target"])[0] if precision_record \
+            return relax_passes.reduce_precision(again, precision, request.target)[0] if precision_record \
                 else again
 
         mod, passes = with_passes(mod)
-        passes["notes"] += notes
         if passes["error"]:
-            return {"ok": False, "kind": "pass", "message": passes["error"]}
-        applied = any(r["status"] == "applied" for r in passes["records"])
+            return failure(FailureKind.PASS, passes["error"])
+        records = passes["records"]
+        notes = passes["notes"] + notes  # the fp16 step's note after the passes' (as the user has read them)
+        applied = any(r["status"] == "applied" for r in records)
         if precision == "bf16":  # after the passes (CPU builds fuse later); the fallback without them keeps it too
-            mod, precision_record = _reduce_precision(mod, precision, request["target"], passes["notes"])
+            mod, precision_record = _reduce_precision(mod, precision, request.target, notes)
         if precision_record:
-            passes["records"].append(precision_record)
+            records.append(precision_record)
         else:
             precision = "fp32"  # asked for fp32, or TVM failed on the precision step (noted)
         stage = "build"
         start = time.perf_counter()
         at_fp32 = (lambda: with_passes(import_again())[0]) if precision_record else None
-        executable, schedule_report, lifted, fp32 = _build_with_fallbacks(mod, applied, imported, request,
-                                                                          passes["notes"], at_fp32)
+        executable, schedule_report, lifted, fp32 = _build_with_fallbacks(mod, applied, imported, request, notes,
+                                                                          at_fp32)
         if fp32:
-            passes["records"].remove(precision_record)
+            records.remove(precision_record)
             precision = "fp32"
         timings["build"] = time.perf_counter() - start
         del mod  # `lifted` holds the weights main needs (packed ones replace the originals)
         _proc.release_memory()
         written, gpu_code = None, {}
-        if request.get("library"):
+        if request.library:
             stage = "export"
             start = time.perf_counter()
             fcompile = None
-            if request.get("cross_compiler"):
+            if request.cross_compiler:
                 from tvm.support import cc
 
-                fcompile = cc.cross_compiler(request["cross_compiler"])
-            if request.get("object_dir"):
-                _export_objects(executable, Path(request["object_dir"]))
+                fcompile = cc.cross_compiler(request.cross_compiler)
+            if request.object_dir:
+                _export_objects(executable, Path(request.object_dir))
             else:
                 pack = _pack_imports
-                if request["target"].get("kind") == "cuda":
+                if request.target.get("kind") == "cuda":
                     pack = functools.partial(_pack_imports, device_code=_cuda_code(executable, request, gpu_code))
-                executable.export_library(request["library"], fcompile=fcompile, fpack_imports=pack)
-            path = Path(request["library"]).with_suffix(weights.SUFFIX)
+                executable.export_library(request.library, fcompile=fcompile, fpack_imports=pack)
+            path = Path(request.library).with_suffix(weights.SUFFIX)
             written = {"file": path.name, "tensors": weights.write(lifted, path)} if lifted else None
             timings["export"] = time.perf_counter() - start
-        if request.get("run"):
+        if request.run:
             stage = "run"
             start = time.perf_counter()
-            _run(executable, lifted, request["run"]["inputs"], request["run"]["outputs"])
+            _run(executable, lifted, request.run.inputs, request.run.outputs)
             timings["run"] = time.perf_counter() - start
-        kernels = _write_device_sources(executable, request["kernels_dir"]) if request.get("kernels_dir") else {}
-        return {"ok": True, "tvm_version": tvm.__version__, "outputs": outputs, "timings": timings, "kernels": kernels,
-                "schedules": schedule_report, "passes": passes, "weights": written, "precision": precision,
-                "gpu_code": gpu_code or None}
+        kernels = _write_device_sources(executable, request.kernels_dir) if request.kernels_dir else {}
+        return CompileResult(tvm_version=tvm.__version__, outputs=outputs, timings=timings, pass_records=records,
+                             notes=notes, kernels=kernels, schedules=schedule_report, weights=written,
+                             precision=precision, gpu_code=gpu_code or None)
     except importer.ConversionError as e:  # a valid model TVM cannot import: exit 1 naming the op, not 70
-        return {"ok": False, "kind": "unsupported_node", "message": str(e)}
+        return failure(FailureKind.UNSUPPORTED_NODE, str(e))
     except Exception as e:
         traceback.print_exc()  # into the log file the parent points the user to
-        failure = {"ok": False, "kind": "compile", "stage": stage, "message": summarize(e)}
-        if request.get("reproducer") and stage in reproducer.STAGES:  # a mandatory step failed: exit 70
-            model = onnx.load(request["onnx"])  # with its weights' data
-            failure.update(reproducer.write(model, request, stage, failure["message"], compile_request))
-        return failure
+        message, found = summarize(e), {}
+        if request.reproducer and stage in reproducer.STAGES:  # a mandatory step failed: exit 70
+            model = onnx.load(request.onnx)  # with its weights' data
+            found = reproducer.write(model, request, stage, message, compile_request)
+        return failure(FailureKind.COMPILE, message, stage, **found)
 
 
 def main(argv: list[str]) -> int:
-    from mlc import _proc
     from mlc.runtime.runner import import_without_torch
 
     import_without_torch("tvm_ffi")  # loading it installs TVM's SIGSEGV handler, which serve() then replaces
-    return _proc.serve(argv, compile_request, describe=summarize)
+    return _proc.serve(argv, _serve, describe=summarize)
 
 
 if __name__ == "__main__":

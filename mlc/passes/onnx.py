@@ -325,6 +325,73 @@ def _binary(op: str, a, b):
     return (op, a, b)  # a known expression of dims, never equal to a plain dim
 
 
+def _elementwise(op: str, a, b):
+    """Mul/Add/Sub/Div of two dims or dim lists (a single dim broadcast over a list); None where unknown."""
+    if isinstance(a, list) or isinstance(b, list):
+        a = a if isinstance(a, list) else [a] * len(b)
+        b = b if isinstance(b, list) else [b] * len(a)
+        return [_binary(op, x, y) for x, y in zip(a, b)] if len(a) == len(b) else None
+    return _binary(op, a, b)
+
+
+def _extreme(op: str, ins: list):
+    """Max/Min of two dims or dim lists; None where some element is unknown."""
+    a, b = ([v] if not isinstance(v, list) else v for v in ins)
+    if len(a) != len(b):
+        a, b = (a * len(b), b) if len(a) == 1 else (a, b * len(a)) if len(b) == 1 else (None, None)
+    pick = max if op == "Max" else min
+    # dims compare when both are numbers or the same symbol; Max(dim, 1) is the dim, as mlc's
+    # dims are at least 1 (einsum exports broadcast with it)
+    elems = [pick(x, y) if isinstance(x, (int, np.integer)) and isinstance(y, (int, np.integer))
+             else x if x == y and x is not None
+             else (y if isinstance(x, (int, np.integer)) else x) if op == "Max" and 1 in (x, y)
+             and None not in (x, y) else None for x, y in zip(a or [], b or [])]
+    if a is not None and all(e is not None for e in elems):
+        return elems if any(isinstance(v, list) for v in ins) else elems[0]
+    return None
+
+
+def _evaluate_node(node: onnx.NodeProto, ins: list, symbols: dict):
+    """The node's first output as a dim, a list of dims, or None where it is not a shape computation mlc
+    follows (`ins`: its inputs' values so far)."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    out = None
+    op = node.op_type
+    if op == "Shape" and node.input[0] in symbols:
+        dims = symbols[node.input[0]]
+        out = dims[attrs.get("start", 0):attrs.get("end", len(dims))]
+    elif op in ("Cast", "Identity") and ins[0] is not None:
+        out = ins[0]
+    elif op == "Gather" and isinstance(ins[0], list) and attrs.get("axis", 0) == 0 and ins[1] is not None:
+        idx = ins[1]
+        try:
+            out = ins[0][idx] if isinstance(idx, int) else [ins[0][i] for i in idx]
+        except IndexError:
+            out = None
+    elif op == "Unsqueeze" and ins[0] is not None and not isinstance(ins[0], list):
+        out = [ins[0]]
+    elif op == "Squeeze" and isinstance(ins[0], list) and len(ins[0]) == 1:
+        out = ins[0][0]
+    elif op == "Concat" and ins and all(isinstance(v, list) for v in ins):
+        out = [e for v in ins for e in v]
+    elif op in ("Mul", "Add", "Sub", "Div") and all(v is not None for v in ins[:2]):
+        out = _elementwise(op, ins[0], ins[1])
+    elif op == "ReduceProd" and isinstance(ins[0], list) and (len(ins) < 2 or ins[1] in (None, [0], [-1])) \
+            and attrs.get("axes", [0]) in ([0], [-1]) and not attrs.get("noop_with_empty_axes", 0):
+        product = 1
+        for e in ins[0]:
+            product = _binary("Mul", product, e)
+        out = [product] if attrs.get("keepdims", 1) else product
+    elif op in ("Max", "Min") and len(ins) == 2 and all(v is not None for v in ins):
+        out = _extreme(op, ins)
+    elif op == "Slice" and isinstance(ins[0], list) and len(ins) >= 3 and all(
+            isinstance(v, list) and len(v) == 1 for v in ins[1:3]) and (len(ins) < 4 or ins[3] in (None, [0])) \
+            and (len(ins) < 5 or ins[4] in (None, [1])) \
+            and (len(node.input) < 4 or not node.input[3] or ins[3] == [0]):
+        out = ins[0][ins[1][0]:ins[2][0]]
+    return out
+
+
 def _evaluate(model: onnx.ModelProto) -> dict[str, object]:
     symbols = _dim_symbols(model)
     values: dict[str, object] = {}
@@ -332,59 +399,7 @@ def _evaluate(model: onnx.ModelProto) -> dict[str, object]:
         if array.dtype.kind == "i" and array.ndim <= 1 and array.size <= 16:
             values[name] = int(array) if array.ndim == 0 else [int(v) for v in array]
     for node in model.graph.node:
-        ins = [values.get(i) for i in node.input]
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        out = None
-        op = node.op_type
-        if op == "Shape" and node.input[0] in symbols:
-            dims = symbols[node.input[0]]
-            out = dims[attrs.get("start", 0):attrs.get("end", len(dims))]
-        elif op in ("Cast", "Identity") and ins[0] is not None:
-            out = ins[0]
-        elif op == "Gather" and isinstance(ins[0], list) and attrs.get("axis", 0) == 0 and ins[1] is not None:
-            idx = ins[1]
-            try:
-                out = ins[0][idx] if isinstance(idx, int) else [ins[0][i] for i in idx]
-            except IndexError:
-                out = None
-        elif op == "Unsqueeze" and ins[0] is not None and not isinstance(ins[0], list):
-            out = [ins[0]]
-        elif op == "Squeeze" and isinstance(ins[0], list) and len(ins[0]) == 1:
-            out = ins[0][0]
-        elif op == "Concat" and ins and all(isinstance(v, list) for v in ins):
-            out = [e for v in ins for e in v]
-        elif op in ("Mul", "Add", "Sub", "Div") and all(v is not None for v in ins[:2]):
-            a, b = ins[0], ins[1]
-            if isinstance(a, list) or isinstance(b, list):
-                a = a if isinstance(a, list) else [a] * len(b)
-                b = b if isinstance(b, list) else [b] * len(a)
-                out = [_binary(op, x, y) for x, y in zip(a, b)] if len(a) == len(b) else None
-            else:
-                out = _binary(op, a, b)
-        elif op == "ReduceProd" and isinstance(ins[0], list) and (len(ins) < 2 or ins[1] in (None, [0], [-1])) \
-                and attrs.get("axes", [0]) in ([0], [-1]) and not attrs.get("noop_with_empty_axes", 0):
-            product = 1
-            for e in ins[0]:
-                product = _binary("Mul", product, e)
-            out = [product] if attrs.get("keepdims", 1) else product
-        elif op in ("Max", "Min") and len(ins) == 2 and all(v is not None for v in ins):
-            a, b = ([v] if not isinstance(v, list) else v for v in ins)
-            if len(a) != len(b):
-                a, b = (a * len(b), b) if len(a) == 1 else (a, b * len(a)) if len(b) == 1 else (None, None)
-            pick = max if op == "Max" else min
-            # dims compare when both are numbers or the same symbol; Max(dim, 1) is the dim, as mlc's
-            # dims are at least 1 (einsum exports broadcast with it)
-            elems = [pick(x, y) if isinstance(x, (int, np.integer)) and isinstance(y, (int, np.integer))
-                     else x if x == y and x is not None
-                     else (y if isinstance(x, (int, np.integer)) else x) if op == "Max" and 1 in (x, y)
-                     and None not in (x, y) else None for x, y in zip(a or [], b or [])]
-            if a is not None and all(e is not None for e in elems):
-                out = elems if any(isinstance(v, list) for v in ins) else elems[0]
-        elif op == "Slice" and isinstance(ins[0], list) and len(ins) >= 3 and all(
-                isinstance(v, list) and len(v) == 1 for v in ins[1:3]) and (len(ins) < 4 or ins[3] in (None, [0])) \
-                and (len(ins) < 5 or ins[4] in (None, [1])) \
-                and (len(node.input) < 4 or not node.input[3] or ins[3] == [0]):
-            out = ins[0][ins[1][0]:ins[2][0]]
+        out = _evaluate_node(node, [values.get(i) for i in node.input], symbols)
         if out is not None:
             values[node.output[0]] = out
     return values

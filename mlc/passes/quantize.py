@@ -228,6 +228,42 @@ def _epilogue(e: _Emitter, acc: str, correction: Optional[str], scale: str, bias
         e.op("Add", [e.op("Mul", [y, scale], base), bias], base, out=out)
 
 
+def _integer_conv(e: _Emitter, node: onnx.NodeProto, c, x_u8: str, zp, base: str):
+    """A ConvInteger on the quantised input: (its int32 output, the weights' per-channel sums, their scales, the
+    shape that broadcasts per-channel values over it)."""
+    w_q, s_w = weight_params(c.weight, 0)
+    bshape = [1, -1, 1, 1]
+    attrs = _attrs(node)
+    pads = [int(p) for p in attrs.get("pads", [0] * 4)]
+    conv = {k: attrs[k] for k in ("strides", "dilations", "kernel_shape") if k in attrs}
+    # input channels padded to a multiple of 4 (zero weights): the int8 dot-product instructions take the
+    # depth in quads, and a 3-channel stem conv otherwise runs on plain int32 multiplies (3x its time)
+    extra = -w_q.shape[1] % QUAD
+    w_q = np.pad(w_q, ((0, 0), (0, extra), (0, 0), (0, 0)))
+    if zp and any(pads) or extra:  # padding must be the zero point, which dequantises to 0
+        spatial = pads if zp else [0] * 4
+        x_in = e.op("Pad", [x_u8, e.const(f"{base}/pads", np.array(
+            [0, 0, spatial[0], spatial[1], 0, extra, spatial[2], spatial[3]], np.int64)),
+                            e.const(f"{base}/pad_value", np.uint8(zp))], base, mode="constant")
+        pads = [p - q for p, q in zip(pads, spatial)]
+    else:
+        x_in = x_u8
+    acc = e.op("ConvInteger", [x_in, e.const(f"{base}/weight", w_q)], base, pads=pads, group=1, **conv)
+    return acc, w_q.astype(np.int32).sum(axis=(1, 2, 3)), s_w, bshape
+
+
+def _correction_and_scale(e: _Emitter, mode: str, zp, colsum, s_x, s_w, bshape: list, base: str):
+    """(the zero point's share of the int32 sums, to subtract, or None; the float scale): constants for static
+    int8, computed at run time for dynamic."""
+    if mode == "int8":
+        correction = e.const(f"{base}/zp_colsum", (zp * colsum).astype(np.int32).reshape(bshape)) if zp else None
+        scale = e.const(f"{base}/scale", (np.float32(s_x) * s_w).astype(np.float32).reshape(bshape))
+    else:
+        correction = e.op("Mul", [zp, e.const(f"{base}/colsum", colsum.astype(np.int32))], base)
+        scale = e.op("Mul", [s_x, e.const(f"{base}/w_scale", s_w)], base)
+    return correction, scale
+
+
 def rewrite(model: onnx.ModelProto, mode: str, ranges: Optional[dict] = None) -> tuple[onnx.ModelProto, Counter,
                                                                                       Counter]:
     """The model with its candidates quantised (`ranges`: calibration, for int8); returns it, the op types
@@ -253,25 +289,7 @@ def rewrite(model: onnx.ModelProto, mode: str, ranges: Optional[dict] = None) ->
                 quantized_inputs[c.activation] = _quantize_dynamic(e, c.activation)
         x_u8, s_x, zp = quantized_inputs[c.activation]
         if node.op_type == "Conv":
-            w_q, s_w = weight_params(c.weight, 0)
-            bshape = [1, -1, 1, 1]
-            attrs = _attrs(node)
-            pads = [int(p) for p in attrs.get("pads", [0] * 4)]
-            conv = {k: attrs[k] for k in ("strides", "dilations", "kernel_shape") if k in attrs}
-            # input channels padded to a multiple of 4 (zero weights): the int8 dot-product instructions take the
-            # depth in quads, and a 3-channel stem conv otherwise runs on plain int32 multiplies (3x its time)
-            extra = -w_q.shape[1] % QUAD
-            w_q = np.pad(w_q, ((0, 0), (0, extra), (0, 0), (0, 0)))
-            if zp and any(pads) or extra:  # padding must be the zero point, which dequantises to 0
-                spatial = pads if zp else [0] * 4
-                x_in = e.op("Pad", [x_u8, e.const(f"{base}/pads", np.array(
-                    [0, 0, spatial[0], spatial[1], 0, extra, spatial[2], spatial[3]], np.int64)),
-                                    e.const(f"{base}/pad_value", np.uint8(zp))], base, mode="constant")
-                pads = [p - q for p, q in zip(pads, spatial)]
-            else:
-                x_in = x_u8
-            acc = e.op("ConvInteger", [x_in, e.const(f"{base}/weight", w_q)], base, pads=pads, group=1, **conv)
-            colsum = w_q.astype(np.int32).sum(axis=(1, 2, 3))
+            acc, colsum, s_w, bshape = _integer_conv(e, node, c, x_u8, zp, base)
         else:
             w_q, s_w = weight_params(c.weight, 1)
             bshape = [-1]
@@ -280,12 +298,7 @@ def rewrite(model: onnx.ModelProto, mode: str, ranges: Optional[dict] = None) ->
         s_w = (s_w * np.float32(c.alpha)).astype(np.float32)
         bias = None if c.bias is None else e.const(f"{base}/bias", np.asarray(
             c.bias.reshape(bshape) if node.op_type == "Conv" else c.bias, np.float32))
-        if mode == "int8":
-            correction = e.const(f"{base}/zp_colsum", (zp * colsum).astype(np.int32).reshape(bshape)) if zp else None
-            scale = e.const(f"{base}/scale", (np.float32(s_x) * s_w).astype(np.float32).reshape(bshape))
-        else:
-            correction = e.op("Mul", [zp, e.const(f"{base}/colsum", colsum.astype(np.int32))], base)
-            scale = e.op("Mul", [s_x, e.const(f"{base}/w_scale", s_w)], base)
+        correction, scale = _correction_and_scale(e, mode, zp, colsum, s_x, s_w, bshape, base)
         _epilogue(e, acc, correction, scale, bias, out, base)
         new_nodes.extend(e.nodes)
         done[node.op_type] += 1

@@ -8,6 +8,7 @@ torch exports it, makes the first step skip the recurrent terms instead of multi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -210,32 +211,63 @@ def _attrs(node: onnx.NodeProto) -> dict:
             if isinstance(v, list) else v for k, v in values.items()}
 
 
-def _lower(node: onnx.NodeProto, g: _Graph, constants, dims, producers, zeros_allowed: bool) -> None:
-    kind = node.op_type
-    attrs = _attrs(node)
-    inputs = list(node.input) + [""] * (8 - len(node.input))
-    x, w_name, r_name, b_name, seq_lens, h0 = inputs[:6]
-    c0, p_name = (inputs[6], inputs[7]) if kind == "LSTM" else ("", "")
-    for label, name in (("W", w_name), ("R", r_name), ("B", b_name), ("P", p_name)):
-        if name and name not in constants:
-            raise PassFailed(f"{node.name or kind}: its {label} weights are computed, not constant")
-    layout = int(attrs.get("layout", 0))
-    time_axis, dir_axis = (1, 1) if layout else (0, 0)  # X/Y time axis; initial_h/Y_h direction axis
-    x_dims = dims.get(x)
-    if not x_dims or len(x_dims) != 3 or x_dims[time_axis] is None:
-        raise PassFailed(f"{node.name or kind}: the sequence length of its input must be static to unroll it "
-                         "(fix it with --input-shape)")
-    steps = x_dims[time_axis]
-    W, R = constants[w_name].astype(g.dtype), constants[r_name].astype(g.dtype)
-    directions = W.shape[0]
-    hidden = int(attrs.get("hidden_size", R.shape[-1]))
-    gates = _GATES[kind]
-    B = constants[b_name].astype(g.dtype) if b_name else np.zeros((directions, 2 * gates * hidden), g.dtype)
-    P = constants[p_name].astype(g.dtype) if p_name else None
-    direction = attrs.get("direction", "forward")
-    if direction not in ("forward", "reverse", "bidirectional") or (direction == "bidirectional") != (directions == 2):
-        raise PassFailed(f"{node.name or kind}: direction '{direction}' does not fit weights for "
-                         f"{directions} direction(s)")
+@dataclass
+class _Rnn:
+    """An LSTM/GRU/RNN node's settings, read from its attributes and constant weights and checked."""
+    kind: str
+    x: str
+    W: np.ndarray
+    R: np.ndarray
+    B: np.ndarray
+    P: Optional[np.ndarray]  # LSTM peepholes
+    hidden: int
+    steps: int
+    direction: str
+    layout: int
+    activations: list
+    params: list  # (alpha, beta) per activation
+    clip: object
+    input_forget: bool
+    linear_before_reset: bool
+
+    @property
+    def time_axis(self) -> int:  # of X and Y
+        return 1 if self.layout else 0
+
+    @property
+    def dir_axis(self) -> int:  # of initial_h and Y_h
+        return 1 if self.layout else 0
+
+    @property
+    def directions(self) -> int:
+        return self.W.shape[0]
+
+    @property
+    def gates(self) -> int:
+        return _GATES[self.kind]
+
+    @property
+    def per_dir(self) -> int:  # activations per direction
+        return len(_DEFAULT_ACTIVATIONS[self.kind])
+
+    def activate(self, g: _Graph, index: int, value: str, clipped: bool = True) -> str:
+        # clip bounds gate pre-activations; like ONNX Runtime, not the cell state LSTM's h() reads
+        return g.activation(self.activations[index], g.clip(value, self.clip) if clipped else value,
+                            *self.params[index])
+
+
+@dataclass
+class _DirectionWeights:
+    """One direction's recurrent weights as graph constants (transposed for h @ R^T)."""
+    RT: Optional[str] = None  # LSTM and RNN
+    RT_zr: Optional[str] = None  # GRU's update and reset gates
+    RT_h: Optional[str] = None  # GRU's candidate
+    rb_h: Optional[str] = None  # GRU's candidate recurrent bias
+    peepholes: Optional[tuple] = None  # LSTM's i, o, f
+
+
+def _activations(node: onnx.NodeProto, kind: str, attrs: dict, directions: int) -> tuple[list, list]:
+    """The node's activation per gate function and direction, with their (alpha, beta)."""
     per_dir = len(_DEFAULT_ACTIVATIONS[kind])
     activations = attrs.get("activations") or _DEFAULT_ACTIVATIONS[kind] * directions
     if len(activations) == per_dir and directions == 2:
@@ -251,86 +283,141 @@ def _lower(node: onnx.NodeProto, g: _Graph, constants, dims, producers, zeros_al
         alpha = alphas.pop(0) if defaults[0] is not None and alphas else None
         beta = betas.pop(0) if defaults[1] is not None and betas else None
         params.append((alpha, beta))
-    clip = attrs.get("clip")
-    input_forget = bool(attrs.get("input_forget", 0))
-    linear_before_reset = bool(attrs.get("linear_before_reset", 0))
+    return activations, params
 
-    def act(index: int, value: str, clipped: bool = True) -> str:
-        # clip bounds gate pre-activations; like ONNX Runtime, not the cell state LSTM's h() reads
-        return g.activation(activations[index], g.clip(value, clip) if clipped else value, *params[index])
 
+def _read_rnn(node: onnx.NodeProto, g: _Graph, attrs: dict, inputs: list, constants, dims) -> _Rnn:
+    kind = node.op_type
+    x, w_name, r_name, b_name = inputs[:4]
+    p_name = inputs[7] if kind == "LSTM" else ""
+    for label, name in (("W", w_name), ("R", r_name), ("B", b_name), ("P", p_name)):
+        if name and name not in constants:
+            raise PassFailed(f"{node.name or kind}: its {label} weights are computed, not constant")
+    layout = int(attrs.get("layout", 0))
+    time_axis = 1 if layout else 0
+    x_dims = dims.get(x)
+    if not x_dims or len(x_dims) != 3 or x_dims[time_axis] is None:
+        raise PassFailed(f"{node.name or kind}: the sequence length of its input must be static to unroll it "
+                         "(fix it with --input-shape)")
+    W, R = constants[w_name].astype(g.dtype), constants[r_name].astype(g.dtype)
+    directions = W.shape[0]
+    hidden = int(attrs.get("hidden_size", R.shape[-1]))
+    B = (constants[b_name].astype(g.dtype) if b_name
+         else np.zeros((directions, 2 * _GATES[kind] * hidden), g.dtype))
+    P = constants[p_name].astype(g.dtype) if p_name else None
+    direction = attrs.get("direction", "forward")
+    if direction not in ("forward", "reverse", "bidirectional") or (direction == "bidirectional") != (directions == 2):
+        raise PassFailed(f"{node.name or kind}: direction '{direction}' does not fit weights for "
+                         f"{directions} direction(s)")
+    activations, params = _activations(node, kind, attrs, directions)
+    return _Rnn(kind, x, W, R, B, P, hidden, x_dims[time_axis], direction, layout, activations, params,
+                attrs.get("clip"), bool(attrs.get("input_forget", 0)), bool(attrs.get("linear_before_reset", 0)))
+
+
+def _direction_weights(g: _Graph, rnn: _Rnn, d: int, Rb: np.ndarray) -> _DirectionWeights:
+    H, R, P = rnn.hidden, rnn.R, rnn.P
+    weights = _DirectionWeights()
+    if rnn.kind == "GRU":
+        weights.RT_zr, weights.RT_h = g.const(R[d, :2 * H].T.copy(), "Rzr"), g.const(R[d, 2 * H:].T.copy(), "Rh")
+        weights.rb_h = g.const(Rb[2 * H:], "Rbh")
+    else:
+        weights.RT = g.const(R[d].T.copy(), "R")
+    if P is not None:  # peepholes, stored i, o, f
+        weights.peepholes = tuple(g.const(P[d, k * H:(k + 1) * H], "P") for k in range(3))
+    return weights
+
+
+def _cell_step(g: _Graph, rnn: _Rnn, d: int, weights: _DirectionWeights, xt: str, h, c, one: str):
+    """One time step of direction `d`'s cell on input xt: (h, c) after it (c: LSTM's, else unchanged)."""
+    H = rnn.hidden
+
+    def f(i, v, clipped=True):
+        return rnn.activate(g, d * rnn.per_dir + i, v, clipped)
+
+    if rnn.kind == "LSTM":
+        pre = g.add(xt, g.matmul(h, weights.RT))
+        gi, go, gf, gc = (g.columns(pre, k * H, (k + 1) * H) for k in range(4))
+        if rnn.P is not None and c is not None:
+            p_i, _, p_f = weights.peepholes
+            gi = g.add(gi, g.mul(p_i, c))
+            gf = g.add(gf, g.mul(p_f, c))
+        i = f(0, gi)
+        forget = g.op("Sub", one, i) if rnn.input_forget else f(0, gf)
+        c = g.add(g.mul(forget, c), g.op("Mul", i, f(1, gc)))
+        if rnn.P is not None:
+            go = g.add(go, g.mul(weights.peepholes[1], c))
+        h = g.op("Mul", f(0, go), f(2, c, clipped=False))
+    elif rnn.kind == "GRU":
+        zr = g.add(g.columns(xt, 0, 2 * H), g.matmul(h, weights.RT_zr))
+        z, r = f(0, g.columns(zr, 0, H)), f(0, g.columns(zr, H, 2 * H))
+        xh = g.columns(xt, 2 * H, 3 * H)
+        if rnn.linear_before_reset:
+            candidate = f(1, g.add(xh, g.op("Mul", r, g.add(g.matmul(h, weights.RT_h), weights.rb_h))))
+        else:
+            candidate = f(1, g.add(xh, g.matmul(g.mul(r, h), weights.RT_h)))
+        h = g.add(g.op("Mul", g.op("Sub", one, z), candidate), g.mul(z, h))
+    else:
+        h = f(0, g.add(xt, g.matmul(h, weights.RT)))
+    return h, c
+
+
+def _lower_direction(g: _Graph, rnn: _Rnn, d: int, initial_h, initial_c, one: str, lengths, zero):
+    """Direction `d` unrolled: (its Y, the steps' outputs concatenated on the time axis; last h; last c)."""
+    H, gates = rnn.hidden, rnn.gates
+    Wb, Rb = rnn.B[d, :gates * H], rnn.B[d, gates * H:]
+    if rnn.kind == "GRU" and rnn.linear_before_reset:  # Rb_h stays inside r * (h.Rh^T + Rb_h)
+        input_bias = np.concatenate([Wb[:2 * H] + Rb[:2 * H], Wb[2 * H:]])
+    else:
+        input_bias = Wb + Rb
+    xw = g.op("Add", g.op("MatMul", rnn.x, g.const(rnn.W[d].T.copy(), "W")), g.const(input_bias, "bias"))
+    h = g.take(initial_h, d, rnn.dir_axis) if initial_h else None
+    c = g.take(initial_c, d, rnn.dir_axis) if initial_c else None
+    weights = _direction_weights(g, rnn, d, Rb)
+    steps = rnn.steps
+    order = (range(steps) if rnn.direction == "forward" or (rnn.direction == "bidirectional" and d == 0)
+             else range(steps - 1, -1, -1))
+    outputs: dict[int, str] = {}
+    for t in order:
+        xt = g.step(xw, t, rnn.time_axis)
+        h_before, c_before = h, c
+        h, c = _cell_step(g, rnn, d, weights, xt, h, c, one)
+        if lengths is not None:
+            valid = g.op("Less", g.const(t, "t", np.int64), lengths)  # [batch, 1]
+            outputs[t] = g.op("Where", valid, h, zero)
+            h = g.op("Where", valid, h, h_before or zero)
+            c = g.op("Where", valid, c, c_before or zero) if c is not None else None
+        else:
+            outputs[t] = h
+    y = g.op("Concat", *(g.unsqueeze(outputs[t], [1, 2] if rnn.layout else [0, 1]) for t in range(steps)),
+             axis=rnn.time_axis)
+    return y, h, c
+
+
+def _lower(node: onnx.NodeProto, g: _Graph, constants, dims, producers, zeros_allowed: bool) -> None:
+    attrs = _attrs(node)
+    inputs = list(node.input) + [""] * (8 - len(node.input))
+    rnn = _read_rnn(node, g, attrs, inputs, constants, dims)
+    seq_lens, h0 = inputs[4], inputs[5]
+    c0 = inputs[6] if rnn.kind == "LSTM" else ""
     initial_h = None if not h0 or (zeros_allowed and _is_zeros(h0, producers, constants)) else h0
     initial_c = None if not c0 or (zeros_allowed and _is_zeros(c0, producers, constants)) else c0
-    H = hidden
     one = g.const(1.0, "one")
     # sequence_lens: past a batch row's length its state stays and its Y is 0 (a reverse pass starts at its end)
     lengths = g.unsqueeze(g.op("Cast", seq_lens, to=onnx.TensorProto.INT64), [1]) if seq_lens else None
     zero = g.const(0.0, "zero") if seq_lens else None
     ys, last_h, last_c = [], [], []
-    for d in range(directions):
-        def f(i, v, clipped=True, d=d):
-            return act(d * per_dir + i, v, clipped)
-        Wb, Rb = B[d, :gates * H], B[d, gates * H:]
-        if kind == "GRU" and linear_before_reset:  # Rb_h stays inside r * (h.Rh^T + Rb_h)
-            input_bias = np.concatenate([Wb[:2 * H] + Rb[:2 * H], Wb[2 * H:]])
-        else:
-            input_bias = Wb + Rb
-        xw = g.op("Add", g.op("MatMul", x, g.const(W[d].T.copy(), "W")), g.const(input_bias, "bias"))
-        h = g.take(initial_h, d, dir_axis) if initial_h else None
-        c = g.take(initial_c, d, dir_axis) if initial_c else None
-        if kind == "GRU":
-            RT_zr, RT_h = g.const(R[d, :2 * H].T.copy(), "Rzr"), g.const(R[d, 2 * H:].T.copy(), "Rh")
-            rb_h = g.const(Rb[2 * H:], "Rbh")
-        else:
-            RT = g.const(R[d].T.copy(), "R")
-        if P is not None:  # peepholes, stored i, o, f
-            p_i, p_o, p_f = (g.const(P[d, k * H:(k + 1) * H], "P") for k in range(3))
-        order = (range(steps) if direction == "forward" or (direction == "bidirectional" and d == 0)
-                 else range(steps - 1, -1, -1))
-        outputs: dict[int, str] = {}
-        for t in order:
-            xt = g.step(xw, t, time_axis)
-            h_before, c_before = h, c
-            if kind == "LSTM":
-                pre = g.add(xt, g.matmul(h, RT))
-                gi, go, gf, gc = (g.columns(pre, k * H, (k + 1) * H) for k in range(4))
-                if P is not None and c is not None:
-                    gi = g.add(gi, g.mul(p_i, c))
-                    gf = g.add(gf, g.mul(p_f, c))
-                i = f(0, gi)
-                forget = g.op("Sub", one, i) if input_forget else f(0, gf)
-                c = g.add(g.mul(forget, c), g.op("Mul", i, f(1, gc)))
-                if P is not None:
-                    go = g.add(go, g.mul(p_o, c))
-                h = g.op("Mul", f(0, go), f(2, c, clipped=False))
-            elif kind == "GRU":
-                zr = g.add(g.columns(xt, 0, 2 * H), g.matmul(h, RT_zr))
-                z, r = f(0, g.columns(zr, 0, H)), f(0, g.columns(zr, H, 2 * H))
-                xh = g.columns(xt, 2 * H, 3 * H)
-                if linear_before_reset:
-                    candidate = f(1, g.add(xh, g.op("Mul", r, g.add(g.matmul(h, RT_h), rb_h))))
-                else:
-                    candidate = f(1, g.add(xh, g.matmul(g.mul(r, h), RT_h)))
-                h = g.add(g.op("Mul", g.op("Sub", one, z), candidate), g.mul(z, h))
-            else:
-                h = f(0, g.add(xt, g.matmul(h, RT)))
-            if lengths is not None:
-                valid = g.op("Less", g.const(t, "t", np.int64), lengths)  # [batch, 1]
-                outputs[t] = g.op("Where", valid, h, zero)
-                h = g.op("Where", valid, h, h_before or zero)
-                c = g.op("Where", valid, c, c_before or zero) if c is not None else None
-            else:
-                outputs[t] = h
-        ys.append(g.op("Concat", *(g.unsqueeze(outputs[t], [1, 2] if layout else [0, 1]) for t in range(steps)),
-                       axis=time_axis))
+    for d in range(rnn.directions):
+        y, h, c = _lower_direction(g, rnn, d, initial_h, initial_c, one, lengths, zero)
+        ys.append(y)
         last_h.append(h)
         last_c.append(c)
+    dir_axis = rnn.dir_axis
     outs = list(node.output) + [""] * 3
     if outs[0]:
-        g.join(ys, 2 if layout else 1, outs[0])
+        g.join(ys, 2 if rnn.layout else 1, outs[0])
     if outs[1]:
         g.join([g.unsqueeze(v, [dir_axis]) for v in last_h], dir_axis, outs[1])
-    if kind == "LSTM" and outs[2]:
+    if rnn.kind == "LSTM" and outs[2]:
         g.join([g.unsqueeze(v, [dir_axis]) for v in last_c], dir_axis, outs[2])
 
 

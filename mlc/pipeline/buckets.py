@@ -4,6 +4,7 @@ builds, and the lengths each bucket is checked at. The padding itself happens in
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Optional, Sequence
 
 
 from mlc.artifacts.manifest import BucketCheck, BucketInfo
+from mlc.compiler.contract import CompileResult
 from mlc.compiler.weights import ALIGNMENT
 from mlc.errors import InputError, UnsupportedModelError
 from mlc.frontends import onnx as onnx_frontend
@@ -158,25 +160,25 @@ def share_weights(staged: Path, weights: dict[str, dict]) -> dict[str, dict]:
     return shared
 
 
-def merge_results(results: list[dict]) -> dict:
+def merge_results(results: list[CompileResult]) -> CompileResult:
     """One worker result for several builds (buckets): timings summed, kernel lists united."""
-    merged = dict(results[0])
-    merged["timings"] = {k: sum(r["timings"].get(k, 0.0) for r in results) for k in results[0]["timings"]}
-    # reduced where any build is (a build TVM failed at bf16 is fp32): the gate judges the lowest precision
-    merged["precision"] = next((r["precision"] for r in results if r.get("precision", "fp32") != "fp32"), "fp32")
-    if results[0].get("schedules"):
-        merged["schedules"] = {k: sorted({n for r in results for n in r["schedules"].get(k, [])})
-                               for k in results[0]["schedules"]}
-    return merged
+    first = results[0]
+    schedules = first.schedules
+    if schedules:
+        schedules = {k: sorted({n for r in results for n in r.schedules.get(k, [])}) for k in schedules}
+    return dataclasses.replace(
+        first, timings={k: sum(r.timings.get(k, 0.0) for r in results) for k in first.timings},
+        # reduced where any build is (a build TVM failed at bf16 is fp32): the gate judges the lowest precision
+        precision=next((r.precision for r in results if r.precision != "fp32"), "fp32"), schedules=schedules)
 
 
-def manifest_info(plan: Plan, prepared: Prepared, results: dict[str, dict], staged: Path
+def manifest_info(plan: Plan, prepared: Prepared, results: dict[str, CompileResult], staged: Path
                   ) -> tuple[BucketInfo, list[list[int]]]:
     """The manifest's buckets, with reference runs at the shortest length of each bucket (the most
     padding): ONNX Runtime on the model as given (for framework models: the export, whose
     conversion `mlc check` reports against the framework at the reference shapes). Also, per
     output, the axes that carry the bucketed dim. `results`: the worker's result per library."""
-    shapes = {size: [o["shape"] for o in results[plan.library(size)]["outputs"]] for size in plan.sizes}
+    shapes = {size: [o["shape"] for o in results[plan.library(size)].outputs] for size in plan.sizes}
     onnx_names = [[d.dim_param or None for d in o.type.tensor_type.shape.dim] for o in prepared.model.graph.output]
     axes = output_axes(plan, shapes, onnx_names)
     concrete = onnx_frontend.concrete_shapes(prepared.specs, prepared.fixed)

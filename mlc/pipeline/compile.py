@@ -13,6 +13,8 @@ from mlc import _proc, artifacts, compiler, frontends, targets
 from mlc.artifacts.manifest import Manifest
 from mlc.check import PRECISIONS, CheckResult
 from mlc.compiler import cuda_binary, runtimes
+from mlc.compiler.contract import CompileResult as WorkerCompileResult
+from mlc.compiler.contract import texts
 from mlc.frontends import onnx as onnx_frontend
 from mlc.frontends import onnx_weights
 from mlc.errors import (CompilerError, InputError, MissingDependencyError, MlcError, NodeConversionError,
@@ -99,7 +101,7 @@ def compile(model: ModelSpec, options: CompileOptions, step: StepReporter = quie
                 raise InputError(f"{', '.join(changed)} changed during the compile (its weights were read from it "
                                  "as the compile went); compile again once it is written")
             manifest, result = _package(plan, prepared, refs, bucket_plan, results, staged, timed)
-    notes = prepared.notes + result["passes"]["notes"] + _schedule_notes(plan, result)
+    notes = texts(prepared.notes) + texts(result.notes) + _schedule_notes(plan, result)
     check_result, verify_notes = _verify(plan, timed)
     if check_result is not None and check_result.gate is not None:  # the gate's figures go into the manifest
         manifest = artifacts.seal(plan.output, manifest.model_copy(update={"gate": check_result.gate.to_json()}))
@@ -214,7 +216,7 @@ def _release_weights(prepared: Prepared, *names: str) -> None:
 
 
 def _build(plan: CompilePlan, prepared: Prepared, refs: References, builds: list[bucketing.Build], staged: Path,
-           timed: Timer) -> dict[str, dict]:
+           timed: Timer) -> dict[str, WorkerCompileResult]:
     """Compile each build with TVM into `staged`; the worker's result per library."""
     preset, options = plan.preset, plan.options
     macos = preset.runtime_os == "macos"
@@ -222,7 +224,7 @@ def _build(plan: CompilePlan, prepared: Prepared, refs: References, builds: list
     for build in builds:
         with timed(f"tvm{build.label}", f"Compiling{build.label} with TVM for {preset.name} "
                                         f"({preset.tvm.get('mcpu', preset.tvm['kind'])})"):
-            def compile_(onnx_path: Path, library: str = build.library) -> dict:
+            def compile_(onnx_path: Path, library: str = build.library) -> WorkerCompileResult:
                 return compiler.compile_in_worker(
                     onnx_path, preset.tvm, library=staged / library, isolate=options.isolate,
                     cross_compiler=plan.cross, kernels_dir=staged / KERNELS,
@@ -231,7 +233,7 @@ def _build(plan: CompilePlan, prepared: Prepared, refs: References, builds: list
                     dim_upper_bounds={name: hi for name, (_, hi) in plan.ranges.items()},
                     precision=options.precision)
 
-            def compile_bound(onnx_path: Path) -> dict:
+            def compile_bound(onnx_path: Path) -> WorkerCompileResult:
                 try:
                     return compile_(onnx_path)
                 except (CompilerError, NodeConversionError) as e:
@@ -287,20 +289,21 @@ def _user_cause(e: CompilerError, plan: CompilePlan, prepared: Prepared, refs: R
 
 
 def _package(plan: CompilePlan, prepared: Prepared, refs: References, bucket_plan: Optional[bucketing.Plan],
-             results: dict[str, dict], staged: Path, timed: Timer) -> tuple[Manifest, dict]:
+             results: dict[str, WorkerCompileResult], staged: Path, timed: Timer
+             ) -> tuple[Manifest, WorkerCompileResult]:
     """Write the manifest (and the buckets' reference runs) and publish the artifact; returns the manifest and
     the builds' merged worker result."""
     result = bucketing.merge_results(list(results.values()))
     bucket_info, bucket_axes = None, []
     if bucket_plan:
         bucket_info, bucket_axes = bucketing.manifest_info(bucket_plan, prepared, results, staged)
-    timed.timings.update({f"tvm_{k}": round(v, 4) for k, v in result["timings"].items()})
-    weights = {library: r["weights"] for library, r in results.items() if r.get("weights")}
+    timed.timings.update({f"tvm_{k}": round(v, 4) for k, v in result.timings.items()})
+    weights = {library: r.weights for library, r in results.items() if r.weights}
     if bucket_plan and weights:
         weights = bucketing.share_weights(staged, weights)
     with timed("package", "Packaging the artifact"):
         manifest = package(staged, runtime=plan.runtime, preset=plan.preset, prepared=prepared, references=refs,
-                           result=result, pass_records=prepared.pass_records + result["passes"]["records"],
+                           result=result, pass_records=prepared.pass_records + result.pass_records,
                            timings=timed.timings, recipe=recipe(plan.model, plan.options), buckets=bucket_info,
                            bucket_axes=bucket_axes, ranges=plan.ranges,
                            weights=weights)
@@ -308,12 +311,12 @@ def _package(plan: CompilePlan, prepared: Prepared, refs: References, bucket_pla
     return manifest, result
 
 
-def _schedule_notes(plan: CompilePlan, result: dict) -> list[str]:
+def _schedule_notes(plan: CompilePlan, result: WorkerCompileResult) -> list[str]:
     db = plan.options.db
     notes = list(plan.runtime.notes)
-    notes += tuning_records.schedule_notes(result.get("schedules"), plan.model.source, plan.options.target, db,
+    notes += tuning_records.schedule_notes(result.schedules, plan.model.source, plan.options.target, db,
                                            plan.options.default_schedules)
-    if db is not None and plan.dynamic and not (result.get("schedules") or {}).get("tuned_at"):
+    if db is not None and plan.dynamic and not (result.schedules or {}).get("tuned_at"):
         notes.append("tuning records match static kernels: the symbolic-shape kernels of --dynamic use "
                      "mlc's default schedules; for tuned kernels per length use --buckets with --db")
     return notes

@@ -18,6 +18,7 @@ from mlc import check as check_package
 from mlc.artifacts.manifest import (BucketInfo, CompileInfo, Manifest, ReferenceInfo, RuntimeInfo, TargetInfo,
                                     TensorSpec, WeightsInfo)
 from mlc.compiler import runtimes
+from mlc.compiler.contract import CompileResult
 from mlc.compiler.weights import SUFFIX as WEIGHTS_SUFFIX
 from mlc.errors import CompilerError, UnsupportedModelError
 from mlc.pipeline.options import Recipe
@@ -42,15 +43,15 @@ def default_output(model_name: str, target_name: str, root: Path = DEFAULT_OUTPU
 
 
 def package(staged: Path, *, runtime: runtimes.RuntimeFiles, preset: targets.Target, prepared: Prepared,
-            references: References, result: dict, pass_records: list[dict], timings: dict, recipe: Recipe,
+            references: References, result: CompileResult, pass_records: list[dict], timings: dict, recipe: Recipe,
             buckets: Optional[BucketInfo] = None, bucket_axes: Sequence[list[int]] = (),
             ranges: Optional[dict] = None, weights: Optional[dict[str, dict]] = None) -> Manifest:
     """Write the runtime and the reference next to the compiled library in `staged`, and seal the manifest.
     `result`: the TVM worker's (merged) result; `bucket_axes`: per output, the axes carrying the bucketed dim;
     `weights`: library -> the weights file the worker wrote beside it."""
-    precision = result.get("precision", "fp32")  # what was built: fp32 where TVM failed on the asked precision
+    precision = result.precision  # what was built: fp32 where TVM failed on the asked precision
     runtime_info, library = _copy_runtime(staged, runtime, preset)
-    runtime_info.gpu_code = result.get("gpu_code")
+    runtime_info.gpu_code = result.gpu_code
     _check_runtime_functions(staged, runtime_info)
     reference_info = _write_reference(staged, references)
     reference_info.user_inputs = prepared.samples
@@ -65,17 +66,17 @@ def package(staged: Path, *, runtime: runtimes.RuntimeFiles, preset: targets.Tar
             spec.shape = [buckets.dim if d == buckets.dim else size for d, size in zip(s.shape, spec.shape)]
             spec.model_shape = _model_shape(s.shape, spec.shape)
     out_names = list(references.expected.outputs)
-    if len(out_names) != len(result["outputs"]):
-        raise CompilerError(f"TVM's module returns {len(result['outputs'])} outputs where the model has "
+    if len(out_names) != len(result.outputs):
+        raise CompilerError(f"TVM's module returns {len(result.outputs)} outputs where the model has "
                             f"{len(out_names)}")
     outputs = [
-        TensorSpec(name=n, dtype=sig["dtype"], shape=sig["shape"]) for n, sig in zip(out_names, result["outputs"])
+        TensorSpec(name=n, dtype=sig["dtype"], shape=sig["shape"]) for n, sig in zip(out_names, result.outputs)
     ]
     for spec, axes in zip(outputs, bucket_axes):
         spec.shape = [buckets.dim if a in axes else d for a, d in enumerate(spec.shape)]
     manifest = Manifest(
         mlc_version=__version__,
-        tvm_version=result["tvm_version"],
+        tvm_version=result.tvm_version,
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         source=prepared.source,
         target=TargetInfo(**_target_info(preset, recipe, precision, bool(prepared.quantization))),
@@ -85,7 +86,7 @@ def package(staged: Path, *, runtime: runtimes.RuntimeFiles, preset: targets.Tar
         inputs=inputs,
         outputs=outputs,
         compile=CompileInfo(options=recipe.options, timings_s=timings, passes=pass_records,
-                            kernels=result.get("kernels", {}), schedules=result.get("schedules"),
+                            kernels=result.kernels, schedules=result.schedules,
                             recipe=recipe.command, onnx_nodes={"before": len(prepared.model.graph.node),
                                                                "after": len(prepared.cleaned.graph.node)}),
         buckets=buckets,

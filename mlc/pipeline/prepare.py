@@ -14,7 +14,8 @@ import onnx
 from mlc import compiler
 from mlc import passes as graph_passes
 from mlc.artifacts.manifest import SourceInfo
-from mlc.errors import InputError, MlcError, UnsupportedModelError
+from mlc.compiler.contract import Note, NoteKind
+from mlc.errors import CompilerError, InputError, MlcError, UnsupportedModelError
 from mlc.frontends import onnx as onnx_frontend
 from mlc.frontends import onnx_weights
 from mlc.passes import onnx as onnx_passes
@@ -38,7 +39,7 @@ class Prepared:
     feeds: dict[str, np.ndarray]
     cleaned: onnx.ModelProto
     cleaned_path: Path
-    notes: list[str]
+    notes: list[Note]
     converted: Optional[Converted] = None  # framework models: the export and eager outputs
     pass_records: list[dict] = field(default_factory=list)  # what each graph pass did
     quantization: Optional[dict] = None  # --quantize: what it did (the manifest's record)
@@ -110,8 +111,9 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
             fixed = {s.name: [related.get(d, d) if isinstance(d, str) and (d in dynamic or d in related) else size
                               for d, size in zip(s.shape, fixed[s.name])] for s in specs if s.name in fixed}
     with timed("onnx_passes", "Running ONNX graph passes"):
-        cleaned, records, notes = onnx_passes.run(onnx_frontend.fix_input_shapes(onnx_model, fixed), steps,
-                                                  Path(dump_ir) if dump_ir else None, workdir)
+        cleaned, records, said = onnx_passes.run(onnx_frontend.fix_input_shapes(onnx_model, fixed), steps,
+                                                 Path(dump_ir) if dump_ir else None, workdir)
+        notes = _skipped_passes(said)
         compiler.check_supported(cleaned, notes=notes)  # after the passes: lower_rnn makes LSTMs importable
     quantization, calibration_feeds, unquantized_path = None, [], None
     if quantize:
@@ -120,8 +122,9 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
         with timed("quantize", f"Quantising matmul/conv to {quantize}"):
             calibration_feeds, how = calibration_inputs(specs, feeds, calibration, quantize)
             if how == "seeded":
-                notes.append(f"--quantize {quantize}: calibrated on {len(calibration_feeds)} seeded random inputs; "
-                             "real inputs calibrate better (--calibration FILE.npz, repeatable)")
+                notes.append(Note(NoteKind.CALIBRATION,
+                                  f"--quantize {quantize}: calibrated on {len(calibration_feeds)} seeded random "
+                                  "inputs; real inputs calibrate better (--calibration FILE.npz, repeatable)"))
             cleaned = onnx_weights.materialized(cleaned, workdir)  # it reads every weight, and ONNX Runtime runs it
             cleaned, quantization, record = quantize_graph(cleaned, quantize, calibration_feeds, how)
             records.append(record)
@@ -129,17 +132,22 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
                 onnx.save(cleaned, str(Path(dump_ir) / f"onnx_{len(records):02d}_quantize.onnx"))
     cleaned_path = workdir / "cleaned.onnx"
     onnx_passes.save(cleaned, cleaned_path)  # the weights it reads by reference stay where they are
-    notes = (converted.notes if converted else []) + notes
+    notes = [Note(NoteKind.FRONTEND, n) for n in (converted.notes if converted else [])] + notes
     feeds = {n: v for n, v in feeds.items() if n not in frozen}
     hint = onnx_frontend.parameter_hint(specs) if samples is None and converted is None else ""
     if hint:  # the check judges one value mlc chose; TVM's handling of others is unchecked
         chosen = ", ".join(f"{s.name}={feeds[s.name].tolist()}" for s in specs
                            if s.parameter and feeds[s.name].size <= 8)
-        notes.append(f"{hint}: the check ran on a value mlc chose ({chosen}); give real inputs with --inputs "
-                     "FILE.npz, and --freeze the ones that are constant")
+        notes.append(Note(NoteKind.INPUTS, f"{hint}: the check ran on a value mlc chose ({chosen}); give real inputs "
+                                           "with --inputs FILE.npz, and --freeze the ones that are constant"))
     return Prepared(source.path, source.info, onnx_model, specs, fixed, feeds, cleaned, cleaned_path, notes,
                     converted, records, quantization, calibration_feeds, unquantized_path, declared, frozen,
                     sample_info)
+
+
+def _skipped_passes(said: list[str]) -> list[Note]:
+    """mlc.passes.onnx.run's notes: it notes nothing but the passes it skipped."""
+    return [Note(NoteKind.PASS_SKIPPED, text) for text in said]
 
 
 def read_samples(path: str, specs: list, fixed: dict[str, list[int]]) -> dict[str, np.ndarray]:
@@ -340,8 +348,9 @@ def drop_quantization(prepared: Prepared, error: MlcError) -> None:
     """TVM failed on the quantised graph: build the graph as it was before --quantize (fp32), with a note naming the
     step and TVM's reason; the manifest then records no quantisation and the artifact is checked as fp32."""
     mode = prepared.quantization["mode"]
-    prepared.notes = [n for n in prepared.notes if not n.startswith(f"--quantize {mode}: calibrated")]
-    prepared.notes.append(f"built without --quantize {mode} (the artifact is fp32): TVM failed with it: {error}")
+    prepared.notes = [n for n in prepared.notes if n.kind is not NoteKind.CALIBRATION]
+    prepared.notes.append(Note(NoteKind.FALLBACK,
+                               f"built without --quantize {mode} (the artifact is fp32): TVM failed with it: {error}"))
     prepared.pass_records = [r for r in prepared.pass_records if r["name"] != "quantize"]
     prepared.cleaned_path = prepared.unquantized_path
     prepared.cleaned = onnx.load(str(prepared.cleaned_path), load_external_data=False)
@@ -360,8 +369,8 @@ def bind_to_reference(prepared: Prepared, steps: list, error: MlcError) -> bool:
     workdir = prepared.cleaned_path.parent
     model = prepared.model if prepared.model.graph.initializer else onnx_frontend.freeze_inputs(
         onnx_frontend.load(prepared.path, workdir), prepared.frozen)  # read again: --freeze's values folded again
-    cleaned, records, notes = onnx_passes.run(onnx_frontend.fix_input_shapes(model, prepared.fixed),
-                                              [s for s in steps if s.level == "onnx"], weights_dir=workdir)
+    cleaned, records, said = onnx_passes.run(onnx_frontend.fix_input_shapes(model, prepared.fixed),
+                                             [s for s in steps if s.level == "onnx"], weights_dir=workdir)
     if prepared.quantization:  # quantised again, on the same calibration feeds
         mode, how = prepared.quantization["mode"], prepared.quantization["calibration"]["source"]
         cleaned = onnx_weights.materialized(cleaned, workdir)
@@ -369,10 +378,12 @@ def bind_to_reference(prepared: Prepared, steps: list, error: MlcError) -> bool:
         records.append(record)
     onnx_passes.save(cleaned, prepared.cleaned_path)
     bound = ", ".join(f"{d}={n}" for d, n in symbolic.items())
-    why = str(error).split(" (full log:")[0].removeprefix("TVM failed during import: ")
+    # TVM's own message: a CompilerError's text adds the stage and where the log is
+    why = (error.detail if isinstance(error, CompilerError) else None) or str(error)
     reason = f"TVM's importer could not keep them symbolic ({why[:160]}{'...' if len(why) > 160 else ''})"
-    prepared.notes += notes + [f"compiled for {bound} (the reference sizes): {reason}; other sizes need another "
-                               "compile with --input-shape, or --buckets"]
+    prepared.notes += _skipped_passes(said) + [Note(NoteKind.BOUND_DIMS,
+                                                    f"compiled for {bound} (the reference sizes): {reason}; other "
+                                                    "sizes need another compile with --input-shape, or --buckets")]
     prepared.pass_records = records + [{
         "name": "bind_symbolic_dims", "level": "onnx", "status": "applied",
         "ops_before": len(prepared.cleaned.graph.node), "ops_after": len(cleaned.graph.node), "op_changes": {},

@@ -99,13 +99,41 @@ def tune(
     symbolic build can find each kernel's static twin (mlc.compiler.dynamic_records). A rerun at another length
     adds it."""
     from mlc import passes as graph_passes
-    from mlc import targets
-    from mlc.compiler import runtimes
     from mlc.pipeline.options import ModelSpec
     from mlc.pipeline.prepare import prepare
     from mlc.pipeline.steps import Timer, quiet_step
 
     from mlc.compiler import dynamic_records
+
+    budget_s, threads = _checked_options(trials, budget, rpc_tracker, rpc_key, threads)
+    preset = _measurable_target(target, rpc_tracker)
+    db = check_db_dir(Path(db), create=True)
+    per_task = trials if trials is not None else (10_000 if budget_s is not None else DEFAULT_TRIALS_PER_TASK)
+    start = time.time()
+    with tempfile.TemporaryDirectory(prefix="mlc-tune-") as scratch:
+        work = Path(scratch)
+        # The same default pass plan as `mlc compile`: the kernels tuned are the kernels it builds.
+        steps = graph_passes.plan(device=preset.device)
+        spec = ModelSpec(source, framework=framework, input_shapes=input_shapes)
+        prepared = prepare(spec, work, Timer(quiet_step), static=True, steps=steps)
+        lengths = _tuned_lengths(dataclasses.replace(spec, dynamic=dynamic), prepared)
+        if lengths:
+            dynamic_records.add_lengths(db, lengths)
+        request = _worker_request(steps, prepared, preset, db, work, per_task=per_task, budget_s=budget_s,
+                                  start=start, seed=seed, rpc_tracker=rpc_tracker, rpc_key=rpc_key)
+        hard = start + HARD_DEADLINE * budget_s if budget_s else None
+        result, log_path, tasks, errors = _run_child(request, work / "request.json", on_event, threads, hard)
+    result = _finished_payload(result, log_path, db)
+    notes = _tuning_notes(prepared, result, db, budget_s, lengths)
+    return TuneResult(db, tasks, result.get("trials", 0), record_count(db), time.time() - start,
+                      result.get("reason", "trials"), errors, notes, result.get("left_to_default", []),
+                      None if rpc_tracker else result.get("threads"))
+
+
+def _checked_options(trials, budget, rpc_tracker, rpc_key, threads) -> tuple[Optional[float], Optional[int]]:
+    """(the budget in seconds, the thread count to measure with: the runtime's default unless given; None on an
+    RPC device), after refusing options that do not go together."""
+    from mlc import targets
 
     if trials is not None and trials < 1:
         raise InputError(f"--trials must be at least 1, got {trials}")
@@ -125,6 +153,14 @@ def tune(
         from mlc.compiler.rpc import check_tracker
 
         check_tracker(rpc_tracker, rpc_key)
+    return budget_s, threads
+
+
+def _measurable_target(target: str, rpc_tracker: Optional[str]):
+    """The target's preset, where its kernels can be measured: a CPU, this machine's architecture or over RPC."""
+    from mlc import targets
+    from mlc.compiler import runtimes
+
     preset = targets.resolve(target)
     if preset.tvm.get("kind") != "llvm":
         raise TargetError(f"mlc tune measures CPU (llvm) targets; {preset.name} is a {preset.tvm.get('kind')} target, "
@@ -132,37 +168,38 @@ def tune(
     if preset.runtime_arch != runtimes.HOST_ARCH and rpc_tracker is None:
         raise TargetError(f"{preset.name} code cannot run on this {runtimes.HOST_ARCH} machine to be measured; "
                           "tune on the device through --rpc-tracker HOST:PORT --rpc-key KEY (see `mlc rpc-server`)")
-    db = check_db_dir(Path(db), create=True)
-    per_task = trials if trials is not None else (10_000 if budget_s is not None else DEFAULT_TRIALS_PER_TASK)
-    start = time.time()
-    with tempfile.TemporaryDirectory(prefix="mlc-tune-") as scratch:
-        work = Path(scratch)
-        # The same default pass plan as `mlc compile`: the kernels tuned are the kernels it builds.
-        steps = graph_passes.plan(device=preset.device)
-        spec = ModelSpec(source, framework=framework, input_shapes=input_shapes)
-        prepared = prepare(spec, work, Timer(quiet_step), static=True, steps=steps)
-        lengths = _tuned_lengths(dataclasses.replace(spec, dynamic=dynamic), prepared)
-        if lengths:
-            dynamic_records.add_lengths(db, lengths)
-        request = {
-            "relax_passes": [s.to_json() for s in steps], "onnx": str(prepared.cleaned_path), "target": preset.tvm,
-            "db": str(db.resolve()),
-            "logs": str(work / "logs"), "events": str(work / "events.jsonl"),
-            "trials_per_task": per_task, "trials_per_iter": 16 if per_task >= 16 else per_task,
-            "budget_s": budget_s, "deadline": start + budget_s if budget_s else None,
-            "threads": preset.tvm.get("num-cores", 1), "seed": seed,
-            "rpc": {"tracker": rpc_tracker, "key": rpc_key} if rpc_tracker else None,
-        }
-        hard = start + HARD_DEADLINE * budget_s if budget_s else None
-        result, log_path, tasks, errors = _run_child(request, work / "request.json", on_event, threads, hard)
+    return preset
+
+
+def _worker_request(steps, prepared, preset, db: Path, work: Path, *, per_task: int, budget_s, start: float,
+                    seed, rpc_tracker, rpc_key) -> dict:
+    return {
+        "relax_passes": [s.to_json() for s in steps], "onnx": str(prepared.cleaned_path), "target": preset.tvm,
+        "db": str(db.resolve()),
+        "logs": str(work / "logs"), "events": str(work / "events.jsonl"),
+        "trials_per_task": per_task, "trials_per_iter": 16 if per_task >= 16 else per_task,
+        "budget_s": budget_s, "deadline": start + budget_s if budget_s else None,
+        "threads": preset.tvm.get("num-cores", 1), "seed": seed,
+        "rpc": {"tracker": rpc_tracker, "key": rpc_key} if rpc_tracker else None,
+    }
+
+
+def _finished_payload(result: _proc.WorkerResult, log_path: Optional[Path], db: Path) -> dict:
+    """The worker's payload; a failed run is a CompilerError that names its log, a finished run's log is deleted."""
     if not result.ok:
         where = f" (full log: {log_path})" if log_path else ""
         raise CompilerError(f"tuning failed: {result.message or 'the tuning process died'}{where}")
     if log_path is not None:
         log_path.unlink(missing_ok=True)
     check_db_dir(db, create=True)  # a killed child may have left a record line cut short
-    result = result.payload
-    notes = list(prepared.notes) + list(result.get("notes", []))
+    return result.payload
+
+
+def _tuning_notes(prepared, result: dict, db: Path, budget_s: Optional[float], lengths: dict) -> list[str]:
+    """The run's notes for the user; records the kernels left to mlc's default schedules in the database."""
+    from mlc.compiler import dynamic_records
+
+    notes = [n.text for n in prepared.notes] + list(result.get("notes", []))
     if result.get("killed"):
         notes.append(f"the tuning process was still busy {HARD_DEADLINE * budget_s - budget_s:.0f} s after the "
                      "budget and was stopped; every record measured before is kept")
@@ -183,9 +220,7 @@ def tune(
     elif any(isinstance(d, str) for spec in prepared.specs for d in spec.shape):
         shapes = ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in prepared.fixed.items())
         notes.append(f"tuned for static input shapes {shapes}; compile with the same shapes to use the records")
-    return TuneResult(db, tasks, result.get("trials", 0), record_count(db), time.time() - start,
-                      result.get("reason", "trials"), errors, notes, result.get("left_to_default", []),
-                      None if rpc_tracker else result.get("threads"))
+    return notes
 
 
 def _tuned_lengths(model, prepared) -> dict[str, int]:
@@ -211,6 +246,57 @@ class _Deadline(Exception):
     """Raised from the poll at the budget: mlc._proc.run then stops the child as on Ctrl-C."""
 
 
+class _Events:
+    """The tuning child's events file, read as it grows: the task table, the error count, and what the child
+    said about the run (for a result without its own); each event goes on to `on_event`."""
+
+    def __init__(self, path: Path, on_event) -> None:
+        self.path = path
+        self.on_event = on_event
+        self.tasks: list[TaskState] = []
+        self.errors = 0
+        self.offset = 0
+        self.seen: dict = {}
+
+    def drain(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path) as f:
+            f.seek(self.offset)
+            while True:
+                line = f.readline()
+                if not line.endswith("\n"):
+                    break
+                self.offset = f.tell()
+                event = json.loads(line)
+                if event["event"] == "tasks":
+                    self.tasks[:] = [TaskState(t["name"], t["weight"], t["trials_done"], t["best_us"],
+                                               t["trials_done"]) for t in event["tasks"]]
+                    self.seen.update({k: event[k] for k in ("left_to_default", "notes", "threads") if k in event})
+                elif event["event"] == "measured":
+                    for task in self.tasks:
+                        if task.name == event["task"]:
+                            task.trials += event["trials"]
+                            if event["best_us"] is not None:
+                                task.best_us = event["best_us"]
+                    self.errors = event["errors"]
+                    self.seen.update(dropped=event.get("dropped", 0), dropped_reason=event.get("dropped_reason"))
+                self.on_event(event, self.tasks)
+
+
+def _result_at_deadline(request_path: Path, events: _Events) -> _proc.WorkerResult:
+    """The child's own result if it finished its batch in time, else one made from the events."""
+    result = _proc.read_result(request_path)
+    if result is None:
+        trials = sum(t.trials - t.trials_done_before for t in events.tasks)
+        result = _proc.WorkerResult.success({"tasks": len(events.tasks), "trials": trials, "reason": "budget",
+                                             "killed": True,
+                                             **{k: v for k, v in events.seen.items() if k != "deadline"}})
+    elif result.ok and result.payload.get("reason") == "interrupted":  # by the deadline, not by the user
+        result.payload["reason"] = "budget"
+    return result
+
+
 def _run_child(request: dict, request_path: Path, on_event, threads: Optional[int], hard_deadline: Optional[float]
                = None) -> tuple[_proc.WorkerResult, Optional[Path], list[TaskState], int]:
     """Run the tuning worker, feeding `on_event` from its events file; Ctrl-C asks it to stop after the batch
@@ -218,43 +304,13 @@ def _run_child(request: dict, request_path: Path, on_event, threads: Optional[in
     stop comes at the deadline, and the child is killed at `hard_deadline`: a search that measures nothing
     cannot hold the run past it. Then the result comes from the events (the records are in the database
     already) and the log path is None. A crash is "tuning failed: ..." (CompilerError)."""
-    tasks: list[TaskState] = []
-    errors = 0
-    offset = 0
-    events_path = Path(request["events"])
+    events = _Events(Path(request["events"]), on_event)
     deadline = request.get("deadline")
-    seen: dict = {}  # what the child said about the run, for a result without its own
-
-    def drain() -> None:
-        nonlocal offset, errors
-        if not events_path.exists():
-            return
-        with open(events_path) as f:
-            f.seek(offset)
-            while True:
-                line = f.readline()
-                if not line.endswith("\n"):
-                    break
-                offset = f.tell()
-                event = json.loads(line)
-                if event["event"] == "tasks":
-                    tasks[:] = [TaskState(t["name"], t["weight"], t["trials_done"], t["best_us"], t["trials_done"])
-                                for t in event["tasks"]]
-                    seen.update({k: event[k] for k in ("left_to_default", "notes", "threads") if k in event})
-                elif event["event"] == "measured":
-                    for task in tasks:
-                        if task.name == event["task"]:
-                            task.trials += event["trials"]
-                            if event["best_us"] is not None:
-                                task.best_us = event["best_us"]
-                    errors = event["errors"]
-                    seen.update(dropped=event.get("dropped", 0), dropped_reason=event.get("dropped_reason"))
-                on_event(event, tasks)
 
     def poll() -> None:
-        drain()
-        if deadline is not None and time.time() >= deadline and not seen.get("deadline"):
-            seen["deadline"] = True
+        events.drain()
+        if deadline is not None and time.time() >= deadline and not events.seen.get("deadline"):
+            events.seen["deadline"] = True
             raise _Deadline
 
     # TVM's thread pool reads these when it starts: the measurements use `threads`.
@@ -263,17 +319,10 @@ def _run_child(request: dict, request_path: Path, on_event, threads: Optional[in
     try:
         result, log_path = _proc.run(WORKER, request, request_path, "the tuning process",
                                      env=env, poll=poll, stop_grace_s=grace, log_prefix="mlc-tune-",
-                                     on_stop=lambda: on_event({"event": "stopping"}, tasks))
+                                     on_stop=lambda: on_event({"event": "stopping"}, events.tasks))
     except _Deadline:  # stopped at the budget: its own result if it finished its batch in time, else the events'
-        drain()
-        result = _proc.read_result(request_path)
-        if result is None:
-            trials = sum(t.trials - t.trials_done_before for t in tasks)
-            result = _proc.WorkerResult.success({"tasks": len(tasks), "trials": trials, "reason": "budget",
-                                                 "killed": True, **{k: v for k, v in seen.items() if k != "deadline"}})
-        elif result.ok and result.payload.get("reason") == "interrupted":  # by the deadline, not by the user
-            result.payload["reason"] = "budget"
-        return result, None, tasks, errors
+        events.drain()
+        return _result_at_deadline(request_path, events), None, events.tasks, events.errors
     except CompilerError as e:  # the worker died without a result
         raise CompilerError(f"tuning failed: {e}") from None
-    return result, log_path, tasks, errors
+    return result, log_path, events.tasks, events.errors

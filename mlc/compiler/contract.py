@@ -1,0 +1,155 @@
+"""The compile worker's contract: the typed request the client sends and the result the worker returns, as JSON
+through mlc._proc. Both sides parse strictly: a field one side does not know (an mlc of another version) is an
+error, never dropped. No tvm here: the client imports this module."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from mlc.errors import CompilerError
+
+REPRODUCER_BUDGET_S = 120.0  # seconds the worker may spend searching the smallest failing subgraph
+
+
+class ContractError(CompilerError):
+    """A request or result that does not match this mlc's contract (client and worker of different versions)."""
+
+
+class NoteKind(str, enum.Enum):
+    """What a note says, for code that acts on notes (never their text)."""
+
+    PASS_SKIPPED = "pass_skipped"  # a graph or Relax pass failed on the model and was left out
+    FALLBACK = "fallback"  # an optional step TVM failed on was left out ("built without ...")
+    UNSCHEDULED = "unscheduled"  # mlc's default schedule failed on kernels: left unscheduled
+    RECORDS = "records"  # tuning records skipped, moved, withheld or failed on a kernel
+    CALIBRATION = "calibration"  # --quantize int8 calibrated on seeded inputs
+    BOUND_DIMS = "bound_dims"  # symbolic dims fixed at the reference sizes
+    INPUTS = "inputs"  # the check ran on an input value mlc chose
+    FRONTEND = "frontend"  # the framework export's own notes
+
+
+class FailureKind(str, enum.Enum):
+    """Why a compile worker failed (WorkerResult.kind), besides mlc._proc's "error" and "exception"."""
+
+    TARGET = "target"  # TVM rejects the target
+    UNSUPPORTED = "unsupported"  # op types TVM's importer lacks; payload "ops"
+    UNSUPPORTED_OUTPUT = "unsupported_output"  # the model returns something other than tensors
+    UNSUPPORTED_NODE = "unsupported_node"  # TVM's converter cannot convert one node
+    PASS = "pass"  # a pass the user asked for failed
+    COMPILE = "compile"  # a mandatory TVM step failed; payload may name a reproducer
+
+
+def _strict(cls, data: Any, what: str) -> dict[str, Any]:
+    """`data`'s fields for `cls`, refusing unknown and missing required ones."""
+    if not isinstance(data, Mapping):
+        raise ContractError(f"{what}: expected a JSON object, got {type(data).__name__}")
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    missing = sorted(n for n, f in known.items() if n not in data and f.default is dataclasses.MISSING
+                     and f.default_factory is dataclasses.MISSING)
+    if unknown or missing:
+        parts = ([f"unknown field(s) {', '.join(unknown)}"] if unknown else []) + \
+                ([f"missing field(s) {', '.join(missing)}"] if missing else [])
+        raise ContractError(f"{what}: {'; '.join(parts)} (the mlc client and compile worker differ in version?)")
+    return dict(data)
+
+
+@dataclass(frozen=True)
+class Note:
+    """A note for the user: `text` is shown as it is; code reads `kind`."""
+
+    kind: NoteKind
+    text: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "text": self.text}
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Note":
+        fields = _strict(cls, data, "note")
+        try:
+            kind = NoteKind(fields["kind"])
+        except ValueError:
+            raise ContractError(f"note: unknown kind {fields['kind']!r}") from None
+        return cls(kind, str(fields["text"]))
+
+
+def texts(notes: list[Note]) -> list[str]:
+    return [n.text for n in notes]
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """Run the compiled model on `inputs` (.npz: in_0, ...) and save `outputs` (out_0, ...)."""
+
+    inputs: str
+    outputs: str
+
+
+@dataclass(frozen=True)
+class ScheduleRequest:
+    """CPU builds: the tuning records (--db, an absolute folder) and whether mlc's default schedules apply."""
+
+    db: Optional[str] = None
+    default: bool = True
+
+
+@dataclass(frozen=True)
+class CompileRequest:
+    onnx: str  # the cleaned model; its weights are read from the files beside it
+    target: dict[str, Any]  # TVM target JSON
+    library: Optional[str] = None  # export the library here (its weights beside it)
+    run: Optional[RunFiles] = None
+    cross_compiler: Optional[str] = None
+    kernels_dir: Optional[str] = None  # GPU source of the kernels goes here
+    object_dir: Optional[str] = None  # object files instead of a library (macOS)
+    schedules: Optional[ScheduleRequest] = None  # None: TVM's own pipeline (GPU)
+    relax_passes: list[dict] = field(default_factory=list)  # Step.to_json() of the pass plan
+    dump_ir: Optional[str] = None
+    dim_upper_bounds: dict[str, int] = field(default_factory=dict)
+    precision: str = "fp32"
+    reproducer: Optional[str] = None  # where a failing mandatory step writes its smallest failing subgraph
+    reproducer_budget_s: float = REPRODUCER_BUDGET_S
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "CompileRequest":
+        fields = _strict(cls, data, "compile request")
+        if fields.get("run") is not None:
+            fields["run"] = RunFiles(**_strict(RunFiles, fields["run"], "compile request: run"))
+        if fields.get("schedules") is not None:
+            fields["schedules"] = ScheduleRequest(**_strict(ScheduleRequest, fields["schedules"],
+                                                            "compile request: schedules"))
+        return cls(**fields)
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    """A compile that succeeded."""
+
+    tvm_version: str
+    outputs: list[dict]  # per output {"dtype", "shape"}
+    timings: dict[str, float]
+    pass_records: list[dict]  # the Relax passes' (and the precision step's) manifest records
+    notes: list[Note] = field(default_factory=list)
+    kernels: dict[str, list[str]] = field(default_factory=dict)  # GPU kernel names per device kind
+    schedules: Optional[dict[str, list[str]]] = None  # CPU: kernels {tuned, default, unscheduled[, tuned_at]}
+    weights: Optional[dict] = None  # {"file", "tensors"} written beside the library
+    precision: str = "fp32"  # what was built: fp32 where TVM failed on the asked precision
+    gpu_code: Optional[dict] = None  # CUDA: what the GPU code was compiled for
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["notes"] = [n.to_json() for n in self.notes]
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any) -> "CompileResult":
+        fields = _strict(cls, data, "compile result")
+        fields["notes"] = [Note.from_json(n) for n in fields.get("notes", [])]
+        return cls(**fields)
