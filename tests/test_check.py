@@ -86,3 +86,14 @@ def test_all_nan_reference_fails_because_nothing_was_compared():
     assert not stats.passed and "every reference value is NaN" in stats.problem
     some_nan = np.array([np.nan, 1.0], dtype=np.float32)
     assert compare({"y": some_nan}, {"y": some_nan.copy()}).passed
+
+
+def test_default_atol_grows_slowly_for_huge_outputs():
+    """Seeded deep nets (paddle resnet101) reach logits of ~1e7, where the framework's own fp32 rounding is ~10 on
+    the smallest ones: the default atol grows a tenth as fast as the peak past 10, and not at all below it."""
+    ref = np.array([1e7, 5.0, -3.0], np.float32)
+    assert compare({"y": ref}, {"y": ref + np.array([0, 12, 0], np.float32)}).passed
+    assert not compare({"y": ref}, {"y": ref + np.array([0, 1000, 0], np.float32)}).passed
+    assert not compare({"y": ref}, {"y": ref + np.array([0, 12, 0], np.float32)}, atol=1e-4).passed
+    small = np.array([10.0, 0.5], np.float32)
+    assert not compare({"y": small}, {"y": small + np.array([0, 1e-3], np.float32)}).passed

@@ -126,6 +126,8 @@ def require_pass(result: CheckResult) -> None:
             raise AccuracyError(f"the {result.gate.precision} {what + ' ' if what else ''}build misses the accuracy "
                                 f"gate for output(s): {', '.join(failed)}")
         if result.conversion is not None and not result.conversion.passed:
-            where = ("; ONNX Runtime on the exported ONNX differs from the framework too, so the export lost the "
-                     "accuracy, not TVM (try another --exporter)")
+            where = ("; ONNX Runtime on the exported ONNX differs from the framework's eager outputs too, so the "
+                     "error comes before TVM")
+            if result.conversion.reference.startswith("torch"):
+                where += " (try another --exporter)"
         raise AccuracyError(f"accuracy check failed for output(s): {', '.join(failed)}{where}")
