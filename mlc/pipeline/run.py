@@ -112,6 +112,7 @@ def check(artifact: str | Path, *, atol: Optional[float] = None, rtol: Optional[
     info = runner.manifest["reference"]
     if info.get("onnxruntime"):
         result.conversion = compare(reference, read_npz(runner.root / info["onnxruntime"]), atol=atol, rtol=rtol)
+        result.conversion.reference = info.get("producer", "")
     result.conversion_error = info.get("onnxruntime_error") or ""
     return result
 
