@@ -29,6 +29,9 @@ LAYERS = {
     "g4-256-28": (256, 256, 28, 1, 4),
     "g32-3x3-128-56": (128, 128, 56, 3, 32),  # resnext26ts stage 1's grouped 3x3 (4 channels a group)
     "g32-3x3-256-28": (256, 256, 28, 3, 32),
+    "g3-240to120-28": (240, 120, 28, 1, 3),   # shufflenet stage 3's first reduce (40 a group, at 28x28)
+    "g10-3x3-240-14": (240, 240, 14, 3, 10),  # regnetx-600mf-style 3x3 (24 channels a group)
+    "g4-3x3-48-28": (48, 48, 28, 3, 4),       # 12 channels a group
     "g1-256-28": (256, 256, 28, 1, 1),        # controls: a plain conv, a depthwise one
     "dw-3x3-240-28": (240, 240, 28, 3, 240),
 }

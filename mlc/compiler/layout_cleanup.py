@@ -2,7 +2,9 @@
 relax.clip, so it wraps every clip between two NHWC convs in permute_dims to NCHW and back (ReLU6, hard-sigmoid):
 each such clip became a transpose-clip-transpose kernel of its own instead of the conv's epilogue
 (mobilenetv2: 4 kernels, ~0.7 ms of 13). `cancel_transposes` rewrites permute_dims(op(permute_dims(x, p)), q)
-with q after p the identity to op(x), for elementwise ops of one tensor input. Imports tvm."""
+with q after p the identity to op(x), for elementwise ops of one tensor input. Before ConvertLayout,
+`channel_last_friendly` rewrites what it would otherwise leave in NCHW between transposes: ONNX LRN (a 3-d pool over
+channels) and binary ops with (C, 1, 1) constants (inception v1 / v2, #39; benchmarks/inception). Imports tvm."""
 
 from __future__ import annotations
 
@@ -51,3 +53,138 @@ def cancel_transposes(mod):
             return relax.Call(inner.op, [source.args[0], *inner.args[1:]], inner.attrs)
 
     return relax.transform.DeadCodeElimination()(rewrite_functions(Rewrite(mod), mod))
+
+
+BROADCAST_BINARY = ("relax.add", "relax.multiply", "relax.subtract", "relax.divide", "relax.maximum", "relax.minimum")
+
+
+def _ndim(expr):
+    ndim = getattr(getattr(expr, "ty", None), "ndim", -1)
+    return ndim if ndim is not None and ndim >= 0 else None
+
+
+def full_rank_constants(mod):
+    """A constant of rank 2 or 3 that a binary op broadcasts against a 4-d tensor (Caffe2's inception v2: a batch norm's
+    scale and shift as Mul / Add by Unsqueeze(c, [1, 2]), shape (C, 1, 1), after each conv) reshaped to the tensor's
+    rank, (1, C, 1, 1): TVM 0.27's ConvertLayout gives a binary op of two ranks no layout, so it moved each such
+    Mul / Add (and the pools and concatenations after them) back to NCHW between two transposes, where a full-rank
+    constant follows the conv to NHWC and becomes its epilogue. Same values, same broadcast."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    ops = {tvm.ir.Op.get(name) for name in BROADCAST_BINARY}
+
+    def widened(const, rank: int):
+        value = const.value.numpy()
+        return relax.const(value.reshape((1,) * (rank - value.ndim) + value.shape), str(value.dtype))
+
+    @mutator
+    class Rewrite(PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if not any(call.op.same_as(op) for op in ops) or len(call.args) != 2:
+                return call
+            ranks = [_ndim(a) for a in call.args]
+            if None in ranks or ranks[0] == ranks[1]:
+                return call
+            low = 0 if ranks[0] < ranks[1] else 1
+            # (C, 1, 1) or (1, 1) against an image; a vector broadcasts along the last axis, which layouts keep
+            if not isinstance(call.args[low], tvm.ir.GenericConst) or ranks[low] < 2 or ranks[1 - low] != 4:
+                return call
+            args = list(call.args)
+            args[low] = widened(args[low], ranks[1 - low])
+            return relax.Call(call.op, args, call.attrs)
+
+    return rewrite_functions(Rewrite(mod), mod)
+
+
+def _lrn_parts(lookup, call):
+    """(data, size, front padding, alpha, bias, beta) where `call` is TVM's ONNX LRN over 4-d data: divide(x,
+    power(add(multiply(squeeze(avg_pool3d(expand_dims(multiply(x, x), 1), (size, 1, 1))), alpha), bias), beta));
+    else None."""
+    import tvm
+    from tvm import relax
+
+    def op(expr, name, arity=None):
+        expr = lookup(expr) if isinstance(expr, relax.Var) else expr
+        ok = isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == f"relax.{name}"
+        return expr if ok and (arity is None or len(expr.args) == arity) else None
+
+    def scalar(expr):
+        value = expr.value.numpy() if isinstance(expr, tvm.ir.GenericConst) else None
+        return float(value) if value is not None and value.size == 1 else None
+
+    found, expr = [], call
+    for name, arity, arg in (("divide", 2, 1), ("power", 2, 0), ("add", 2, 0), ("multiply", 2, 0), ("squeeze", None, 0),
+                             ("nn.avg_pool3d", None, 0), ("expand_dims", None, 0), ("multiply", 2, 0)):
+        expr = op(expr, name, arity)
+        if expr is None:
+            return None
+        found.append(expr)
+        expr = expr.args[arg]
+    _, power, add, scale, squeeze, pool, expand, square = found
+    if not square.args[0].same_as(square.args[1]) or not square.args[0].same_as(call.args[0]) \
+            or _ndim(call.args[0]) != 4 or [int(a) for a in expand.attrs.axis] != [1] \
+            or [int(p) for p in pool.attrs.pool_size][1:] != [1, 1] or not pool.attrs.count_include_pad:
+        return None
+    numbers = [scalar(scale.args[1]), scalar(add.args[1]), scalar(power.args[1])]
+    if None in numbers:
+        return None
+    size = int(pool.attrs.pool_size[0])  # ONNX's window: (size - 1) // 2 channels before, the rest after (TVM's pool
+    return (call.args[0], size, (size - 1) // 2, *numbers)  # pads size // 2 before: one channel off for even sizes
+
+
+def _denominator(t, beta: float):
+    """t ** beta, by square roots (vector instructions) for the exponents LRNs use; power (a scalar powf call per
+    element) otherwise."""
+    from tvm import relax
+
+    if beta == 1.0:
+        return t
+    if beta not in (0.25, 0.5, 0.75):
+        return relax.op.power(t, relax.const(beta, "float32"))
+    root = relax.op.sqrt(t)
+    fourth = relax.op.sqrt(root)
+    return {0.25: fourth, 0.5: root, 0.75: relax.op.multiply(root, fourth)}[beta]
+
+
+def lrn_as_conv(mod):
+    """ONNX LRN (TVM imports it as a pool over channels: avg_pool3d on an expand_dims, NCDHW, then power) as a 1x1
+    conv of the squares with a band of alpha / size (the channel window) and the rest as its epilogue, t ** 0.75 as
+    sqrt(t) * sqrt(sqrt(t)): inception v1's two LRNs took 16.6 ms of 69 (OpenVINO: 0.64), in a scalar 3-d pool in
+    NCDHW between transposes and a powf per element; a conv goes to NHWC with the convs around it. The band conv
+    does C / size times the useful adds (192 channels: ~0.23 GFLOP), at the conv kernels' rate."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    @mutator
+    class Rewrite(PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            parts = _lrn_parts(self.lookup_binding, call) if getattr(call.op, "name", "") == "relax.divide" else None
+            channels = parts and call.args[0].ty.shape[1]
+            if not parts or not isinstance(channels, tvm.tirx.IntImm) or str(call.ty.dtype) != "float32":
+                return call
+            data, size, pad, alpha, bias, beta = parts
+            c = int(channels)
+            out, inp = np.arange(c)[:, None], np.arange(c)[None, :]
+            band = ((inp >= out - pad) & (inp <= out - pad + size - 1)).astype(np.float32) * np.float32(alpha / size)
+            sums = relax.op.nn.conv2d(relax.op.multiply(data, data), relax.const(band.reshape(c, c, 1, 1)))
+            t = relax.op.add(sums, relax.const(bias, "float32"))
+            return relax.op.divide(data, _denominator(t, beta))
+
+    return relax.transform.DeadCodeElimination()(rewrite_functions(Rewrite(mod), mod))
+
+
+def channel_last_friendly(mod):
+    """Before ConvertLayout: `lrn_as_conv`, then `full_rank_constants`; each an optimisation, skipped (the module
+    as it was) where it fails."""
+    for rewrite in (lrn_as_conv, full_rank_constants):
+        try:
+            mod = rewrite(mod)
+        except Exception:  # an optimisation: the module as it was
+            continue
+    return mod

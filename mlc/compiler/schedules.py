@@ -53,8 +53,10 @@ def _convert_layout(mod, notes: list[Note]):
     model builds in its own layout and a note says so."""
     from tvm import relax
 
+    from mlc.compiler.layout_cleanup import channel_last_friendly
     from mlc.compiler.relax_passes import quantize_as_elementwise
 
+    mod = channel_last_friendly(mod)
     try:
         converted = relax.transform.ConvertLayout(CONV_LAYOUT)(quantize_as_elementwise(_positive_squeeze_axes(mod)))
     except Exception as e:  # TVM raises InternalError/ValueError/bad_alloc; the step is optional
@@ -76,11 +78,13 @@ def _legalize_and_fuse(mod, target, notes: Optional[list[Note]] = None):
     from tvm import relax
     from tvm.relax.backend.cpu_generic import pipeline as cpu
 
+    from mlc.compiler.grouped_conv import pad_group_channels
     from mlc.compiler.sorting import portable_argsort, portable_topk
     from mlc.compiler.relax_passes import nan_preserving_legalizations
 
     with target, portable_argsort(target):
         mod = portable_topk(_convert_layout(mod, notes if notes is not None else []), target)
+        mod = pad_group_channels(mod, target)  # groups no multiple of the vector: padded to whole vectors
         # relu/clip/max/min that keep NaN first; TVM's LegalizeOps then handles the other ops
         return tvm.transform.Sequential(cpu.library_dispatch_passes(target)
                                         + [relax.transform.LegalizeOps(nan_preserving_legalizations())]
