@@ -4,6 +4,8 @@ Progress goes to stderr; results (and --json) to stdout."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import json
 import math
 import os
@@ -13,7 +15,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import typer
 from rich.console import Console
@@ -22,6 +24,7 @@ from rich.table import Table
 
 from mlc import __version__
 from mlc.errors import ExitCode, MlcError
+from mlc.pipeline import options as declared  # light: the declarations, not the pipeline
 
 # typer shows a flag's type as <bool>, which reads as if `--archive true` were accepted (it is a usage error).
 _option_type = typer.core.TyperOption.display_type_rich
@@ -151,37 +154,65 @@ def _latency_line(stats: dict) -> str:
 
 _MODEL_HELP = ("A model: .onnx; PyTorch .pt2 (torch.export), TorchScript .pt or file.py:factory; TensorFlow SavedModel "
                "folder, .keras or .h5; Paddle jit.save prefix; or zoo:NAME (see `mlc models`).")
-_FRAMEWORK_OPTION = typer.Option(None, "--framework", "-f",
-                                 help="onnx, torch, tensorflow or paddle (default: detected; for zoo:NAME its first)")
-_DYNAMIC_OPTION = typer.Option([], "--dynamic", help="Dims kept symbolic, so one artifact serves every size: batch,seq "
-                                                     "or seq=1..512 (the runtime refuses sizes outside; repeatable) "
-                                                     "(default: framework models compile at the reference shapes; "
-                                                     "ONNX models keep their symbolic dims).")
-_INPUTS_HELP = ("Your sample inputs, an .npz keyed by input name (as `mlc run --inputs`): the reference the check "
-                "runs on, and the compile size of every dim they fix but those --dynamic names.")
-_EXPORTER_OPTION = typer.Option("auto", "--exporter", help="PyTorch ONNX exporter: auto (dynamo, falling back to "
-                                                           "TorchScript), dynamo or torchscript.")
+
+
+def _declared_options(*owners: type, only: Optional[Sequence[str]] = None):
+    """Give a command the options declared on `owners`' fields (mlc.pipeline.options; `only`: these), after its own
+    parameters, as typer options made from each declaration; the command receives them as keyword arguments named
+    as the API's (a group's flags gathered into the group's value)."""
+    params, groups = [], []
+    for owner in owners:
+        types = declared.field_types(owner)
+        for field, opt in declared.declared(owner):
+            if only is not None and field.name not in only:
+                continue
+            if opt.group is not None:
+                groups.append((field.name, opt.group))
+                params += _typer_params(opt.group, declared.field_types(opt.group))
+            elif opt.flags:
+                params += _typer_params(owner, types, [field.name])
+
+    def wrap(func):
+        @functools.wraps(func)
+        def command(*args, **kwargs):
+            for name, group in groups:
+                kwargs[name] = group(**{n: kwargs.pop(n) for n in declared.names(group)})
+            return func(*args, **kwargs)
+
+        signature = inspect.signature(func, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        command.__signature__ = signature.replace(parameters=own + params)
+        return command
+    return wrap
+
+
+def _typer_params(owner: type, types: dict, only: Optional[Sequence[str]] = None) -> list[inspect.Parameter]:
+    params = []
+    for field, opt in declared.declared(owner):
+        if only is not None and field.name not in only:
+            continue
+        repeatable = isinstance(field.default, tuple)
+        default = opt.cli_default if opt.cli_default is not declared.FIELD_DEFAULT else (
+            [] if repeatable else field.default)
+        annotation = opt.cli_type or (List[str] if repeatable else types[field.name])
+        params.append(inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
+                                        default=typer.Option(default, *opt.flags, help=opt.help)))
+    return params
 
 
 @app.command("export")
+@_declared_options(declared.ModelSpec, only=declared.EXPORT_OPTIONS)
+@_declared_options(declared.CompileOptions, only=("atol", "rtol"))
 def export_cmd(
     model: str = typer.Argument(..., help=_MODEL_HELP),
     output: Path = typer.Option(..., "--output", "-o", help="The ONNX file to write."),
-    input_shape: List[str] = typer.Option([], "--input-shape", help="Shape for the eager comparison, NAME:1x128."),
-    framework: Optional[str] = _FRAMEWORK_OPTION,
-    dynamic: List[str] = _DYNAMIC_OPTION,
-    exporter: str = _EXPORTER_OPTION,
-    inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help=_INPUTS_HELP),
-    atol: Optional[float] = typer.Option(None, help="Absolute tolerance for the comparison (default: by dtype)."),
-    rtol: Optional[float] = typer.Option(None, help="Relative tolerance for the comparison (default: by dtype)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    **options,
 ) -> None:
     """Convert a framework model to ONNX (stop before TVM) and compare ONNX Runtime with the framework."""
     from mlc import api
 
-    result = api.export(model, output, framework=framework, dynamic=dynamic, input_shapes=input_shape,
-                        exporter=exporter, atol=atol, rtol=rtol, step=_step if not as_json else api.quiet_step,
-                        inputs=inputs)
+    result = api.export(model, output, step=_step if not as_json else api.quiet_step, **options)
     conversion = result.conversion
     if as_json:
         out.print_json(json.dumps({"onnx": str(result.path), "source": result.source.model_dump(),
@@ -204,90 +235,29 @@ def export_cmd(
 
 
 @app.command("compile")
+@_declared_options(declared.CompileOptions, declared.ModelSpec)
 def compile_cmd(
     model: str = typer.Argument(..., help=_MODEL_HELP),
-    target: List[str] = typer.Option(["x86"], "--target", "-t",
-                                     help="Target preset (see `mlc targets`) or TVM target JSON; repeat for several."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o",
-                                          help="Artifact directory (default: artifacts/MODEL-TARGET); "
-                                               "with several targets, the folder that receives MODEL-TARGET for each."),
-    input_shape: List[str] = typer.Option([], "--input-shape", help="Fix an input's shape, NAME:1x128 (repeatable)."),
-    framework: Optional[str] = _FRAMEWORK_OPTION,
-    dynamic: List[str] = _DYNAMIC_OPTION,
-    exporter: str = _EXPORTER_OPTION,
-    inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help=_INPUTS_HELP),
-    freeze: List[str] = typer.Option([], "--freeze",
-                                     help="Fold this input into the graph as a constant, at its value in --inputs "
-                                          "(a shape or axes TVM needs constant); the artifact then refuses a feed "
-                                          "of it (repeatable)."),
-    archive: bool = typer.Option(False, "--archive", help="Also write the artifact as DIR.tar.gz."),
-    atol: Optional[float] = typer.Option(None, help="Absolute tolerance for the check (default: by dtype)."),
-    rtol: Optional[float] = typer.Option(None, help="Relative tolerance for the check (default: by dtype)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-    db: Optional[Path] = typer.Option(None, "--db", help="Tuning database written by `mlc tune` (CPU targets)."),
-    opt_level: int = typer.Option(2, "-O",
-                                  help="Optimisation level 0-3: which graph passes run by default (see `mlc passes`)."),
-    passes: Optional[str] = typer.Option(None, "--passes",
-                                         help="Run exactly these passes, comma-separated (replaces -O's list)."),
-    disable_pass: List[str] = typer.Option([], "--disable-pass", help="Do not run this pass (repeatable)."),
-    enable_pass: List[str] = typer.Option([], "--enable-pass",
-                                          help="Also run this pass, e.g. an opt-in one (repeatable)."),
-    pass_config: List[str] = typer.Option([], "--pass-config", help="Set a pass option, PASS.KEY=VALUE (repeatable)."),
-    dump_ir: Optional[Path] = typer.Option(None, "--dump-ir",
-                                           help="Write the ONNX graph / Relax IR after each pass here."),
-    buckets: List[str] = typer.Option([], "--buckets",
-                                      help="One static build per length, e.g. 8,16,32 or seq=8,16,32: "
-                                           "inputs are padded to the next bucket (the mask input marks "
-                                           "the padding), outputs sliced back."),
-    precision: str = typer.Option("fp32", "--precision",
-                                  help="fp32, bf16 (CPUs with AVX512-BF16) or fp16 (CUDA): matmul/conv inputs and "
-                                       "weights in that type, fp32 accumulation; judged by an accuracy gate "
-                                       "against the fp32 reference (exit 3 when missed)."),
-    emulated: bool = typer.Option(False, "--emulated",
-                                  help="Build a --precision the target has no instructions for (slow: converted "
-                                       "in software)."),
-    quantize: Optional[str] = typer.Option(None, "--quantize",
-                                           help="int8 (static, calibrated) or int8-dynamic (activation scales at run "
-                                                "time, matmuls only): matmul/conv weights int8 per channel, "
-                                                "activations uint8; CPUs with VNNI/dotprod (else --emulated); judged "
-                                                "by an accuracy gate (exit 3 when missed)."),
-    calibration: List[Path] = typer.Option([], "--calibration",
-                                           help="--quantize int8: an .npz of inputs keyed by input name (repeatable); "
-                                                "default: seeded random inputs."),
+    **options,
 ) -> None:
     """Compile a model into a verified artifact: compiled library, thin runtime, reference data.
 
     Models from PyTorch, TensorFlow and Paddle are exported to ONNX and checked against the
     framework's own eager outputs."""
-    from mlc import api, targets
-    from mlc import passes as graph_passes
+    from mlc import api
 
-    pass_options = graph_passes.Options(opt_level, tuple(passes.split(",")) if passes is not None else None,
-                                        tuple(disable_pass), tuple(enable_pass), tuple(pass_config),
-                                        str(dump_ir) if dump_ir else None)
+    target_list = options.pop("target")
 
-    presets = [targets.resolve(t) for t in dict.fromkeys(target)]
-    # every target's toolchain and runtime (and the pass choices) are checked before anything compiles
-    api.check_precision(precision)
-    for preset in presets:
-        api.precision_supported(preset, precision, emulated)
-        api.quantize_supported(preset, quantize, emulated, precision)
-        api.prepare_target(preset)
-        pass_options.plan(preset.device)
+    def announce(name: str) -> None:
+        if len(set(target_list)) > 1 and not as_json:
+            err.print(f"[bold]== {name}[/]")
+
     results = []
-    for preset, spec in zip(presets, dict.fromkeys(target)):
-        dest = output
-        if output is not None and len(presets) > 1:
-            dest = api.default_output(api.model_name(model), preset.name, root=output)
-        if len(presets) > 1 and not as_json:
-            err.print(f"[bold]== {preset.name}[/]")
-        results.append(api.compile(model, target=spec, output=dest, input_shapes=input_shape, archive=archive,
-                                   atol=atol, rtol=rtol, step=_step if not as_json else api.quiet_step,
-                                   framework=framework, dynamic=dynamic, exporter=exporter, db=db,
-                                   pass_options=pass_options, buckets=buckets, precision=precision,
-                                   emulated=emulated, quantize=quantize, calibration=calibration,
-                                   inputs=inputs, freeze=freeze))
-        _report_compile(results[-1], as_json)
+    for result in api.compile_targets(model, target_list, step=_step if not as_json else api.quiet_step,
+                                      on_target=announce, **options):
+        _report_compile(result, as_json)
+        results.append(result)
     for result in results:
         if result.check is not None:
             api.require_pass(result.check)
@@ -329,16 +299,15 @@ def _report_compile(result, as_json: bool) -> None:
 
 
 @app.command("tune")
+@_declared_options(declared.ModelSpec, only=("framework", "input_shapes"))
 def tune_cmd(
     model: str = typer.Argument(..., help=_MODEL_HELP),
     target: str = typer.Option("x86", "--target", "-t",
                                help="CPU target preset (see `mlc targets`) or TVM target JSON."),
     db: Path = typer.Option(..., "--db", help="Tuning database folder (created; a rerun continues it)."),
-    framework: Optional[str] = _FRAMEWORK_OPTION,
     trials: Optional[int] = typer.Option(None, "--trials",
                                          help="Trials per kernel the database should hold (default: 64)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Wall-time limit for this run, e.g. 90s, 20m, 1h30m."),
-    input_shape: List[str] = typer.Option([], "--input-shape", help="Fix an input's shape, NAME:1x128 (repeatable)."),
     rpc_tracker: Optional[str] = typer.Option(None, "--rpc-tracker",
                                               help="HOST:PORT of a TVM RPC tracker: measure on its devices."),
     rpc_key: Optional[str] = typer.Option(None, "--rpc-key", help="Device key registered with the tracker."),
@@ -349,6 +318,7 @@ def tune_cmd(
                                       "seq=1..512): tune at one length of each (the reference's or --input-shape's) "
                                       "and record it, so that build finds its kernels' static twins."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    **options,
 ) -> None:
     """Autotune the model's kernels with MetaSchedule into a resumable database (Ctrl-C keeps every record)."""
     from mlc import tuning
@@ -358,10 +328,9 @@ def tune_cmd(
     budget_s = tuning.parse_budget(budget) if budget is not None else None
     display = contextlib.nullcontext() if as_json else TuneProgress(err, per_task, budget_s)
     with display as progress:
-        result = tuning.tune(model, target=target, db=db, framework=framework, trials=trials, budget=budget,
-                             input_shapes=input_shape,
-                             rpc_tracker=rpc_tracker, rpc_key=rpc_key, threads=threads, dynamic=dynamic,
-                             on_event=progress.update if progress else (lambda e, t: None))
+        result = tuning.tune(model, target=target, db=db, trials=trials, budget=budget, rpc_tracker=rpc_tracker,
+                             rpc_key=rpc_key, threads=threads, dynamic=dynamic,
+                             on_event=progress.update if progress else (lambda e, t: None), **options)
     for note in result.notes:
         err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     summary = {"db": str(result.db), "tasks": len(result.tasks), "trials": result.trials,
@@ -377,6 +346,7 @@ def tune_cmd(
     measured = f", measured with {result.threads} thread(s)" if result.threads else ""
     out.print(f"tuned {len(result.tasks)} kernels: {result.trials} trials this run ({result.errors} failed) in "
               f"{result.seconds:.0f} s{measured}, stopped by {result.reason}; {result.records} records in {result.db}")
+    framework = options["framework"]
     out.print(f"use them: mlc compile {model} --target {target} --db {db}" + (f" -f {framework}" if framework else "")
               + (f" --dynamic {','.join(dynamic)}" if dynamic else ""))
 
@@ -573,13 +543,13 @@ def _print_debug(report) -> None:
 
 
 @app.command("debug")
+@_declared_options(declared.ModelSpec, only=("input_shapes", "framework"))
 def debug_cmd(
     model: str = typer.Argument(...,
                                 help="A model (as for compile) or an artifact directory "
                                      "(reuses its model, target, shapes, inputs)."),
     target: Optional[str] = typer.Option(None, "--target", "-t",
                                          help="Target preset (default: the artifact's, else x86)."),
-    input_shape: List[str] = typer.Option([], "--input-shape", help="Fix an input's shape, NAME:1x128 (repeatable)."),
     inputs: Optional[Path] = typer.Option(None, "--inputs", "-i",
                                           help=".npz of model inputs (default: seeded reference inputs)."),
     atol: Optional[float] = typer.Option(None, help="Absolute tolerance (default: by dtype)."),
@@ -589,16 +559,15 @@ def debug_cmd(
                                                 "with its data here."),
     method: str = typer.Option("auto",
                                help="auto | exposed (one build, every value an output) | bisect (prefix builds)."),
-    framework: Optional[str] = _FRAMEWORK_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    **options,
 ) -> None:
     """Localise the first node whose compiled output differs from ONNX Runtime (exit 3 if any).
     Framework models are exported to ONNX first; the search runs on the export."""
     from mlc import api
 
-    report = api.debug(model, target=target, input_shapes=input_shape, inputs=inputs, atol=atol, rtol=rtol,
-                       extract=extract, method=method, step=_step if not as_json else api.quiet_step,
-                       framework=framework)
+    report = api.debug(model, target=target, inputs=inputs, atol=atol, rtol=rtol, extract=extract, method=method,
+                       step=_step if not as_json else api.quiet_step, **options)
     if as_json:
         out.print_json(json.dumps(report.to_json()))
     else:

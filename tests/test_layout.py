@@ -33,7 +33,6 @@ ALLOWED_LONG_FUNCTIONS: set[str] = {
     "mlc/compiler/worker.py:compile_request",
     "mlc/pipeline/prepare.py:prepare",
     "mlc/pipeline/debug.py:debug",
-    "mlc/cli.py:compile_cmd",
     "mlc/cli.py:bench_cmd",
 }
 

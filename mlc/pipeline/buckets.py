@@ -5,10 +5,9 @@ builds, and the lengths each bucket is checked at. The padding itself happens in
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 
 from mlc.artifacts.manifest import BucketCheck, BucketInfo
@@ -17,12 +16,12 @@ from mlc.compiler.weights import ALIGNMENT
 from mlc.errors import InputError, UnsupportedModelError
 from mlc.frontends import onnx as onnx_frontend
 from mlc.passes import onnx as onnx_passes
+from mlc.pipeline.options import Buckets
 from mlc.pipeline.prepare import Prepared
 from mlc.pipeline.steps import Timer
 from mlc.runtime import runner as thin_runtime
 
 DEFAULT_DIM = "seq"
-_BUCKETS = re.compile(r"^(?:([A-Za-z_][\w.]*)=)?(\d+(?:,\d+)*)$")
 
 
 @dataclass
@@ -39,28 +38,10 @@ class Plan:
         return [(prev + 1, size) for prev, size in zip([0] + self.sizes[:-1], self.sizes)]
 
 
-def parse(values: Sequence[str]) -> Optional[tuple[Optional[str], list[int]]]:
-    """`--buckets 8,16,32` or `--buckets seq=8,16,32` -> (dim or None, sorted sizes); None if not given."""
-    if not values:
-        return None
-    text = ",".join(v.strip() for v in values).replace(" ", "")
-    dim = None
-    if "=" in text:
-        dim, _, text = text.partition("=")
-    match = _BUCKETS.match(f"{dim}={text}" if dim else text)
-    if not match:
-        raise InputError(f"--buckets {','.join(values)!r} is malformed; "
-                         "write sizes (8,16,32) or DIM=sizes (seq=8,16,32)")
-    sizes = sorted({int(s) for s in text.split(",")})
-    if sizes[0] < 1:
-        raise InputError("--buckets sizes must be >= 1")
-    return dim, sizes
-
-
-def plan(requested: tuple[Optional[str], list[int]], specs) -> Plan:
+def plan(requested: Buckets, specs) -> Plan:
     """Pick the bucketed dim (the one named, else `seq`, else the only symbolic non-batch dim) and
     the mask input; refuse models where padding would change the results."""
-    dim, sizes = requested
+    dim, sizes = requested.dim, list(requested.sizes)
     names = list(dict.fromkeys(d for s in specs for axis, d in enumerate(s.shape) if isinstance(d, str) and axis > 0))
     if dim is None:
         if DEFAULT_DIM in names:

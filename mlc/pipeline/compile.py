@@ -7,11 +7,11 @@ import dataclasses
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from mlc import _proc, artifacts, compiler, frontends, targets
 from mlc.artifacts.manifest import Manifest
-from mlc.check import PRECISIONS, CheckResult
+from mlc.check import CheckResult
 from mlc.compiler import cuda_binary, runtimes
 from mlc.compiler.contract import CompileResult as WorkerCompileResult
 from mlc.compiler.contract import texts
@@ -23,7 +23,7 @@ from mlc.passes.quantize import MODES as QUANTIZE_MODES
 from mlc.pipeline import buckets as bucketing
 from mlc.pipeline import schedules as tuning_records
 from mlc.pipeline import source as sources
-from mlc.pipeline.options import CompileOptions, ModelSpec, check_tolerances, recipe
+from mlc.pipeline.options import Buckets, CompileOptions, ModelSpec, recipe
 from mlc.pipeline.package import KERNELS, LIBRARY, OBJECTS, default_output, package
 from mlc.pipeline.prepare import (Prepared, References, bind_to_reference, drop_quantization, dynamic_ranges, prepare,
                                   references)
@@ -64,7 +64,7 @@ class CompilePlan:
     preset: targets.Target
     dynamic: Optional[dict]  # --dynamic parsed
     ranges: dict  # the --dynamic dims given a range
-    buckets: Optional[tuple]  # --buckets parsed
+    buckets: Optional[Buckets]
     schedules: Optional[dict]  # what the worker schedules with (CPU targets)
     steps: list  # the pass plan
     runtime: runtimes.RuntimeFiles
@@ -117,11 +117,9 @@ def build_settings(preset: targets.Target, options: CompileOptions) -> tuple[lis
 
 def plan_compile(model: ModelSpec, options: CompileOptions) -> CompilePlan:
     """Check every option, resolve the target, fetch its runtime and toolchain: what is missing or wrong fails
-    here, before any heavy work."""
-    check_tolerances(options.atol, options.rtol)
-    check_precision(options.precision)
+    here, before any heavy work (each option's own value was checked when the options were made)."""
     dynamic = model.dynamic_dims()
-    requested_buckets = bucketing.parse(model.buckets)
+    requested_buckets = model.buckets
     if requested_buckets and model.dynamic:
         raise InputError("--buckets and --dynamic are two answers to the same problem; give one of them")
     model = sources.resolve(model)
@@ -148,9 +146,17 @@ def plan_compile(model: ModelSpec, options: CompileOptions) -> CompilePlan:
                 runtime, cross, output)
 
 
-def check_precision(precision: str) -> None:
-    if precision not in PRECISIONS:
-        raise InputError(f"--precision {precision}: choose one of {', '.join(PRECISIONS)}")
+def plan_targets(model: ModelSpec, options: CompileOptions, target_list: Sequence[str]) -> list[CompilePlan]:
+    """A plan for each of several targets (`options` but the target), every one made (its options checked, its
+    runtime and toolchain fetched) before any compiles. With several, `options.output` is the folder that receives
+    MODEL-TARGET for each."""
+    plans = []
+    for target in dict.fromkeys(target_list):
+        output = options.output
+        if output is not None and len(set(target_list)) > 1:
+            output = default_output(sources.model_name(model.source), targets.resolve(target).name, root=output)
+        plans.append(plan_compile(model, dataclasses.replace(options, target=target, output=output)))
+    return plans
 
 
 def precision_supported(preset: targets.Target, precision: str, emulated: bool) -> None:

@@ -1,13 +1,20 @@
-"""Typed options: what model to read and how (ModelSpec), and how to compile it (CompileOptions). The artifact's
-rebuild recipe is serialised from them."""
+"""Typed options: what model to read and how (ModelSpec), and how to compile it (CompileOptions).
+
+Each option is declared once, on its field (`option(...)`): its name is the API keyword, its metadata the CLI flags
+and help, the parser that turns what a user gives (CLI text, or values from Python) into the field's value type,
+and whether the artifact's rebuild recipe records it. `mlc compile`'s command line, `mlc.api.compile`'s keywords
+and the manifest's recipe are generated from these declarations (tests/test_options.py checks that they are)."""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import re
 import shlex
+import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -15,59 +22,300 @@ from mlc import frontends, passes
 from mlc.errors import InputError
 
 
+FIELD_DEFAULT = object()  # Option.omit, Option.cli_default: the field's own default
+
+
+@dataclass(frozen=True)
+class Option:
+    """How one field is given and recorded (see `option`)."""
+
+    flags: tuple[str, ...]  # the CLI's, long flag first; none: API only
+    help: str
+    parse: Optional[Callable[[Any], Any]] = None  # given value -> value type; on each item of a tuple field
+    recorded: Optional[str] = None  # "always", "given" (when not the default) or None: not in the recipe
+    key: Optional[str] = None  # the recipe's key, where not the field's name
+    path: bool = False  # recorded resolved: the rebuild may run from another folder
+    omit: Any = FIELD_DEFAULT  # the value the recipe's command line leaves out
+    json: Optional[Callable[[Any], Any]] = None  # the recipe's value, where not the generic form
+    cli_type: Any = None  # the typer annotation, where the field's type is not one typer takes
+    cli_default: Any = FIELD_DEFAULT
+    group: Optional[type] = None  # a dataclass of declared fields whose flags the CLI takes in this one's place
+
+
+def option(default: Any, *flags: str, help: str, **how: Any) -> Any:
+    """A declared field: `default` as the API's and CLI's default, `flags` for the CLI (see Option)."""
+    return dataclasses.field(default=default, metadata={"option": Option(tuple(flags), help, **how)})
+
+
+def declared(owner: type) -> Iterator[tuple[dataclasses.Field, Option]]:
+    """The declared fields of a ModelSpec, CompileOptions or group, in declaration order."""
+    for f in dataclasses.fields(owner):
+        if "option" in f.metadata:
+            yield f, f.metadata["option"]
+
+
+def field_types(owner: type) -> dict[str, Any]:
+    """The fields' types, resolved (this module's annotations are strings)."""
+    return typing.get_type_hints(owner)
+
+
+def _parse_fields(obj) -> None:
+    """Run each declared field's parser once, where the value is given: the dataclass then holds value types.
+    Parsers accept their own value types too (dataclasses.replace passes them back in)."""
+    for f, opt in declared(type(obj)):
+        value = getattr(obj, f.name)
+        if isinstance(f.default, tuple):  # repeatable: callers pass lists; a tuple keeps the options immutable
+            value = tuple(opt.parse(v) for v in value) if opt.parse else tuple(value)
+        elif opt.parse is not None and value is not None:
+            value = opt.parse(value)
+        object.__setattr__(obj, f.name, value)
+
+
+# ---- value types: what the CLI's text means, parsed once; str() gives the canonical text back ----
+
+@dataclass(frozen=True)
+class InputShape:
+    """--input-shape NAME:1x128 (or 1x128 for a model with one input)."""
+
+    name: Optional[str]
+    dims: tuple[int, ...]
+
+    @classmethod
+    def parse(cls, value: InputShape | str) -> InputShape:
+        if isinstance(value, InputShape):
+            return value
+        from mlc.frontends.onnx import parse_input_shape  # onnx is heavy: only when a shape is given
+
+        name, dims = parse_input_shape(str(value))
+        return cls(name, tuple(dims))
+
+    def __str__(self) -> str:
+        dims = "x".join(map(str, self.dims))
+        return f"{self.name}:{dims}" if self.name else dims
+
+
+@dataclass(frozen=True)
+class DynamicDims:
+    """One --dynamic value: dims kept symbolic, each with a range or none (batch,seq or seq=1..512)."""
+
+    dims: tuple[tuple[str, Optional[tuple[int, int]]], ...]
+
+    @classmethod
+    def parse(cls, value: DynamicDims | str) -> DynamicDims:
+        if isinstance(value, DynamicDims):
+            return value
+        return cls(tuple((frontends.parse_dynamic([str(value)]) or {}).items()))
+
+    def __str__(self) -> str:
+        return ",".join(name if r is None else f"{name}={r[0]}..{r[1]}" for name, r in self.dims)
+
+
+_BUCKETS = re.compile(r"^(?:([A-Za-z_][\w.]*)=)?(\d+(?:,\d+)*)$")
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """--buckets 8,16,32 or seq=8,16,32 (repeatable, joined): the bucketed dim (None: picked from the model) and
+    the sorted lengths."""
+
+    dim: Optional[str]
+    sizes: tuple[int, ...]
+
+    @classmethod
+    def parse(cls, value: Buckets | str | Sequence[str]) -> Optional[Buckets]:
+        if isinstance(value, Buckets):
+            return value
+        values = [value] if isinstance(value, str) else list(value)
+        if not values:
+            return None
+        text = ",".join(v.strip() for v in values).replace(" ", "")
+        dim = None
+        if "=" in text:
+            dim, _, text = text.partition("=")
+        if not _BUCKETS.match(f"{dim}={text}" if dim else text):
+            raise InputError(f"--buckets {','.join(values)!r} is malformed; "
+                             "write sizes (8,16,32) or DIM=sizes (seq=8,16,32)")
+        sizes = sorted({int(s) for s in text.split(",")})
+        if sizes[0] < 1:
+            raise InputError("--buckets sizes must be >= 1")
+        return cls(dim, tuple(sizes))
+
+    def __str__(self) -> str:
+        sizes = ",".join(map(str, self.sizes))
+        return f"{self.dim}={sizes}" if self.dim else sizes
+
+
+def check_precision(precision: str) -> str:
+    from mlc.check import PRECISIONS  # mlc.check is heavy: read when a precision is given
+
+    if precision not in PRECISIONS:
+        raise InputError(f"--precision {precision}: choose one of {', '.join(PRECISIONS)}")
+    return precision
+
+
+def _tolerance(flag: str) -> Callable[[float], float]:
+    def parse(value: float) -> float:
+        if not (value >= 0 and np.isfinite(value)):
+            raise InputError(f"{flag} must be a finite number >= 0, got {value}")
+        return value
+    return parse
+
+
+def check_tolerances(atol: Optional[float], rtol: Optional[float]) -> None:
+    """For the commands that take the tolerances alone (run, check, debug, export)."""
+    for flag, value in (("--atol", atol), ("--rtol", rtol)):
+        if value is not None:
+            _tolerance(flag)(value)
+
+
+_DYNAMIC_HELP = ("Dims kept symbolic, so one artifact serves every size: batch,seq or seq=1..512 (the runtime refuses "
+                 "sizes outside; repeatable) (default: framework models compile at the reference shapes; ONNX models "
+                 "keep their symbolic dims).")
+_INPUTS_HELP = ("Your sample inputs, an .npz keyed by input name (as `mlc run --inputs`): the reference the check "
+                "runs on, and the compile size of every dim they fix but those --dynamic names.")
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """The model and the options that decide its inputs, shared by compile, export, debug and tune."""
 
     source: str  # a model file or folder, file.py:factory, or zoo:NAME
-    framework: Optional[str] = None  # onnx, torch, tensorflow, paddle; None: detected (zoo:NAME: its first)
-    input_shapes: tuple[str, ...] = ()  # NAME:1x128 (or 1x128 for a single input)
-    dynamic: tuple[str, ...] = ()  # dims kept symbolic: batch,seq or seq=1..512
-    exporter: str = "auto"  # PyTorch's ONNX exporter: auto, dynamo, torchscript
-    buckets: tuple[str, ...] = ()  # one static build per length: 8,16,32 or seq=8,16,32
-    inputs: Optional[str] = None  # the user's sample inputs (.npz by input name): the reference, and the shapes
-    freeze: tuple[str, ...] = ()  # inputs folded into the graph as constants, at their value in `inputs`
+    framework: Optional[str] = option(
+        None, "--framework", "-f", recorded="always", omit=frontends.ONNX,
+        help="onnx, torch, tensorflow or paddle (default: detected; for zoo:NAME its first)")
+    input_shapes: tuple[InputShape, ...] = option(
+        (), "--input-shape", parse=InputShape.parse, recorded="always",
+        help="Fix an input's shape, NAME:1x128 (repeatable).")
+    dynamic: tuple[DynamicDims, ...] = option((), "--dynamic", parse=DynamicDims.parse, recorded="always",
+                                              help=_DYNAMIC_HELP)
+    exporter: str = option("auto", "--exporter", recorded="always",  # checked with the framework it applies to
+                           help="PyTorch ONNX exporter: auto (dynamo, falling back to TorchScript), dynamo or "
+                                "torchscript.")
+    buckets: Optional[Buckets] = option(
+        None, "--buckets", parse=Buckets.parse, recorded="given", json=lambda b: [str(b)], cli_type=List[str],
+        cli_default=[], help="One static build per length, e.g. 8,16,32 or seq=8,16,32: inputs are padded to the next "
+                             "bucket (the mask input marks the padding), outputs sliced back.")
+    # the samples decide shapes and the reference: the rebuild needs the same file
+    inputs: Optional[str] = option(None, "--inputs", "-i", parse=str, recorded="given", path=True,
+                                   cli_type=Optional[Path], help=_INPUTS_HELP)
+    freeze: tuple[str, ...] = option(
+        (), "--freeze", recorded="given",
+        help="Fold this input into the graph as a constant, at its value in --inputs (a shape or axes TVM needs "
+             "constant); the artifact then refuses a feed of it (repeatable).")
 
-    def __post_init__(self):  # callers pass lists; the spec keeps tuples so it stays immutable
-        if self.inputs is not None:
-            object.__setattr__(self, "inputs", str(self.inputs))
-        for name in ("input_shapes", "dynamic", "buckets", "freeze"):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
+    __post_init__ = _parse_fields
 
     def with_framework(self, framework: str) -> "ModelSpec":
         return dataclasses.replace(self, framework=framework)
 
     def dynamic_dims(self) -> Optional[dict[str, Optional[tuple[int, int]]]]:
         """--dynamic parsed: {dim: (min, max) or None}; None when not given."""
-        return frontends.parse_dynamic(self.dynamic)
+        return {name: r for d in self.dynamic for name, r in d.dims} if self.dynamic else None
+
+
+@dataclass(frozen=True)
+class PassFlags:
+    """`mlc compile`'s pass flags, which the CLI takes in place of CompileOptions.pass_options."""
+
+    opt_level: int = option(passes.DEFAULT_OPT_LEVEL, "-O",
+                            help="Optimisation level 0-3: which graph passes run by default (see `mlc passes`).")
+    passes: Optional[str] = option(None, "--passes",
+                                   help="Run exactly these passes, comma-separated (replaces -O's list).")
+    disable_pass: tuple[str, ...] = option((), "--disable-pass", help="Do not run this pass (repeatable).")
+    enable_pass: tuple[str, ...] = option((), "--enable-pass",
+                                          help="Also run this pass, e.g. an opt-in one (repeatable).")
+    pass_config: tuple[str, ...] = option((), "--pass-config", help="Set a pass option, PASS.KEY=VALUE (repeatable).")
+    dump_ir: Optional[Path] = option(None, "--dump-ir", help="Write the ONNX graph / Relax IR after each pass here.")
+
+    __post_init__ = _parse_fields
+
+    def options(self) -> passes.Options:
+        return passes.Options(self.opt_level, tuple(self.passes.split(",")) if self.passes is not None else None,
+                              self.disable_pass, self.enable_pass, self.pass_config,
+                              str(self.dump_ir) if self.dump_ir else None)
+
+
+def _pass_options(value: passes.Options | PassFlags) -> passes.Options:
+    return value.options() if isinstance(value, PassFlags) else value
 
 
 @dataclass(frozen=True)
 class CompileOptions:
     """How to compile: target, output, schedules, passes, the check's tolerances, packaging."""
 
-    target: str = "x86"  # a preset (see `mlc targets`) or TVM target JSON
-    output: Optional[Path] = None  # the artifact directory; None: artifacts/MODEL-TARGET
-    db: Optional[str | Path] = None  # tuning database written by `mlc tune` (CPU targets)
-    default_schedules: bool = True  # False: TVM's unscheduled loops for kernels the db does not cover
-    pass_options: passes.Options = passes.Options()
-    atol: Optional[float] = None  # the check's tolerances; None: by dtype
-    rtol: Optional[float] = None
-    archive: bool = False  # also write DIR.tar.gz
-    isolate: bool = True  # run TVM in a child process
-    precision: str = "fp32"  # fp32, bf16 (CPU) or fp16 (CUDA): matmul/conv inputs and weights, fp32 accumulation
-    emulated: bool = False  # allow a precision the target has no instructions for (slow; for accuracy studies)
-    quantize: Optional[str] = None  # int8 (calibrated static) or int8-dynamic: matmul/conv on int8 (CPU)
-    calibration: tuple[str, ...] = ()  # --quantize int8: .npz files of inputs keyed by input name
+    target: str = option("x86", "--target", "-t", recorded="always", omit=None, cli_type=List[str],
+                         cli_default=["x86"],
+                         help="Target preset (see `mlc targets`) or TVM target JSON; repeat for several.")
+    output: Optional[Path] = option(None, "--output", "-o", parse=Path,
+                                    help="Artifact directory (default: artifacts/MODEL-TARGET); with several targets, "
+                                         "the folder that receives MODEL-TARGET for each.")
+    db: Optional[str | Path] = option(None, "--db", recorded="given", path=True, cli_type=Optional[Path],
+                                      help="Tuning database written by `mlc tune` (CPU targets).")
+    default_schedules: bool = option(True, help="False: TVM's unscheduled loops instead of mlc's default schedules "
+                                                "for the kernels the db does not cover (for comparison).")
+    pass_options: passes.Options = option(passes.Options(), parse=_pass_options, recorded="always", key="passes",
+                                          json=passes.Options.to_json, group=PassFlags,
+                                          help="-O level and pass choices (see `mlc passes`).")
+    atol: Optional[float] = option(None, "--atol", parse=_tolerance("--atol"),
+                                   help="Absolute tolerance for the check (default: by dtype).")
+    rtol: Optional[float] = option(None, "--rtol", parse=_tolerance("--rtol"),
+                                   help="Relative tolerance for the check (default: by dtype).")
+    archive: bool = option(False, "--archive", help="Also write the artifact as DIR.tar.gz.")
+    isolate: bool = option(True, help="Run TVM in a child process (False: faster for many small models; a TVM crash "
+                                      "then takes the process down).")
+    precision: str = option(
+        "fp32", "--precision", parse=check_precision, recorded="given",
+        help="fp32, bf16 (CPUs with AVX512-BF16) or fp16 (CUDA): matmul/conv inputs and weights in that type, fp32 "
+             "accumulation; judged by an accuracy gate against the fp32 reference (exit 3 when missed).")
+    emulated: bool = option(False, "--emulated", recorded="given",
+                            help="Build a --precision the target has no instructions for (slow: converted in "
+                                 "software).")
+    quantize: Optional[str] = option(
+        None, "--quantize", recorded="given",
+        help="int8 (static, calibrated) or int8-dynamic (activation scales at run time, matmuls only): matmul/conv "
+             "weights int8 per channel, activations uint8; CPUs with VNNI/dotprod (else --emulated); judged by an "
+             "accuracy gate (exit 3 when missed).")
+    calibration: tuple[str, ...] = option(
+        (), "--calibration", parse=str, recorded="given", path=True, cli_type=List[Path],
+        help="--quantize int8: an .npz of inputs keyed by input name (repeatable); default: seeded random inputs.")
 
-    def __post_init__(self):  # callers pass lists; the options keep tuples so they stay immutable
-        object.__setattr__(self, "calibration", tuple(str(c) for c in self.calibration))
+    __post_init__ = _parse_fields
 
 
-def check_tolerances(atol: Optional[float], rtol: Optional[float]) -> None:
-    for name, value in (("atol", atol), ("rtol", rtol)):
-        if value is not None and not (value >= 0 and np.isfinite(value)):
-            raise InputError(f"--{name} must be a finite number >= 0, got {value}")
+# The ModelSpec options `mlc export` takes (the rest shape a compiled artifact).
+EXPORT_OPTIONS = ("framework", "input_shapes", "dynamic", "exporter", "inputs")
+
+
+def names(owner: type) -> list[str]:
+    return [f.name for f, _ in declared(owner)]
+
+
+def accept(given: dict[str, Any], known: Sequence[str], command: str) -> None:
+    """An API function's **options: an unknown keyword is a TypeError, as for a declared signature."""
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise TypeError(f"{command}() got unexpected keyword argument(s): {', '.join(unknown)}")
+
+
+def split(source: str, given: dict[str, Any]) -> tuple[ModelSpec, CompileOptions]:
+    """`mlc.api.compile`'s keyword arguments as the two option sets, each value parsed into its type."""
+    model_names = names(ModelSpec)
+    accept(given, model_names + names(CompileOptions), "compile")
+    model = ModelSpec(source, **{k: v for k, v in given.items() if k in model_names})
+    return model, CompileOptions(**{k: v for k, v in given.items() if k not in model_names})
+
+
+def keyword_parameters(owners: Sequence[type], only: Optional[Sequence[str]] = None) -> list[inspect.Parameter]:
+    """The declared options as keyword-only parameters, for the API functions' signatures (help(), IDEs)."""
+    return [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                              annotation=field_types(owner)[f.name])
+            for owner in owners for f, _ in declared(owner) if only is None or f.name in only]
+
+
+def describe(owners: Sequence[type], only: Optional[Sequence[str]] = None) -> str:
+    """The declared options' help, for the API functions' docstrings."""
+    return "\n".join(f"    `{f.name}` (default {f.default!r}): {opt.help}" for owner in owners
+                     for f, opt in declared(owner) if only is None or f.name in only)
 
 
 @dataclass(frozen=True)
@@ -76,40 +324,45 @@ class Recipe:
     command: str  # the `mlc compile` command line that passes them
 
 
+# Artifacts written before the options were declared record these keys in this order; it stays. Options added
+# since follow, in declaration order (nothing to add here for a new option).
+_RECORDED_ORDER = ("target", "framework", "input_shapes", "dynamic", "exporter", "pass_options", "inputs", "freeze",
+                   "db", "buckets", "precision", "quantize", "calibration", "emulated")
+
+
+def _recorded(opt: Option, value: Any) -> Any:
+    if opt.json is not None:
+        return opt.json(value)
+    if opt.path:
+        return [str(Path(v).resolve()) for v in value] if isinstance(value, tuple) else str(Path(value).resolve())
+    if isinstance(value, tuple):
+        return [str(v) for v in value]
+    return str(value) if isinstance(value, (InputShape, DynamicDims, Buckets, Path)) else value
+
+
+def _flags(opt: Option, value: Any) -> list[str]:
+    """`value` as command-line flags."""
+    if isinstance(value, passes.Options):
+        return value.cli_args()
+    if isinstance(value, bool):  # --x, or --x/--no-x for an option on by default
+        on, _, off = opt.flags[0].partition("/")
+        flag = on if value else off
+        return [flag] if flag else []
+    items = value if isinstance(value, tuple) else (value,)
+    return [a for v in items for a in (opt.flags[0], str(v))]
+
+
 def recipe(model: ModelSpec, options: CompileOptions) -> Recipe:
-    """The options that rebuild an artifact, and the command line; `model.framework` is the resolved one.
-    The key and flag order is the manifest's (artifacts record it; keep it stable)."""
-    recorded = {"target": options.target, "framework": model.framework, "input_shapes": list(model.input_shapes),
-                "dynamic": list(model.dynamic), "exporter": model.exporter, "passes": options.pass_options.to_json()}
-    argv = ["mlc", "compile", model.source, "--target", options.target]
-    if model.framework != frontends.ONNX:
-        argv += ["--framework", model.framework]
-    argv += [a for s in model.input_shapes for a in ("--input-shape", s)]
-    argv += [a for d in model.dynamic for a in ("--dynamic", d)]
-    if model.exporter != "auto":
-        argv += ["--exporter", model.exporter]
-    if model.inputs:  # the samples decide shapes and the reference: the rebuild needs the same file
-        recorded["inputs"] = str(Path(model.inputs).resolve())
-        argv += ["--inputs", model.inputs]
-    if model.freeze:
-        recorded["freeze"] = list(model.freeze)
-        argv += [a for n in model.freeze for a in ("--freeze", n)]
-    if options.db is not None:
-        recorded["db"] = str(Path(options.db).resolve())
-        argv += ["--db", str(options.db)]
-    if model.buckets:
-        recorded["buckets"] = list(model.buckets)
-        argv += [a for b in model.buckets for a in ("--buckets", b)]
-    if options.precision != "fp32":
-        recorded["precision"] = options.precision
-        argv += ["--precision", options.precision]
-    if options.quantize:
-        recorded["quantize"] = options.quantize
-        argv += ["--quantize", options.quantize]
-        if options.calibration:
-            recorded["calibration"] = [str(Path(c).resolve()) for c in options.calibration]
-            argv += [a for c in options.calibration for a in ("--calibration", c)]
-    if options.emulated and (options.precision != "fp32" or options.quantize):
-        recorded["emulated"] = True
-        argv.append("--emulated")
-    return Recipe(recorded, shlex.join(argv + options.pass_options.cli_args()))
+    """The options that rebuild an artifact, and the command line; `model.framework` is the resolved one."""
+    fields = [(f, opt, getattr(owner, f.name)) for owner in (model, options) for f, opt in declared(type(owner))
+              if opt.recorded]
+    fields.sort(key=lambda x: _RECORDED_ORDER.index(x[0].name) if x[0].name in _RECORDED_ORDER else
+                len(_RECORDED_ORDER))
+    recorded, argv = {}, ["mlc", "compile", model.source]
+    for f, opt, value in fields:
+        if opt.recorded == "given" and (value == f.default or value is None):
+            continue
+        recorded[opt.key or f.name] = _recorded(opt, value)
+        if value != (f.default if opt.omit is FIELD_DEFAULT else opt.omit):
+            argv += _flags(opt, value)
+    return Recipe(recorded, shlex.join(argv))

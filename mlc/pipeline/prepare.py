@@ -80,7 +80,7 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
         compiler.check_supported(onnx_model, rewritten=(graph_passes.RNN_OPS if "lower_rnn" in planned else ())
                                  + (("Loop", "Scan") if "static_control_flow" in planned else ()))
         specs = onnx_frontend.input_specs(onnx_model)
-        fixed = onnx_frontend.resolve_input_shapes(specs, list(model.input_shapes))
+        fixed = onnx_frontend.resolve_input_shapes(specs, [str(s) for s in model.input_shapes])
         samples, sample_info = None, None
         if model.inputs:
             samples = read_samples(model.inputs, specs, fixed)

@@ -99,7 +99,7 @@ def to_onnx(model: ModelSpec, workdir: Path, timed: Timer) -> Source:
     dynamic = model.dynamic_dims()
     with timed("export", f"Exporting the {display} model to ONNX and running it eagerly"):
         converted = convert(source, framework, workdir, dynamic=None if dynamic is None else list(dynamic),
-                                      input_shapes=model.input_shapes, exporter=model.exporter,
+                                      input_shapes=[str(s) for s in model.input_shapes], exporter=model.exporter,
                                       inputs=model.inputs)
     sha = thin_runtime.sha256_file(converted.onnx_path) if zoo else source_sha256(source)
     info = SourceInfo(name=name, path=source if zoo or ".py:" in source else str(Path(source).resolve()),

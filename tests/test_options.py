@@ -1,0 +1,105 @@
+"""Compile options are declared once (mlc.pipeline.options): these tests fail when a declared option does not reach
+the CLI, the API or the recipe, or when the CLI grows an option that is not declared."""
+
+from __future__ import annotations
+
+import inspect
+import shlex
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from mlc import api, cli, passes
+from mlc.errors import InputError
+from mlc.pipeline import options as declared
+
+OWNERS = (declared.ModelSpec, declared.CompileOptions)
+
+# A value other than the default for each option whose default cannot simply be flipped (the parsers check them).
+GIVEN = {"framework": "torch", "input_shapes": ("x:1x16",), "dynamic": ("batch,seq=1..512",), "exporter": "dynamo",
+         "buckets": ("seq=8,16",), "inputs": "in.npz", "freeze": ("mask",), "target": "graviton2", "db": "db",
+         "output": "out", "atol": 0.5, "rtol": 0.25, "precision": "bf16", "quantize": "int8",
+         "calibration": ("c.npz",),
+         "pass_options": passes.Options(opt_level=1, disable=("constant_folding",), config=("fuse_ops.x=1",))}
+
+
+def _given(field) -> object:
+    if field.name in GIVEN:
+        return GIVEN[field.name]
+    if isinstance(field.default, bool):
+        return not field.default
+    raise AssertionError(f"add a non-default value for the new option {field.name!r} to GIVEN")
+
+
+def _every_option_given() -> tuple[declared.ModelSpec, declared.CompileOptions]:
+    values = {f.name: _given(f) for owner in OWNERS for f, _ in declared.declared(owner)}
+    return declared.split("zoo:mlp", values)
+
+
+def _cli_flags(name: str) -> set[str]:
+    command = typer.main.get_command(cli.app).commands[name]
+    return {flag for p in command.params if p.param_type_name == "option" for flag in p.opts + p.secondary_opts}
+
+
+def _declared_flags(owner: type) -> set[str]:
+    flags = set()
+    for _, opt in declared.declared(owner):
+        flags |= _declared_flags(opt.group) if opt.group else {f for flag in opt.flags for f in flag.split("/")}
+    return flags
+
+
+def test_every_declared_option_is_a_compile_flag_and_every_flag_is_declared():
+    declared_flags = set().union(*map(_declared_flags, OWNERS))
+    assert _cli_flags("compile") == declared_flags | {"--json"}
+
+
+def test_every_declared_option_is_an_api_keyword():
+    keywords = set(inspect.signature(api.compile).parameters)
+    for owner in OWNERS:
+        assert set(declared.names(owner)) <= keywords
+        for name in declared.names(owner):
+            assert f"`{name}`" in api.compile.__doc__
+    assert set(declared.EXPORT_OPTIONS) <= set(inspect.signature(api.export).parameters)
+    with pytest.raises(TypeError, match="no_such_option"):
+        api.compile("zoo:mlp", no_such_option=1)
+
+
+def test_every_recorded_option_is_in_the_recipe():
+    model, options = _every_option_given()
+    recipe = declared.recipe(model, options)
+    for owner in OWNERS:
+        for field, opt in declared.declared(owner):
+            if opt.recorded:
+                assert (opt.key or field.name) in recipe.options, field.name
+    assert recipe.options["input_shapes"] == ["x:1x16"] and recipe.options["buckets"] == ["seq=8,16"]
+
+
+def test_the_recipe_command_gives_the_cli_the_same_options(monkeypatch):
+    """The recipe's command line, read back by `mlc compile`, makes the options that wrote it."""
+    model, options = _every_option_given()
+    first = declared.recipe(model, options)
+    seen = {}
+
+    def compile_targets(source, target_list, *, step, on_target, **given):
+        seen.update(given, source=source, target=target_list[0])
+        return iter(())
+
+    monkeypatch.setattr(api, "compile_targets", compile_targets)
+    result = CliRunner().invoke(cli.app, shlex.split(first.command)[1:])
+    assert result.exit_code == 0, result.output
+    again = declared.recipe(*declared.split(seen.pop("source"), seen))
+    assert again == first
+
+
+def test_cli_text_is_parsed_once_into_value_types():
+    model = declared.ModelSpec("m.onnx", input_shapes=["ids:1x128"], dynamic=["seq=1..512"], buckets=["8,16", "32"])
+    assert model.input_shapes == (declared.InputShape("ids", (1, 128)),)
+    assert model.dynamic_dims() == {"seq": (1, 512)}
+    assert model.buckets == declared.Buckets(None, (8, 16, 32))
+    assert declared.ModelSpec("m.onnx", input_shapes=model.input_shapes) == declared.ModelSpec(
+        "m.onnx", input_shapes=["ids:1x128"])  # value types pass through
+    with pytest.raises(InputError, match="--atol must be a finite number"):
+        declared.CompileOptions(atol=-1.0)
+    with pytest.raises(InputError, match="--precision int4: choose one of"):
+        declared.CompileOptions(precision="int4")
