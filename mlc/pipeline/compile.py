@@ -333,6 +333,9 @@ def _verify(plan: CompilePlan, timed: Timer) -> tuple[Optional[CheckResult], lis
     saying where to check it."""
     preset, final = plan.preset, plan.output
     arch = preset.runtime_arch
+    if not plan.options.check:
+        return None, [f"not verified (--no-check): run `mlc check {final}` or `python {final}/run.py --check` "
+                      "where it runs; a --precision or --quantize build is judged by its accuracy gate there"]
     if preset.device != "cpu" and not thin_runtime.device_present(preset.device):
         return None, [f"not verified: no {preset.device.upper()} device here; run `python {final}/run.py --check` "
                       "(needs only numpy and apache-tvm-ffi) or `mlc check` on a machine with one"]

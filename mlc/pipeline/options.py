@@ -261,6 +261,9 @@ class CompileOptions:
     rtol: Optional[float] = option(None, "--rtol", parse=_tolerance("--rtol"),
                                    help="Relative tolerance for the check (default: by dtype).")
     archive: bool = option(False, "--archive", help="Also write the artifact as DIR.tar.gz.")
+    check: bool = option(True, "--check/--no-check",
+                         help="Run the artifact on its reference inputs once built (--no-check leaves that to `mlc "
+                              "check`, e.g. on the device rather than under slow qemu emulation here).")
     isolate: bool = option(True, help="Run TVM in a child process (False: faster for many small models; a TVM crash "
                                       "then takes the process down).")
     precision: str = option(
