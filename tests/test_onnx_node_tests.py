@@ -197,3 +197,20 @@ def test_float8_value_read_by_a_node_is_refused(tmp_path):
     with pytest.raises(UnsupportedModelError, match="cannot convert a Cast node .*float8") as caught:
         api.compile(str(tmp_path / "f8.onnx"), output=tmp_path / "art", isolate=False)
     assert caught.value.exit_code == 1
+
+
+def test_summary_counts_frozen_cases_and_training_ops_apart(node_tests):
+    """The record's figures: in-scope cases ONNX Runtime passes split into frozen and not frozen, and the figure
+    with only the training-only ops left out (a string or sequence case counts as an mlc failure there)."""
+    def case(name, ort, mlc, stage=None, reason="", frozen=None):
+        record = {"name": name, "ort": {"pass": ort}, "mlc": {"pass": mlc, "stage": stage, "reason": reason}}
+        return {**record, "frozen_inputs": frozen} if frozen else record
+
+    s = node_tests.summarise([
+        case("a", True, True), case("b", True, False, "compare"), case("c", True, True, frozen=["shape"]),
+        case("d", True, False, "run", frozen=["axes"]), case("e", True, False, "out_of_scope", "string tensor 'x'"),
+        case("f", False, False, "out_of_scope", "training-only op Adam")])
+    assert (s["ort_pass_in_scope"], s["mlc_pass_where_ort_passes"]) == (4, 2)
+    assert (s["frozen_where_ort_passes"], s["mlc_pass_frozen_where_ort_passes"]) == (2, 1)
+    assert (s["not_frozen_where_ort_passes"], s["mlc_pass_not_frozen_where_ort_passes"]) == (2, 1)
+    assert (s["training_only"], s["ort_pass_not_training"], s["mlc_pass_where_ort_passes_not_training"]) == (1, 5, 2)

@@ -314,8 +314,8 @@ def worker(fd: int, freeze_parameters: bool, shipped_inputs: bool = False) -> No
 
 class Pool:
     def __init__(self, names: list[str], jobs: int, batch: int, timeout: float, log_dir: Path, progress: bool,
-                 freeze_parameters: bool = True, shipped_inputs: bool = False):
-        self.freeze_parameters, self.shipped_inputs = freeze_parameters, shipped_inputs
+                 freeze_parameters: bool = True, shipped_inputs: bool = False, on_result=None):
+        self.freeze_parameters, self.shipped_inputs, self.on_result = freeze_parameters, shipped_inputs, on_result
         self.pending = collections.deque(names)
         self.total = len(names)
         self.results: dict[str, dict] = {}
@@ -335,6 +335,8 @@ class Pool:
                 print(f"[{len(self.results)}/{self.total}] {result['name']}: "
                       f"ort {'pass' if ort.get('pass') else 'FAIL'}"
                       f", mlc {flag} ({result.get('time_s', '-')} s)", flush=True)
+            if self.on_result:
+                self.on_result(dict(self.results))
 
     def _lost(self, name: str, stage: str, reason: str, started: float) -> None:
         self._record({"name": name, "ort": {"pass": None, "stage": stage, "reason": "not known: the child died"},
@@ -439,13 +441,26 @@ def summarise(cases: list[dict]) -> dict:
                                    if not c["mlc"].get("pass") and c["mlc"].get("stage") != "out_of_scope")
     stages = collections.Counter(c["mlc"].get("stage") for c in ort_pass if not c["mlc"].get("pass"))
     exit70 = [c["name"] for c in cases if c["mlc"].get("exit_code") == 70]
+    ort_in_scope = [c for c in ort_pass if c["mlc"].get("stage") != "out_of_scope"]
+    frozen = [c for c in ort_in_scope if c.get("frozen_inputs")]
+    training = [c for c in cases if c["mlc"].get("reason", "").startswith("training-only op")]
+    ort_not_training = [c for c in ort_pass if c not in training]
     return {"cases": len(cases), "ort_pass": len(ort_pass), "in_scope": len(scoped),
             "out_of_scope": len(cases) - len(scoped), "mlc_pass": sum(1 for c in cases if c["mlc"].get("pass")),
             "mlc_pass_where_ort_passes": len(mlc_on_ort),
             "ort_pass_in_scope": sum(1 for c in ort_pass if c["mlc"].get("stage") != "out_of_scope"),
             "mlc_failure_stages_where_ort_passes": dict(stages.most_common()),
             "mlc_failure_classes_where_ort_passes": dict(failures.most_common(25)),
-            "mlc_exit_70": exit70, "frozen": sum(1 for c in cases if c.get("frozen_inputs"))}
+            "mlc_exit_70": exit70, "frozen": sum(1 for c in cases if c.get("frozen_inputs")),
+            # the frozen cases counted apart: in-scope cases ORT passes, with and without parameter inputs frozen
+            "frozen_where_ort_passes": len(frozen),
+            "mlc_pass_frozen_where_ort_passes": sum(1 for c in frozen if c["mlc"].get("pass")),
+            "not_frozen_where_ort_passes": len(ort_in_scope) - len(frozen),
+            "mlc_pass_not_frozen_where_ort_passes": sum(1 for c in ort_in_scope
+                                                         if c["mlc"].get("pass") and not c.get("frozen_inputs")),
+            # only the training-only ops left out (strings, sequences and optionals count as mlc failures)
+            "training_only": len(training), "ort_pass_not_training": len(ort_not_training),
+            "mlc_pass_where_ort_passes_not_training": sum(1 for c in ort_not_training if c["mlc"].get("pass"))}
 
 
 def markdown(doc: dict) -> str:
@@ -465,6 +480,13 @@ def markdown(doc: dict) -> str:
              f"- ONNX Runtime passes: {s['ort_pass']}",
              f"- mlc passes: {s['mlc_pass']}; on the {s['ort_pass_in_scope']} in-scope cases ONNX Runtime passes: "
              f"{s['mlc_pass_where_ort_passes']}",
+             f"- frozen cases counted apart, of those {s['ort_pass_in_scope']}: {s['frozen_where_ort_passes']} "
+             f"with parameter inputs frozen, mlc passes {s['mlc_pass_frozen_where_ort_passes']}; "
+             f"{s['not_frozen_where_ort_passes']} with nothing frozen, mlc passes "
+             f"{s['mlc_pass_not_frozen_where_ort_passes']}",
+             f"- only the {s['training_only']} training-only cases left out (strings, sequences and optionals "
+             f"counted as failures): mlc passes {s['mlc_pass_where_ort_passes_not_training']} of the "
+             f"{s['ort_pass_not_training']} cases ONNX Runtime passes",
              f"- mlc exits 70 (internal) on {len(s['mlc_exit_70'])} case(s)", "",
              "## mlc failure classes where ONNX Runtime passes", "", "| cases | stage: reason |", "|---:|---|"]
     lines += [f"| {n} | {k.replace('|', '/')} |" for k, n in s["mlc_failure_classes_where_ort_passes"].items()]
@@ -509,6 +531,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--shipped-inputs", action="store_true",
                         help="compile with the shipped inputs (test_data_set_0) through `mlc compile --inputs`, and "
                              "the parameter inputs through --freeze (not by rewriting the model)")
+    parser.add_argument("--report", metavar="RESULTS_JSON",
+                        help="run nothing: recompute the summary of RESULTS_JSON (a finished or partial record) and "
+                             "write it and its .md again")
     parser.add_argument("--worker-fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker_fd is not None:
@@ -518,6 +543,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     from importlib import metadata
 
     from mlc.bench.machine import machine_info
+
+    if args.report:
+        path = Path(args.report)
+        doc = json.loads(path.read_text())
+        for c in doc["cases"]:
+            c.setdefault("op", op_of(c["name"], c.get("ops", [])))
+        doc["summary"] = summarise(doc["cases"])
+        doc["summary_by"] = _commit()  # the run.py that computed this summary (the cases keep their commit)
+        path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        (HERE / f"{path.stem}.md").write_text(markdown(doc))
+        print(f"{doc['summary']['cases']} cases summarised again; written {path} and {HERE / (path.stem + '.md')}")
+        return 0
 
     base = json.loads(Path(args.rerun_failed).read_text()) if args.rerun_failed else None
     if base:
@@ -539,9 +576,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     results_dir = HERE / "results"
     results_dir.mkdir(exist_ok=True)
     start = time.monotonic()
+    machine, versions = machine_info(), {p: metadata.version(p) for p in ("onnx", "onnxruntime", "apache-tvm")}
+
+    def partial(results: dict) -> None:  # every 25 cases: a run stopped part way keeps a record of what ran
+        if len(results) % 25 == 0 and len(results) < len(names):
+            cases = [results[n] for n in names if n in results]  # `op` comes with the final record (or --report)
+            doc = {"selection": f"{selection} (partial: {len(cases)} of {len(names)} ran)", "partial": True,
+                   "args": vars(args), "machine": machine, "versions": versions, "commit": _commit(),
+                   "wall_s": round(time.monotonic() - start, 1), "tolerance": {"rtol": RTOL, "atol": ATOL},
+                   "summary": summarise(cases), "cases": cases}
+            (results_dir / f"{name}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+
     with tempfile.TemporaryDirectory(prefix="mlc-node-logs-") as logs:
         results = Pool(names, args.jobs, args.batch, args.timeout, Path(logs), progress=True,
-                       freeze_parameters=args.freeze_parameters, shipped_inputs=args.shipped_inputs).run()
+                       freeze_parameters=args.freeze_parameters, shipped_inputs=args.shipped_inputs,
+                       on_result=None if base else partial).run()
     cases = [results[n] for n in names if n in results]
     if base:  # the earlier run's cases, with the ones run again replaced
         cases = [results.get(c["name"], c) for c in base["cases"]]
@@ -549,8 +598,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         name = args.name or Path(args.rerun_failed).stem + "-rerun"
     for c in cases:
         c["op"] = op_of(c["name"], c.get("ops", []))
-    doc = {"selection": selection, "args": vars(args), "machine": machine_info(),
-           "versions": {p: metadata.version(p) for p in ("onnx", "onnxruntime", "apache-tvm")},
+    doc = {"selection": selection, "args": vars(args), "machine": machine, "versions": versions,
            "commit": _commit(), "wall_s": round(time.monotonic() - start, 1), "tolerance": {"rtol": RTOL, "atol": ATOL},
            "summary": summarise(cases), "cases": cases}
     (results_dir / f"{name}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
