@@ -12,7 +12,7 @@ import pytest
 
 from helpers import assert_clean_error, run_mlc
 from mlc import bench, targets
-from mlc.bench import matrix, report
+from mlc.bench import contract, matrix, report
 from mlc.errors import InputError
 
 
@@ -181,15 +181,16 @@ def test_matrix_records_failures_and_goes_on(monkeypatch, tmp_path):
 
     def fake_child(job, workdir, tag, what, timeout=None):
         calls.append(job)
-        if job["job"] == "prepare":
-            seq = job["seq"] if job["source"] == "zoo:bert-tiny" else [None]
-            return {"ok": True, "reference": "torch eager", "inputs": ["x"], "outputs": ["y"],
-                    "symbolic": ["batch", "seq"] if seq[0] else ["batch"],
-                    "shapes": [{"batch": b, "seq": s, "key": f"b{b}" + (f"-s{s}" if s else ""), "shapes": {"x": [b]}}
-                               for b in job["batch"] for s in seq]}
-        if job["backend"] == "torch" and job["threads"] == 2:
+        if isinstance(job, contract.PrepareRequest):
+            seq = job.seq if job.source == "zoo:bert-tiny" else [None]
+            return contract.PrepareResult(
+                exporter="torch.onnx", reference="torch eager", params=1, inputs=["x"], outputs=["y"],
+                symbolic=["batch", "seq"] if seq[0] else ["batch"],
+                shapes=[contract.PreparedShape(b, s, f"b{b}" + (f"-s{s}" if s else ""), shapes={"x": [b]})
+                        for b in job.batch for s in seq])
+        if job.backend == "torch" and job.threads == 2:
             raise bench.CellError("torch crashed")
-        return {"ok": True, "latency_ms": {"p50": 1.0}, "accuracy": {"passed": True}, "peak_rss_mb": 1.0}
+        return contract.MeasureResult(latency_ms={"p50": 1.0}, accuracy={"passed": True}, peak_rss_mb=1.0)
 
     def fake_compile(source, framework, target, precision, shapes, dest, db):
         if source == "zoo:bert-tiny":
@@ -210,7 +211,7 @@ def test_matrix_records_failures_and_goes_on(monkeypatch, tmp_path):
     assert {c["error"] for c in failed} == {"torch crashed", "mlc compile failed: RuntimeError: TVM exploded"}
     assert all(c["status"] == "ok" for c in cells if c["backend"] == "mlc" and c["model"] == "mlp")
     assert json.loads((tmp_path / "r.json").read_text())["cells"] == json.loads(json.dumps(cells, default=str))
-    assert sum(job["job"] == "prepare" for job in calls) == 2
+    assert sum(isinstance(job, contract.PrepareRequest) for job in calls) == 2
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -247,6 +248,7 @@ import json, sys, tempfile
 from pathlib import Path
 import numpy as np
 from mlc.bench import baselines, worker
+from mlc.bench.contract import PrepareRequest
 from mlc.frontends.base import FrameworkModel, InputDecl
 
 framework = sys.argv[1]
@@ -281,9 +283,9 @@ for name in names:
         (out,) = run()
         print(name, float(np.abs(out - expected).max()))
 with tempfile.TemporaryDirectory() as scratch:  # the bench's prepare step on the framework's zoo model
-    prepared = worker.prepare({"out_dir": scratch, "source": "zoo:cnn", "framework": framework, "batch": [1],
-                               "seq": [8]})
-    print("prepared", json.dumps(prepared["params"]))
+    prepared = worker.prepare(PrepareRequest(out_dir=scratch, source="zoo:cnn", framework=framework, batch=[1],
+                                             seq=[8]))
+    print("prepared", json.dumps(prepared.params))
 '''
 
 

@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from mlc.bench import baselines, report, worker
+from mlc.bench.contract import MeasureRequest
 
 
 def conv_onnx(path: Path) -> Path:
@@ -104,10 +105,10 @@ def test_openvino_throughput_cell_records_samples_per_second(tmp_path):
     feeds, reference = tmp_path / "feeds.npz", tmp_path / "reference.npz"
     save_npz(feeds, {"x": ctx.inputs[0]})
     save_npz(reference, {"y": baselines.get("ort").setup(ctx)()[0]})
-    request = {"backend": "openvino-throughput", "framework": "onnx", "source": "conv.onnx", "threads": 2,
-               "warmup": 1, "repeat": 3, "feeds": str(feeds), "reference": str(reference),
-               "onnx": str(ctx.onnx_path), "inputs": ["x"], "scratch": str(tmp_path / "scratch")}
-    result = worker.measure(request)
+    request = MeasureRequest(backend="openvino-throughput", framework="onnx", source="conv.onnx", threads=2,
+                             warmup=1, repeat=3, feeds=str(feeds), reference=str(reference),
+                             onnx=str(ctx.onnx_path), inputs=["x"], scratch=str(tmp_path / "scratch"))
+    result = {k: v for k, v in worker.measure(request).to_json().items() if v is not None}  # as the cell has it
     throughput = result["throughput"]
     assert throughput["batch"] == 8 and throughput["batches_per_call"] >= 1 and throughput["streams"] >= 1
     assert throughput["samples_per_s"] > 0 and "latency_ms" not in result  # its call time is no latency

@@ -1,26 +1,26 @@
-"""The package layout, read statically (ast over mlc/**/*.py; nothing is imported): no import cycle between mlc's
-top-level packages nor between any two modules (imports inside functions count), no private names across packages
-nor imported from another module, tvm only in mlc.compiler, package __init__ files that only re-export, and no
-function over MAX_FUNCTION_LINES lines (#38)."""
+"""The package layout, read statically (nothing is imported): the layer contracts of pyproject.toml's
+[tool.importlinter] (import-linter: the layers between and inside packages, no import cycle anywhere, imports inside
+functions included), no private names across packages nor imported from another module, tvm only in mlc.compiler,
+package __init__ files that only re-export, and no function over MAX_FUNCTION_LINES lines (#38)."""
 
 from __future__ import annotations
 
 import ast
 import re
-from collections import defaultdict
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 MLC = Path(__file__).resolve().parent.parent / "mlc"
-# The units whose imports between each other must not form a cycle; a module belongs to the first one that prefixes it.
+# mlc's packages (private names may not cross them); a module belongs to the first one that prefixes it.
 PACKAGES = ("mlc.api", "mlc.cli", "mlc.pipeline", "mlc.frontends", "mlc.passes", "mlc.compiler", "mlc.tuning",
             "mlc.bench", "mlc.check", "mlc.artifacts", "mlc.targets", "mlc.models", "mlc.runtime", "mlc.errors",
             "mlc._proc")
 
 # Known violations, each with its reason (none today). Entries name
 # the file and the thing (no line numbers), so a new violation is never hidden behind an old one.
-ALLOWED_CYCLES: set[frozenset[str]] = set()
 ALLOWED_PRIVATE: set[str] = set()
 # The thin runtime imports tvm only where it is installed and the artifact calls relax.run.* (TVM registers those
 # names when imported and fails if they are taken); artifacts still run with tvm_ffi alone.
@@ -91,98 +91,18 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
-def import_graph() -> dict[str, dict[str, list[str]]]:
-    """unit -> unit it imports -> where ("mlc/x.py:12")."""
-    graph: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-    for module, (path, tree) in _sources().items():
-        for line, target, _ in _imports(module, path, tree):
-            if target.startswith("mlc."):
-                src, dst = _unit(module), _unit(target)
-                # The root mlc/__init__.py only re-exports mlc.api lazily (and importing any mlc.X runs it anyway).
-                if src != dst and "mlc" not in (src, dst):
-                    graph[src][dst].append(f"{path.relative_to(MLC.parent)}:{line}")
-    return graph
+def lint_imports(root: Path, *config: str) -> subprocess.CompletedProcess:
+    """import-linter's `lint-imports` (the venv's, beside this Python) run in `root` on its config."""
+    tool = Path(sys.executable).with_name("lint-imports")
+    assert tool.is_file(), f"{tool} is missing: `make setup` installs the dev extra (import-linter)"
+    return subprocess.run([str(tool), "--no-cache", "--no-logo", *config], cwd=root, capture_output=True, text=True)
 
 
-def find_cycles(graph: dict[str, dict[str, list[str]]]) -> list[tuple[frozenset[str], list[str]]]:
-    """Each strongly connected component of more than one unit (Tarjan), with one cycle through it as a path
-    a -> ... -> a."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    components: list[set[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in graph.get(v, {}):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = set()
-            while True:
-                w = stack.pop()
-                component.add(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                components.append(component)
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    cycles = []
-    for component in components:  # a shortest path back to the start, inside the component
-        start = min(component)
-        paths = {start: [start]}
-        frontier = [start]
-        while frontier and start not in [w for v in frontier for w in graph[v]]:
-            nxt = []
-            for v in frontier:
-                for w in sorted(graph[v]):
-                    if w in component and w not in paths:
-                        paths[w] = paths[v] + [w]
-                        nxt.append(w)
-            frontier = nxt
-        last = next(v for v in frontier if start in graph[v])
-        cycles.append((frozenset(component), paths[last] + [start]))
-    return sorted(cycles, key=lambda c: c[1])
-
-
-def _describe(cycle: list[str], graph) -> str:
-    edges = "; ".join(f"{a}->{b} at {graph[a][b][0]}" for a, b in zip(cycle, cycle[1:]))
-    return f"{' -> '.join(cycle)}  ({edges})"
-
-
-def test_no_import_cycle_between_packages():
-    graph = import_graph()
-    cycles = [(members, cycle) for members, cycle in find_cycles(graph) if members not in ALLOWED_CYCLES]
-    assert not cycles, "import cycles between mlc's packages:\n" + "\n".join(
-        f"{', '.join(sorted(members))}: {_describe(cycle, graph)}" for members, cycle in cycles)
-    stale = ALLOWED_CYCLES - {members for members, _ in find_cycles(graph)}
-    assert not stale, f"fixed, so remove from ALLOWED_CYCLES: {[sorted(s) for s in stale]}"
-
-
-def module_graph() -> dict[str, dict[str, list[str]]]:
-    """module -> mlc module it imports, at module level or inside a function -> where ("mlc/x.py:12")."""
-    graph: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-    for module, (path, tree) in _sources().items():
-        for line, target, _ in _imports(module, path, tree):
-            if target.startswith("mlc.") and target != module:
-                graph[module][target].append(f"{path.relative_to(MLC.parent)}:{line}")
-    return graph
-
-
-def test_no_import_cycle_between_modules():
-    """Inside packages too (import-linter's contracts cannot see imports inside functions): a function-level import
-    only postpones a cycle, and a helper in the wrong module is what makes one."""
-    graph = module_graph()
-    cycles = find_cycles(graph)
-    assert not cycles, "import cycles between mlc's modules:\n" + "\n".join(
-        f"{len(members)} modules: {_describe(cycle, graph)}" for members, cycle in cycles)
+def test_import_layers_are_kept():
+    """pyproject.toml's [tool.importlinter] contracts: the layers between mlc's packages and inside each, and no
+    import cycle between the modules or packages inside any package."""
+    result = lint_imports(MLC.parent)
+    assert result.returncode == 0, "import-linter: broken layer contracts\n" + result.stdout + result.stderr
 
 
 def test_no_private_name_imported_from_another_module():
@@ -308,10 +228,16 @@ def test_no_function_over_the_length_limit():
 
 # -- the checks themselves, on made-up graphs: they must see what they are for
 
-def test_cycle_finder_reports_a_cycle():
-    graph = {"a": {"b": ["x:1"]}, "b": {"c": ["x:2"]}, "c": {"a": ["x:3"], "d": ["x:4"]}, "d": {}}
-    assert find_cycles(graph) == [(frozenset("abc"), ["a", "b", "c", "a"])]
-    assert find_cycles({"a": {"b": ["x:1"]}, "b": {}}) == []
+def test_import_linter_sees_an_import_inside_a_function(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "high.py").write_text("from pkg import low\n")
+    (tmp_path / "pkg" / "low.py").write_text("def f():\n    from pkg import high\n    return high\n")
+    (tmp_path / "layers.toml").write_text('[tool.importlinter]\nroot_package = "pkg"\n\n'
+                                          '[[tool.importlinter.contracts]]\nname = "layers"\ntype = "layers"\n'
+                                          'containers = ["pkg"]\nlayers = ["high", "low"]\n')
+    result = lint_imports(tmp_path, "layers.toml")
+    assert result.returncode == 1 and "pkg.low is not allowed to import pkg.high" in result.stdout, result.stdout
 
 
 def test_long_function_finder_reports_one(tmp_path):

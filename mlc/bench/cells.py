@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from mlc import _proc, models
+from mlc.bench.contract import RESULTS, BenchRequest
 from mlc.errors import MlcError
 
 SCHEMA = "mlc-bench/1"
@@ -24,14 +25,15 @@ def source_framework(model: models.ZooModel, override: Optional[str]) -> str:
     return SOURCE_FRAMEWORK if SOURCE_FRAMEWORK in model.frameworks else model.default_framework
 
 
-def run_child(job: dict, workdir: Path, tag: str, what: str, timeout: Optional[float] = None) -> dict:
-    """One job in mlc.bench.worker; its result dict, or CellError (log kept and named for an unforeseen error)."""
-    result, log = _proc.run("mlc.bench.worker", job, workdir / f"{tag}.request.json", what, timeout=timeout)
+def run_child(job: BenchRequest, workdir: Path, tag: str, what: str, timeout: Optional[float] = None):
+    """One job in mlc.bench.worker; its typed result (mlc.bench.contract), or CellError (log kept and named for an
+    unforeseen error)."""
+    result, log = _proc.run("mlc.bench.worker", job.to_json(), workdir / f"{tag}.request.json", what, timeout=timeout)
     keep = not result.ok and result.kind == _proc.EXCEPTION
     if not keep:
         log.unlink(missing_ok=True)
     if result.ok:
-        return result.as_dict()
+        return RESULTS[type(job)].from_json(result.payload)
     raise CellError(result.message + (f" (log: {log})" if keep else ""))
 
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from mlc import models
 from mlc.bench.cells import SCHEMA, dir_size, error_text, run_child, source_framework, write_json
+from mlc.bench.contract import CompileJobRequest, PrepareRequest, PrepareResult, SequenceRequest, SequenceResult
 from mlc.bench.machine import load_average, machine_info
 from mlc.errors import InputError
 
@@ -73,7 +74,7 @@ class _LengthsRun:
     sizes: list  # the buckets, ascending
     workdir: Path
     prep_dir: Path
-    prepared: dict  # the prepare job's answer
+    prepared: PrepareResult  # the prepare job's answer
     cell_timeout: object
     tell: Callable
     n_strategies: int
@@ -83,15 +84,15 @@ class _LengthsRun:
         return sorted(set(self.lengths))
 
     def input_shapes(self, n: int) -> list[str]:
-        shape_of = {e["seq"]: e["shapes"] for e in self.prepared["shapes"]}
+        shape_of = {e.seq: e.shapes for e in self.prepared.shapes}
         return [f"{k}:{'x'.join(map(str, v))}" for k, v in shape_of[n].items()]
 
     def compile(self, what: str, name: str, **options) -> str:
         """One compile in a fresh process (the time includes its start and imports, as a user's
         `mlc compile` would): 20 bert-base compiles in one process grew it to 15 GB."""
-        job = {"job": "compile", "source": str(self.prep_dir / "model.onnx"), "target": self.target,
-               "output": str(self.workdir / name), "options": options}
-        return run_child(job, self.workdir, f"compile-{name}", f"compiling {what}")["path"]
+        job = CompileJobRequest(source=str(self.prep_dir / "model.onnx"), target=self.target,
+                                output=str(self.workdir / name), options=options)
+        return run_child(job, self.workdir, f"compile-{name}", f"compiling {what}").path
 
     def compile_strategy(self, index: int, strategy: str, row: dict, artifacts: dict) -> None:
         """Fill `artifacts` ({seq or '*': artifact path}) with the builds `strategy` needs (none for a baseline)."""
@@ -109,11 +110,10 @@ class _LengthsRun:
                 artifacts[str(n)] = self.compile(f"{name}: static seq {n}", f"static-{n}",
                                                  input_shapes=self.input_shapes(n))
 
-    def measure(self, strategy: str, artifacts: dict) -> dict:
-        return run_child({"job": "sequence", "backend": "mlc" if artifacts else strategy,
-                          "artifacts": artifacts, "dir": str(self.prep_dir), "lengths": self.lengths,
-                          "inputs": self.prepared["inputs"], "outputs": self.prepared["outputs"],
-                          "source": self.source, "threads": self.threads},
+    def measure(self, strategy: str, artifacts: dict) -> SequenceResult:
+        return run_child(SequenceRequest(backend="mlc" if artifacts else strategy, artifacts=artifacts,
+                                         dir=str(self.prep_dir), lengths=self.lengths, inputs=self.prepared.inputs,
+                                         outputs=self.prepared.outputs, source=self.source, threads=self.threads),
                          self.workdir, f"sequence-{strategy}", f"the {strategy} benchmark process",
                          self.cell_timeout)
 
@@ -131,12 +131,12 @@ class _LengthsRun:
             row.setdefault("padding_waste_pct", 0.0)
             measured = self.measure(strategy, artifacts)
             if strategy in ("ort", "openvino"):  # session creation / compile_model: their graph optimisation
-                row["compile_s"] = round(measured["setup_s"], 3)
-            row.update({"setup_s": round(measured["setup_s"], 3), "run_total_s": round(measured["run_total_s"], 4),
-                        "run_ms": [round(t, 4) for t in measured["run_ms"]], "accuracy": measured["accuracy"],
-                        "run_cpu_total_s": round(measured["run_cpu_total_s"], 4),
-                        "run_cpu_ms": [round(t, 4) for t in measured["run_cpu_ms"]],
-                        "peak_rss_mb": measured["peak_rss_mb"], "load_average": measured["load_average"]})
+                row["compile_s"] = round(measured.setup_s, 3)
+            row.update({"setup_s": round(measured.setup_s, 3), "run_total_s": round(measured.run_total_s, 4),
+                        "run_ms": [round(t, 4) for t in measured.run_ms], "accuracy": measured.accuracy,
+                        "run_cpu_total_s": round(measured.run_cpu_total_s, 4),
+                        "run_cpu_ms": [round(t, 4) for t in measured.run_cpu_ms],
+                        "peak_rss_mb": measured.peak_rss_mb, "load_average": measured.load_average})
         except Exception as e:  # recorded; the other strategies go on
             row.update({"status": "failed", "error": error_text(e)})
         finally:
@@ -164,15 +164,16 @@ def _torch_model(config):
     return zoo, source, framework
 
 
-def _prepare(zoo, source: str, framework: str, distinct: list, workdir: Path, prep_dir: Path, doc: dict) -> dict:
+def _prepare(zoo, source: str, framework: str, distinct: list, workdir: Path, prep_dir: Path,
+             doc: dict) -> PrepareResult:
     """Export the model with a dynamic seq and run it eagerly at each length (the time goes into `doc`)."""
     start = time.perf_counter()
-    prepared = run_child({"job": "prepare", "source": source, "framework": framework, "out_dir": str(prep_dir),
-                          "batch": [1], "seq": distinct}, workdir, "prepare", "the torch benchmark process")
+    prepared = run_child(PrepareRequest(source=source, framework=framework, out_dir=str(prep_dir), batch=[1],
+                                        seq=distinct), workdir, "prepare", "the torch benchmark process")
     doc["lengths"]["export_s"] = round(time.perf_counter() - start, 3)
-    failed = [e for e in prepared["shapes"] if "error" in e]
+    failed = [e for e in prepared.shapes if e.error is not None]
     if failed:
-        raise InputError(f"preparing {zoo.name} failed at seq {failed[0]['seq']}: {failed[0]['error']}")
+        raise InputError(f"preparing {zoo.name} failed at seq {failed[0].seq}: {failed[0].error}")
     return prepared
 
 

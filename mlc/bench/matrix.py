@@ -23,6 +23,7 @@ from typing import Callable, Optional, Sequence
 from mlc import models, targets
 from mlc.bench import baselines, lengths, suites
 from mlc.bench.cells import SCHEMA, CellError, dir_size, error_text, run_child, source_framework, write_json
+from mlc.bench.contract import MeasureRequest, PrepareRequest
 from mlc.bench.machine import load_average, machine_info
 from mlc.check import PRECISIONS, QUANTIZED
 from mlc.errors import InputError, MlcError
@@ -248,11 +249,11 @@ def _prepare_frameworks(config: BenchConfig, entry: dict, wanted, workdir: Path,
             continue
         out_dir = workdir / f"{_safe(name)}-{fw}"
         try:
-            prepared[fw] = run_child({"job": "prepare", "source": source, "framework": fw,
-                                       "out_dir": str(out_dir), "batch": config.batch, "seq": config.seq},
-                                      workdir, f"{_safe(name)}-{fw}-prepare", f"the {fw} benchmark process",
-                                      config.cell_timeout if config.suite else None)
-            prepared[fw]["dir"] = out_dir
+            done = run_child(PrepareRequest(source=source, framework=fw, out_dir=str(out_dir), batch=config.batch,
+                                            seq=config.seq),
+                             workdir, f"{_safe(name)}-{fw}-prepare", f"the {fw} benchmark process",
+                             config.cell_timeout if config.suite else None)
+            prepared[fw] = {**done.record(), "dir": out_dir}
         except (MlcError, CellError) as e:
             prepared[fw] = {"error": f"preparing the {fw} model failed: {error_text(e)}"}
     return prepared
@@ -387,27 +388,28 @@ def _cell(config: BenchConfig, model: str, source: str, source_fw: str, backend:
         return {**cell, "status": "failed", "error": failure}
     cell["input_shapes"] = entry["shapes"]
     cell["reference"] = info["reference"]
-    job = {"job": "measure", "backend": MLC if is_mlc else backend, "source": source, "framework": framework,
-           "threads": threads, "warmup": config.warmup, "repeat": config.repeat,
-           "feeds": str(info["dir"] / f"feeds-{shape['key']}.npz"),
-           "reference": str(info["dir"] / f"reference-{shape['key']}.npz"),
-           "onnx": str(info["dir"] / "model.onnx"), "inputs": info["inputs"],
-           "artifact": artifacts[build]["artifact"] if is_mlc else None,
-           "scratch": str(workdir / f"scratch-{model}-{shape['key']}-{threads}-{backend}")}
+    job = MeasureRequest(backend=MLC if is_mlc else backend, source=source, framework=framework,
+                         threads=threads, warmup=config.warmup, repeat=config.repeat,
+                         feeds=str(info["dir"] / f"feeds-{shape['key']}.npz"),
+                         reference=str(info["dir"] / f"reference-{shape['key']}.npz"),
+                         onnx=str(info["dir"] / "model.onnx"), inputs=info["inputs"],
+                         artifact=artifacts[build]["artifact"] if is_mlc else None,
+                         scratch=str(workdir / f"scratch-{model}-{shape['key']}-{threads}-{backend}"))
     tag = re.sub(r"[^\w.-]", "_", f"{model}-{shape['key']}-t{threads}-{backend}")
     try:
         result = run_child(job, workdir, tag, f"the {backend} benchmark process", config.cell_timeout)
     except Exception as e:
         return {**cell, "status": "failed", "error": error_text(e)}
     finally:
-        shutil.rmtree(job["scratch"], ignore_errors=True)
-    if "skipped" in result:
-        return {**cell, "status": "skipped", "error": result["skipped"]}
+        shutil.rmtree(job.scratch, ignore_errors=True)
+    if result.skipped is not None:
+        return {**cell, "status": "skipped", "error": result.skipped}
     for key in ("setup_s", "compile_s", "precision", "latency_ms", "throughput", "runtime_precisions", "accuracy",
                 "peak_rss_mb", "load_average"):
-        if key in result:
-            cell[key] = result[key]
-    if is_mlc and (result.get("emulated") or cell.get("target_emulated")):
+        value = getattr(result, key)
+        if value is not None or key == "load_average":  # None: not measured; load_average: unknown on this OS
+            cell[key] = value
+    if is_mlc and (result.emulated or cell.get("target_emulated")):
         cell["emulated"] = True
     return cell
 

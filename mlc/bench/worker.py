@@ -24,6 +24,9 @@ import os
 import sys
 from pathlib import Path
 
+from mlc.bench.contract import (BenchRequest, CompileJobRequest, CompileJobResult, MeasureRequest, MeasureResult,
+                                PreparedShape, PrepareRequest, PrepareResult, SequenceRequest, SequenceResult)
+
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TVM_NUM_THREADS")
 FEEDS = "feeds-{key}.npz"
 REFERENCE = "reference-{key}.npz"
@@ -40,22 +43,23 @@ def _framework_model(source: str, framework: str):
 
     if suites.is_suite(source):
         return suites.framework_model(source)
-    return convert_worker.framework_model({"source": source, "framework": framework})
+    return convert_worker.framework_model(source, framework)
 
 
-def prepare(request: dict) -> dict:
+def prepare(request: PrepareRequest) -> PrepareResult:
     import numpy as np
     import onnx
 
     from mlc import models
     from mlc._proc import one_line
     from mlc.bench import suites
+    from mlc.compiler.contract import Note, NoteKind
     from mlc.frontends import onnx as onnx_frontend
     from mlc.runtime.runner import save_npz
 
-    out = Path(request["out_dir"])
+    out = Path(request.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    source, framework = request["source"], request["framework"]
+    source, framework = request.source, request.framework
     if framework == "onnx":  # a zoo graph: ONNX Runtime is its reference
         fm = None
         onnx.save(models.get(source).build(), str(out / MODEL))
@@ -72,12 +76,11 @@ def prepare(request: dict) -> dict:
     dims = {d.name: d.dims for d in fm.inputs} if fm else {s.name: s.shape for s in specs}
     sizes = dict(fm.example_sizes) if fm else {}
     symbolic = list(dict.fromkeys(d for ds in dims.values() for d in ds if isinstance(d, str)))
-    seqs = request["seq"] if "seq" in symbolic else [None]
+    seqs = request.seq if "seq" in symbolic else [None]
     shapes = []
-    for batch in request["batch"]:
+    for batch in request.batch:
         for seq in seqs:
             key = shape_key(batch, seq)
-            entry = {"batch": batch, "seq": seq, "key": key}
             try:
                 known = {**sizes, "batch": batch, **({"seq": seq} if seq is not None else {})}
                 concrete = {s.name: [known.get(d, onnx_frontend.DEFAULT_OTHER_DIM) if isinstance(d, str) else d
@@ -93,13 +96,13 @@ def prepare(request: dict) -> dict:
                     wide = suites.eager_fp64(fm, [feeds[s.name] for s in specs])
                     if wide is not None:
                         save_npz(out / suites.REFERENCE64.format(key=key), dict(zip(names, wide)))
-                entry["shapes"] = concrete
+                shapes.append(PreparedShape(batch, seq, key, shapes=concrete))
             except Exception as e:  # one shape failing (memory, limits) must not stop the rest
-                entry["error"] = one_line(e)
-            shapes.append(entry)
-    return {"ok": True, "exporter": exporter, "reference": version if fm else "onnxruntime",
-            "params": _parameter_count(fm.native if fm else None, model), "notes": fm.notes if fm else [],
-            "inputs": [s.name for s in specs], "outputs": names, "symbolic": symbolic, "shapes": shapes}
+                shapes.append(PreparedShape(batch, seq, key, error=one_line(e)))
+    return PrepareResult(exporter=exporter, reference=version if fm else "onnxruntime",
+                         params=_parameter_count(fm.native if fm else None, model),
+                         notes=[Note(NoteKind.FRONTEND, text) for text in (fm.notes if fm else [])],
+                         inputs=[s.name for s in specs], outputs=names, symbolic=symbolic, shapes=shapes)
 
 
 def _parameter_count(native, model) -> int:
@@ -111,21 +114,21 @@ def _parameter_count(native, model) -> int:
 REDUCED_PRECISIONS = ("bf16", "fp16", "int8", "int8-dynamic")  # judged by the accuracy gate
 
 
-def _measure_mlc(request: dict, feeds: dict, result: dict):
+def _measure_mlc(request: MeasureRequest, feeds: dict, result: dict):
     """Run the mlc artifact: (outputs, latency stats); its setup time, precision and whether it ran emulated go
     into `result`."""
     import time
 
     from mlc.runtime import runner as thin_runtime
 
-    artifact = Path(request["artifact"])
+    artifact = Path(request.artifact)
     manifest = thin_runtime.read_manifest(artifact)
     runner_class = (thin_runtime.Runner if manifest["target"]["runtime_arch"] == thin_runtime.HOST_ARCH
                     else thin_runtime.NativeRunner)
     start = time.perf_counter()
     runner = runner_class(artifact)
     result["setup_s"] = time.perf_counter() - start
-    outputs, stats, _ = runner.measure(feeds, request["warmup"], request["repeat"])
+    outputs, stats, _ = runner.measure(feeds, request.warmup, request.repeat)
     result["emulated"] = bool(getattr(runner, "emulated", False))
     quantization = manifest.get("quantization") or {}
     result["precision"] = quantization.get("mode") or manifest.get("precision", "fp32")
@@ -147,7 +150,7 @@ def _timed_calls(run, warmup: int, repeat: int) -> tuple[list, list[float]]:
     return produced, times
 
 
-def _measure_baseline(request: dict, feeds: dict, reference: dict, result: dict):
+def _measure_baseline(request: MeasureRequest, feeds: dict, reference: dict, result: dict):
     """Run a baseline: (outputs, latency stats), or the reason it cannot run here; its setup (and compile) time,
     precision, and a throughput baseline's figures go into `result`."""
     import time
@@ -155,18 +158,17 @@ def _measure_baseline(request: dict, feeds: dict, reference: dict, result: dict)
     from mlc.bench import baselines
     from mlc.runtime import runner as thin_runtime
 
-    names = request["inputs"]
-    chosen = baselines.get(request["backend"])
-    framework = request["framework"]
+    names = request.inputs
+    chosen = baselines.get(request.backend)
+    framework = request.framework
     if framework != "onnx" and chosen.framework != baselines.ONNX_EXPORT:
-        baselines.limit_threads(framework, request["threads"])
+        baselines.limit_threads(framework, request.threads)
     model = None
     if chosen.framework != baselines.ONNX_EXPORT and framework != "onnx":
-        model = _framework_model(request["source"], framework)
-    scratch = Path(request["scratch"])
+        model = _framework_model(request.source, framework)
+    scratch = Path(request.scratch)
     scratch.mkdir(parents=True, exist_ok=True)
-    ctx = baselines.Context(model, Path(request["onnx"]), names, [feeds[n] for n in names], request["threads"],
-                            scratch)
+    ctx = baselines.Context(model, Path(request.onnx), names, [feeds[n] for n in names], request.threads, scratch)
     start = time.perf_counter()
     try:
         run = chosen.setup(ctx)
@@ -178,7 +180,7 @@ def _measure_baseline(request: dict, feeds: dict, reference: dict, result: dict)
     # a backend that picks its own says which (OpenVINO: f32, bf16, f16)
     ran_at = getattr(run, "precision", "fp32")
     result["precision"] = {"f32": "fp32", "f16": "fp16"}.get(ran_at, ran_at)
-    produced, times = _timed_calls(run, request["warmup"], request["repeat"])
+    produced, times = _timed_calls(run, request.warmup, request.repeat)
     batch = int(ctx.inputs[0].shape[0]) if ctx.inputs and ctx.inputs[0].ndim else 1
     per_call = getattr(run, "batches_per_call", None)  # a throughput baseline: batches in flight per call
     stats = thin_runtime.latency_stats(times, batch * (per_call or 1))
@@ -193,7 +195,7 @@ def _measure_baseline(request: dict, feeds: dict, reference: dict, result: dict)
     return dict(zip(reference, produced)), stats
 
 
-def _accuracy(request: dict, reference: dict, outputs: dict, precision: str) -> dict:
+def _accuracy(request: MeasureRequest, reference: dict, outputs: dict, precision: str) -> dict:
     """The outputs against the eager reference: within tolerance, or for a reduced precision by the accuracy gate
     (a suite model failing the tolerance: by torch's benchmark rule)."""
     import numpy as np
@@ -206,85 +208,85 @@ def _accuracy(request: dict, reference: dict, outputs: dict, precision: str) -> 
     accuracy = {"max_abs_error": max((o.max_abs_error for o in check.outputs), default=None),
                 "max_rel_error": max((o.max_rel_error for o in check.outputs), default=None),
                 "passed": check.passed}
-    wide = Path(request["reference"]).with_name(Path(request["reference"]).name.replace("reference-", "reference64-"))
+    wide = Path(request.reference).with_name(Path(request.reference).name.replace("reference-", "reference64-"))
     if precision in REDUCED_PRECISIONS:  # judged as `mlc compile --precision` judges it: by the gate
         from mlc.check import gate
 
         figures = gate(reference, {k: np.asarray(v) for k, v in outputs.items()}, precision)
         accuracy.update(passed=figures.passed, gate=figures.to_json())
-    elif not check.passed and suites.is_suite(request.get("source") or ""):  # torch's benchmark rule
+    elif not check.passed and suites.is_suite(request.source):  # torch's benchmark rule
         fallback = suites.suite_check(reference, thin_runtime.load_npz(wide) if wide.is_file() else None, outputs)
         accuracy.update(fallback)
     return accuracy
 
 
-def measure(request: dict) -> dict:
+def measure(request: MeasureRequest) -> MeasureResult:
     from mlc.runtime import runner as thin_runtime
 
-    feeds = thin_runtime.load_npz(request["feeds"])
-    reference = thin_runtime.load_npz(request["reference"])
-    result: dict = {"ok": True}
-    if request["backend"] == "mlc":
+    feeds = thin_runtime.load_npz(request.feeds)
+    reference = thin_runtime.load_npz(request.reference)
+    result: dict = {}  # MeasureResult's fields, as the steps find them
+    if request.backend == "mlc":
         outputs, stats = _measure_mlc(request, feeds, result)
     else:
         measured = _measure_baseline(request, feeds, reference, result)
         if isinstance(measured, str):  # the baseline cannot run on this machine
-            return {"ok": True, "skipped": measured}
+            return MeasureResult(skipped=measured)
         outputs, stats = measured
     if "throughput" not in result:
         result["latency_ms"] = {k.removesuffix("_ms"): v for k, v in stats.items()}
     result["accuracy"] = _accuracy(request, reference, outputs, result["precision"])
     result["peak_rss_mb"] = peak_rss_mb()
     result["load_average"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return result
+    return MeasureResult(**result)
 
 
-def _sequence_call(request: dict, folder: Path, feeds: dict):
+def _sequence_call(request: SequenceRequest, folder: Path, feeds: dict):
     """The strategy's backend set up: a function from a sentence length to the outputs on that length's feeds."""
     import numpy as np
 
     from mlc.runtime import runner as thin_runtime
 
-    names = request["inputs"]
-    backend = request["backend"]
+    names = request.inputs
+    backend = request.backend
     if backend == "mlc":  # artifacts by length ("*": one serving every length)
-        artifacts = request["artifacts"]
+        artifacts = request.artifacts
         runners = {key: thin_runtime.Runner(path) for key, path in artifacts.items()}
         call = lambda n: runners.get(str(n), runners.get("*")).run(feeds[n])  # noqa: E731
     elif backend == "ort":
         from mlc.bench.baselines import ort_session
 
-        session = ort_session(folder / MODEL, request["threads"])
-        call = lambda n: dict(zip(request["outputs"], session.run(None, feeds[n])))  # noqa: E731
+        session = ort_session(folder / MODEL, request.threads)
+        call = lambda n: dict(zip(request.outputs, session.run(None, feeds[n])))  # noqa: E731
     elif backend == "openvino":  # fp32 (INFERENCE_PRECISION_HINT f32), the dynamic export as it is
         from mlc.bench.baselines import openvino_model
 
-        compiled, _ = openvino_model(folder / MODEL, request["threads"], "f32")
+        compiled, _ = openvino_model(folder / MODEL, request.threads, "f32")
         infer = compiled.create_infer_request()
         wanted = {name for port in compiled.inputs for name in port.get_names()}
 
         def call(n: int) -> dict:
             results = infer.infer({k: v for k, v in feeds[n].items() if k in wanted})
-            return {name: np.asarray(results[port]) for name, port in zip(request["outputs"], compiled.outputs)}
+            return {name: np.asarray(results[port]) for name, port in zip(request.outputs, compiled.outputs)}
     elif backend == "torch":
         import torch
 
         from mlc.bench import baselines
         from mlc.frontends.torch import flatten_outputs
 
-        baselines.limit_threads("torch", request["threads"])
-        module = _framework_model(request["source"], "torch").native
+        baselines.limit_threads("torch", request.threads)
+        module = _framework_model(request.source, "torch").native
 
         def call(n: int) -> dict:
             with torch.no_grad():
                 out = flatten_outputs(module(*[torch.from_numpy(feeds[n][k]) for k in names]))
-            return dict(zip(request["outputs"], out))
+            return dict(zip(request.outputs, out))
     else:
         raise ValueError(f"unknown strategy backend {backend!r}")
     return call
 
 
-def sequence(request: dict) -> dict:
+def sequence(request: SequenceRequest) -> SequenceResult:
     """One strategy over a list of sentence lengths (batch 1, one sentence at a time): every distinct
     length once untimed (warm-up, and its outputs checked against the eager reference), then each
     sentence once, timed; returns the total and the per-length accuracy."""
@@ -295,8 +297,8 @@ def sequence(request: dict) -> dict:
     from mlc.check import compare
     from mlc.runtime import runner as thin_runtime
 
-    folder = Path(request["dir"])
-    lengths = request["lengths"]
+    folder = Path(request.dir)
+    lengths = request.lengths
     distinct = sorted(set(lengths))
     feeds = {n: thin_runtime.load_npz(folder / FEEDS.format(key=shape_key(1, n))) for n in distinct}
     start = time.perf_counter()
@@ -314,10 +316,10 @@ def sequence(request: dict) -> dict:
         call(n)
         times.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
-    return {"ok": True, "setup_s": setup_s, "run_total_s": sum(times), "run_ms": [t * 1e3 for t in times],
-            "run_cpu_total_s": sum(cpu), "run_cpu_ms": [t * 1e3 for t in cpu],
-            "accuracy": {"max_abs_error": worst, "passed": passed}, "peak_rss_mb": peak_rss_mb(),
-            "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+    return SequenceResult(setup_s=setup_s, run_total_s=sum(times), run_ms=[t * 1e3 for t in times],
+                          run_cpu_total_s=sum(cpu), run_cpu_ms=[t * 1e3 for t in cpu],
+                          accuracy={"max_abs_error": worst, "passed": passed}, peak_rss_mb=peak_rss_mb(),
+                          load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
 
 
 def peak_rss_mb() -> float:
@@ -335,26 +337,34 @@ def peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 1)
 
 
-def compile_job(request: dict) -> dict:
+def compile_job(request: CompileJobRequest) -> CompileJobResult:
     from mlc import api
 
-    result = api.compile(request["source"], target=request["target"], output=request["output"],
-                         **request.get("options", {}))
-    return {"ok": True, "path": str(result.path)}
+    result = api.compile(request.source, target=request.target, output=request.output, **request.options)
+    return CompileJobResult(path=str(result.path))
 
 
-def _handle(request: dict) -> dict:
-    if request.get("threads"):  # before numpy or any framework starts its thread pool
+def run_job(request: BenchRequest):
+    """The job's typed result, with the thread limits set first (before numpy or any framework starts its pool)."""
+    if request.threads:
         for name in THREAD_VARIABLES:
-            os.environ[name] = str(request["threads"])
-    jobs = {"prepare": prepare, "measure": measure, "sequence": sequence, "compile": compile_job}
-    return jobs[request["job"]](request)
+            os.environ[name] = str(request.threads)
+    jobs = {PrepareRequest: prepare, MeasureRequest: measure, SequenceRequest: sequence, CompileJobRequest: compile_job}
+    return jobs[type(request)](request)
+
+
+def serve_request(data: dict):
+    """The handler mlc._proc.serve calls: the JSON request parsed strictly, the result as the worker's payload."""
+    from mlc import _proc
+    from mlc.bench.contract import request_from_json
+
+    return _proc.WorkerResult.success(run_job(request_from_json(data)).to_json())
 
 
 def main(argv: list[str]) -> int:
     from mlc import _proc
 
-    return _proc.serve(argv, _handle)
+    return _proc.serve(argv, serve_request)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from mlc import _proc
-from mlc.compiler.contract import CompileRequest, CompileResult, FailureKind, Note, NoteKind, RunFiles, ScheduleRequest
+from mlc.compiler.contract import (CompileFailure, CompileRequest, CompileResult, FailureKind, Note, NoteKind, RunFiles,
+                                   ScheduleRequest)
 from mlc.errors import CompilerError, NodeConversionError, TargetError, UnsupportedModelError
 
 
@@ -84,8 +85,11 @@ def _check_result(result: _proc.WorkerResult, log_path: Optional[Path]) -> Compi
         log_path.unlink(missing_ok=True)
     if result.ok:
         return CompileResult.from_json(result.payload)
+    # a failure of the worker's own kinds carries a CompileFailure; mlc._proc's (ERROR, EXCEPTION) their error class
+    own = result.kind in {k.value for k in FailureKind}
+    details = CompileFailure.from_json(result.payload) if own else CompileFailure()
     if result.kind == FailureKind.UNSUPPORTED:
-        raise UnsupportedModelError(format_unsupported(result.payload["ops"]))
+        raise UnsupportedModelError(format_unsupported(details.ops or {}))
     if result.kind == FailureKind.UNSUPPORTED_OUTPUT:
         raise UnsupportedModelError(f"the model returns something other than tensors ({result.message}); "
                                     "only tensor outputs are supported")
@@ -98,19 +102,19 @@ def _check_result(result: _proc.WorkerResult, log_path: Optional[Path]) -> Compi
     if result.kind == _proc.ERROR:  # an MlcError raised in the worker
         raise result.error(default=CompilerError)
     notes = [f"full log: {log_path}"] if log_path else []
-    reproducer = _keep_reproducer(result.payload, log_path)
+    reproducer = _keep_reproducer(details, log_path)
     if reproducer:
-        notes.append(f"smallest failing subgraph ({result.payload['reproducer_nodes']} of "
-                     f"{result.payload['model_nodes']} nodes): {reproducer}")
+        notes.append(f"smallest failing subgraph ({details.reproducer_nodes} of {details.model_nodes} nodes): "
+                     f"{reproducer}")
     where = f" ({'; '.join(notes)})" if notes else ""
     during = f" during {result.stage}" if result.stage else ""
     raise CompilerError(f"TVM failed{during}: {result.message}{where}", stage=result.stage, detail=result.message)
 
 
-def _keep_reproducer(payload: dict[str, Any], log_path: Optional[Path]) -> Optional[Path]:
+def _keep_reproducer(details: CompileFailure, log_path: Optional[Path]) -> Optional[Path]:
     """The worker's reproducer moved out of the compile's scratch folder: beside the log (LOG.onnx), or without
     one into the temp folder."""
-    written = payload.get("reproducer")
+    written = details.reproducer
     if not written or not Path(written).is_file():
         return None
     if log_path is not None:

@@ -11,12 +11,14 @@ goes to the log file the parent gave as stdout/stderr."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
 
 from mlc import _proc
+from mlc.compiler.contract import Note, NoteKind, TuneRequest, TuneResult, TuneStop
 
 
 class Events:
@@ -304,7 +306,7 @@ def _cost_model(trials_per_task: int, threads: int):
     return ms.cost_model.XGBModel(num_tuning_cores=threads, early_stopping_rounds=10)
 
 
-def _tasks_and_database(request: dict, target):
+def _tasks_and_database(request: TuneRequest, target):
     """(the model's tuning tasks, their constant inputs, the database, notes on records set aside): the model
     imported and run through the same Relax passes as a build."""
     import onnx
@@ -313,48 +315,47 @@ def _tasks_and_database(request: dict, target):
     from mlc.compiler import schedules
     from mlc.compiler import relax_passes
 
-    mod = importer.to_relax(onnx.load(request["onnx"]))
-    mod, _ = relax_passes.run(mod, request.get("relax_passes") or [], request["target"], None, fused_by_build=True)
+    mod = importer.to_relax(onnx.load(request.onnx))
+    mod, _ = relax_passes.run(mod, request.relax_passes, request.target, None, fused_by_build=True)
     tasks, constant_inputs = schedules.extract_tasks(mod, target)
     # Only records that read back are kept (mlc.compiler.records); unreadable ones an older mlc wrote are set aside.
     set_aside: list[str] = []
-    database = records.checked(records.open_readable(request["db"], set_aside, repair=True),
-                               Path(request["events"]).parent / "read-back")  # the parent's scratch folder
+    database = records.checked(records.open_readable(request.db, set_aside, repair=True),
+                               Path(request.events).parent / "read-back")  # the parent's scratch folder
     return tasks, constant_inputs, database, set_aside
 
 
-def _builder_and_runner(request: dict):
+def _builder_and_runner(request: TuneRequest):
     """Builds kept in memory and measured in this process, or on the RPC device the request names."""
-    builder = make_builder(keep_in_memory=not request.get("rpc"))
-    if request.get("rpc"):
-        runner = make_rpc_runner(request["rpc"]["tracker"], request["rpc"]["key"], request["rpc"].get("timeout", 60))
+    builder = make_builder(keep_in_memory=request.rpc is None)
+    if request.rpc is not None:
+        runner = make_rpc_runner(request.rpc.tracker, request.rpc.key, request.rpc.timeout)
     else:
         runner = make_runner(builder)
     return builder, runner
 
 
-def _tune_contexts(request: dict, tasks: list):
+def _tune_contexts(request: TuneRequest, tasks: list):
     from tvm.s_tir import meta_schedule as ms
 
     # Smaller than MetaSchedule's defaults (population 512, 4 generations): on 2 cores the
     # defaults spend minutes per batch searching before anything is measured.
-    population = request.get("population", 128)
+    population = request.population
     strategy = ms.search_strategy.EvolutionarySearch(
         population_size=population, init_min_unmeasured=min(50, population // 2),
-        genetic_num_iters=request.get("generations", 2))
+        genetic_num_iters=request.generations)
     contexts, _ = ms.relax_integration.extracted_tasks_to_tune_contexts(
-        tasks, work_dir=request["logs"], strategy=strategy, num_threads=request["threads"],
-        seed=request.get("seed"))
+        tasks, work_dir=request.logs, strategy=strategy, num_threads=request.threads, seed=request.seed)
     return contexts
 
 
-def tune_request(request: dict) -> dict:
+def tune_request(request: TuneRequest) -> TuneResult:
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    events = Events(request["events"])
+    events = Events(request.events)
     start = time.time()
-    target = tvm.target.Target(request["target"])
+    target = tvm.target.Target(request.target)
     register_intrinsics(target)
     tasks, constant_inputs, database, set_aside = _tasks_and_database(request, target)
     builder, runner = _builder_and_runner(request)
@@ -365,45 +366,50 @@ def tune_request(request: dict) -> dict:
     prior_best = database_best(database, tasks)
     threads = tvm.get_global_func("runtime.NumThreads")()  # what the in-process runner measures with
     # what the parent reports if it has to kill this process at the deadline
+    notes = [Note(NoteKind.RECORDS, text) for text in set_aside]
     events.emit("tasks", tasks=[{"name": t.task_name, "weight": int(t.weight), "key": task_key(t),
                                  "trials_done": done.get(i, 0), "best_us": prior_best.get(i)}
                                 for i, t in enumerate(tasks)], setup_s=time.time() - start,
-                left_to_default=left_to_default, notes=set_aside, threads=threads)
-    finished = {"ok": True, "tasks": len(tasks), "left_to_default": left_to_default, "threads": threads,
-                "notes": set_aside}
+                left_to_default=left_to_default, notes=[n.to_json() for n in notes], threads=threads)
+    finished = TuneResult(tasks=len(tasks), trials=0, threads=threads, left_to_default=left_to_default, notes=notes)
     if not tasks:
-        return {**finished, "trials": 0}
+        return finished
     # --trials is the total the database should hold for this model: a rerun continues from there.
-    per_task = request["trials_per_task"]
+    per_task = request.trials_per_task
     remaining = [max(0, per_task - done.get(i, 0)) for i in range(len(tasks))]
     todo = [i for i, r in enumerate(remaining) if r > 0]
     if not todo:
-        events.emit("finished", trials=0, reason="already tuned")
-        return {**finished, "trials": 0, "reason": "already tuned"}
+        events.emit("finished", trials=0, reason=TuneStop.ALREADY_TUNED.value)
+        return dataclasses.replace(finished, reason=TuneStop.ALREADY_TUNED)
     # The parent's deadline (mlc.tuning.tune), which also kills this process a little after it.
-    deadline = request.get("deadline") or (start + request["budget_s"] if request.get("budget_s") else None)
+    deadline = request.deadline or (start + request.budget_s if request.budget_s else None)
     if _proc.stop_requested() or (deadline is not None and time.time() >= deadline):
-        reason = "interrupted" if _proc.stop_requested() else "budget"
-        events.emit("finished", trials=0, reason=reason)
-        return {**finished, "trials": 0, "reason": reason}
+        reason = TuneStop.INTERRUPTED if _proc.stop_requested() else TuneStop.BUDGET
+        events.emit("finished", trials=0, reason=reason.value)
+        return dataclasses.replace(finished, reason=reason)
     contexts = _tune_contexts(request, [tasks[i] for i in todo])
     best = {names[i]: v for i, v in prior_best.items()}
     progress = _progress_callback(events, [names[i] for i in todo], deadline, best, database)
-    batch = max(1, min(request["trials_per_iter"], per_task))
+    batch = max(1, min(request.trials_per_iter, per_task))
     ms.tune_tasks(
-        tasks=contexts, task_weights=[float(tasks[i].weight) for i in todo], work_dir=request["logs"],
+        tasks=contexts, task_weights=[float(tasks[i].weight) for i in todo], work_dir=request.logs,
         max_trials_global=sum(remaining), max_trials_per_task=max(remaining), num_trials_per_iter=batch,
-        builder=builder, runner=runner, database=database, cost_model=_cost_model(per_task, request["threads"]),
+        builder=builder, runner=runner, database=database, cost_model=_cost_model(per_task, request.threads),
         measure_callbacks=[ms.measure_callback.AddToDatabase(), ms.measure_callback.UpdateCostModel(), progress],
         # Round-robin: the gradient scheduler hands out a task that was stopped during its first round
         # (TVM then aborts), which a budget or Ctrl-C early in a run does.
         task_scheduler="round-robin",
     )
-    reason = "interrupted" if _proc.stop_requested() else (
-        "budget" if deadline is not None and time.time() >= deadline else "trials")
-    events.emit("finished", trials=progress.trials, errors=progress.errors, reason=reason)
-    return {**finished, "trials": progress.trials, "reason": reason, "dropped": database.dropped,
-            "dropped_reason": database.last_reason}
+    reason = TuneStop.INTERRUPTED if _proc.stop_requested() else (
+        TuneStop.BUDGET if deadline is not None and time.time() >= deadline else TuneStop.TRIALS)
+    events.emit("finished", trials=progress.trials, errors=progress.errors, reason=reason.value)
+    return dataclasses.replace(finished, trials=progress.trials, reason=reason, dropped=database.dropped,
+                               dropped_reason=database.last_reason)
+
+
+def serve_request(data: dict) -> _proc.WorkerResult:
+    """The handler mlc._proc.serve calls: the JSON request parsed strictly, the result as the worker's payload."""
+    return _proc.WorkerResult.success(tune_request(TuneRequest.from_json(data)).to_json())
 
 
 def main(argv: list[str]) -> int:
@@ -412,7 +418,7 @@ def main(argv: list[str]) -> int:
 
     import_without_torch("tvm_ffi")  # loading it installs TVM's SIGSEGV handler, which serve() then replaces
     # Ctrl-C in mlc arrives as SIGINT: stop after the batch being measured, so the database stays whole.
-    return _proc.serve(argv, tune_request, describe=summarize, graceful_stop=True)
+    return _proc.serve(argv, serve_request, describe=summarize, graceful_stop=True)
 
 
 if __name__ == "__main__":

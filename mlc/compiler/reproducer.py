@@ -17,7 +17,7 @@ from onnx import helper
 
 from mlc._proc import WorkerResult
 from mlc.compiler.contract import REPRODUCER_BUDGET_S as BUDGET_S
-from mlc.compiler.contract import CompileRequest, FailureKind
+from mlc.compiler.contract import CompileFailure, CompileRequest, FailureKind
 
 STAGES = ("import", "build", "export")  # the worker stages a subgraph can reproduce
 
@@ -123,9 +123,10 @@ def reduce(model: onnx.ModelProto, fails: Callable[[onnx.ModelProto], bool], bud
     return subgraph(model, types, *best)
 
 
-def write(model: onnx.ModelProto, request: CompileRequest, stage: str, message: str, compile_request) -> dict:
+def write(model: onnx.ModelProto, request: CompileRequest, stage: str, message: str,
+          compile_request) -> CompileFailure:
     """Search the smallest subgraph that fails the worker's `stage` with `message` within the request's
-    reproducer_budget_s and write it to request.reproducer; the payload keys for the worker's result ({} when none
+    reproducer_budget_s and write it to request.reproducer; the failure's payload that names it (empty when none
     was found). `compile_request`: the worker's (passed in: the worker imports this module)."""
     from mlc.compiler import importer
     from mlc.compiler.log import summarize
@@ -156,10 +157,10 @@ def write(model: onnx.ModelProto, request: CompileRequest, stage: str, message: 
         with scratch:
             found = reduce(model, fails, request.reproducer_budget_s)
         if found is None:
-            return {}
+            return CompileFailure()
         onnx.save(found, str(path))
     except Exception as e:  # the search must never hide the failure it is about
         print(f"mlc: reproducer search failed: {type(e).__name__}: {e}", flush=True)
-        return {}
-    return {"reproducer": str(path), "reproducer_nodes": len(found.graph.node),
-            "model_nodes": len(model.graph.node)}
+        return CompileFailure()
+    return CompileFailure(reproducer=str(path), reproducer_nodes=len(found.graph.node),
+                          model_nodes=len(model.graph.node))

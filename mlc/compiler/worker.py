@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 
 from mlc import _proc
-from mlc.compiler.contract import CompileRequest, CompileResult, FailureKind, Note, NoteKind
+from mlc.compiler.contract import CompileFailure, CompileRequest, CompileResult, FailureKind, Note, NoteKind
 from mlc.compiler.log import summarize
 
 
@@ -276,8 +276,9 @@ def compile_request(request: CompileRequest) -> CompileResult | _proc.WorkerResu
 
     from mlc.compiler import build, importer, reproducer, weights
 
-    def failure(kind: FailureKind, message: str = "", stage=None, **payload) -> _proc.WorkerResult:
-        return _proc.WorkerResult.failure(kind.value, message, stage, **payload)
+    def failure(kind: FailureKind, message: str = "", stage=None,
+                details: CompileFailure | None = None) -> _proc.WorkerResult:
+        return _proc.WorkerResult.failure(kind.value, message, stage, **(details or CompileFailure()).to_json())
 
     timings: dict[str, float] = {}
     _proc.large_blocks_mapped()
@@ -299,7 +300,7 @@ def compile_request(request: CompileRequest) -> CompileResult | _proc.WorkerResu
         stage = "import"
         missing = importer.unsupported_ops(model)
         if missing:
-            return failure(FailureKind.UNSUPPORTED, ops=missing)
+            return failure(FailureKind.UNSUPPORTED, details=CompileFailure(ops=missing))
         start = time.perf_counter()
         mod = importer.to_relax(model, request.dim_upper_bounds, weights_dir)
         timings["relax_import"] = time.perf_counter() - start
@@ -387,11 +388,11 @@ def compile_request(request: CompileRequest) -> CompileResult | _proc.WorkerResu
         return failure(FailureKind.UNSUPPORTED_NODE, str(e))
     except Exception as e:
         traceback.print_exc()  # into the log file the parent points the user to
-        message, found = summarize(e), {}
+        message, found = summarize(e), CompileFailure()
         if request.reproducer and stage in reproducer.STAGES:  # a mandatory step failed: exit 70
             model = onnx.load(request.onnx)  # with its weights' data
             found = reproducer.write(model, request, stage, message, compile_request)
-        return failure(FailureKind.COMPILE, message, stage, **found)
+        return failure(FailureKind.COMPILE, message, stage, found)
 
 
 def main(argv: list[str]) -> int:

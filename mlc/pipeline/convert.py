@@ -11,8 +11,10 @@ from typing import Optional, Sequence
 import numpy as np
 
 from mlc import _proc
+from mlc.compiler.contract import Note
 from mlc.errors import InputError
 from mlc.frontends import FRAMEWORKS, check_exporter
+from mlc.pipeline.convert_contract import ConvertRequest, ConvertResult
 from mlc.pipeline.convert_worker import EAGER, FEEDS, MODEL
 from mlc.runtime.runner import load_npz
 
@@ -28,7 +30,7 @@ class Converted:
     feeds: dict[str, np.ndarray]
     eager: dict[str, np.ndarray]  # by ONNX output name
     dynamic: list[str]
-    notes: list[str] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)  # the framework export's (NoteKind.FRONTEND)
     declared_dynamic: dict = field(default_factory=dict)  # {dim: [min, max] or None} the model declares (.pt2)
 
 
@@ -41,19 +43,17 @@ def convert(source: str, framework: str, workdir: Path, dynamic: Optional[Sequen
     FRAMEWORKS[framework].require()
     out = workdir / f"frontend-{framework}"
     out.mkdir(parents=True, exist_ok=True)
-    request = {"source": source, "framework": framework, "out_dir": str(out),
-               "dynamic": None if dynamic is None else list(dynamic), "input_shapes": list(input_shapes),
-               "options": {"input_shapes": list(input_shapes), "exporter": exporter},
-               "inputs": str(Path(inputs).resolve()) if inputs else None}
+    request = ConvertRequest(source=source, framework=framework, out_dir=str(out),
+                             dynamic=None if dynamic is None else list(dynamic), input_shapes=list(input_shapes),
+                             exporter=exporter, inputs=str(Path(inputs).resolve()) if inputs else None)
     display = FRAMEWORKS[framework].display
-    result, log_path = _proc.run("mlc.pipeline.convert_worker", request, workdir / "frontend.request.json",
+    result, log_path = _proc.run("mlc.pipeline.convert_worker", request.to_json(), workdir / "frontend.request.json",
                                  f"the {display} frontend process")
     if not result.ok and result.kind == _proc.EXCEPTION:  # the framework's own error: its traceback is in the log
         raise InputError(f"{display} failed on {source}: {result.message} (full log: {log_path})")
     log_path.unlink(missing_ok=True)
     if not result.ok:
         raise result.error(default=InputError)
-    done = result.payload
-    return Converted(out / MODEL, done["framework"], done["framework_version"], done["exporter"],
-                     load_npz(out / FEEDS), load_npz(out / EAGER), done["dynamic"], done["notes"],
-                     done.get("declared_dynamic", {}))
+    done = ConvertResult.from_json(result.payload)
+    return Converted(out / MODEL, done.framework, done.framework_version, done.exporter,
+                     load_npz(out / FEEDS), load_npz(out / EAGER), done.dynamic, done.notes, done.declared_dynamic)

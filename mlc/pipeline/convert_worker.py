@@ -12,27 +12,31 @@ import importlib
 import inspect
 import sys
 from pathlib import Path
+from typing import Sequence
+
+from mlc.pipeline.convert_contract import ConvertRequest, ConvertResult
 
 MODEL = "model.onnx"
 FEEDS = "feeds.npz"
 EAGER = "eager.npz"
 
 
-def framework_model(request: dict):
+def framework_model(source: str, framework: str, *, input_shapes: Sequence[str] = (), exporter: str = "auto"):
+    """The framework's model of `source` (a file, or zoo:NAME built in the framework); the options go to the
+    frontend's open_model where it takes them."""
     from mlc import models
     from mlc.frontends.base import FRAMEWORKS
 
-    source, framework = request["source"], request["framework"]
     if framework == "torch":
         from mlc.frontends import torch as torch_frontend
 
-        torch_frontend.default_exporter = request.get("options", {}).get("exporter", "auto")
+        torch_frontend.default_exporter = exporter
     if models.is_zoo(source):
         return models.get(source).builder(framework)()
     open_model = FRAMEWORKS[framework].frontend().open_model
     accepted = inspect.signature(open_model).parameters
-    options = {k: v for k, v in request.get("options", {}).items() if k in accepted}
-    return open_model(source, **options)
+    given = {"input_shapes": list(input_shapes), "exporter": exporter}
+    return open_model(source, **{k: v for k, v in given.items() if k in accepted})
 
 
 def framework_version(framework: str) -> str:
@@ -57,20 +61,21 @@ def check_no_gained_inputs(fm, specs: list) -> None:
                                     f"the model's inputs are: {', '.join(d.name for d in fm.inputs) or 'none'}")
 
 
-def convert(request: dict) -> dict:
+def convert(request: ConvertRequest) -> ConvertResult:
     import numpy as np
     import onnx
 
+    from mlc.compiler.contract import Note, NoteKind
     from mlc.frontends import onnx as onnx_frontend
-    from mlc.frontends.onnx_export import cast_outputs
+    from mlc.frontends.onnx_export import cast_outputs, image_sizes
     from mlc.errors import InputError
     from mlc.runtime.runner import save_npz
 
-    out = Path(request["out_dir"])
-    fm = framework_model(request)
+    out = Path(request.out_dir)
+    fm = framework_model(request.source, request.framework, input_shapes=request.input_shapes,
+                         exporter=request.exporter)
     symbolic = fm.symbolic_dims()
-    dynamic = request.get("dynamic")
-    dynamic = set(symbolic) if dynamic is None else set(dynamic)
+    dynamic = set(symbolic) if request.dynamic is None else set(request.dynamic)
     unknown = sorted(dynamic - set(symbolic))
     if unknown:
         raise InputError(f"--dynamic names {', '.join(unknown)}, which the model does not have; its dims that can be "
@@ -79,19 +84,20 @@ def convert(request: dict) -> dict:
     model = onnx_frontend.load_graph(out / MODEL)
     specs = onnx_frontend.input_specs(model)
     check_no_gained_inputs(fm, specs)
-    fixed = onnx_frontend.resolve_input_shapes(specs, request.get("input_shapes", []))
+    fixed = onnx_frontend.resolve_input_shapes(specs, request.input_shapes)
     # The user's example sizes are the compile sizes, but for dims --dynamic keeps symbolic: those are checked at
     # other sizes (batch 2 / 16), where an export that baked in a traced size shows it.
-    kept = set(request["dynamic"] or ())
-    sizes = {d: n for d, n in fm.example_sizes.items() if d not in kept} if fm.user_examples else None
-    if request.get("inputs"):  # --inputs: the user's samples are what the framework runs on
+    kept = set(request.dynamic or ())
+    sizes = ({d: n for d, n in fm.example_sizes.items() if d not in kept} if fm.user_examples
+             else image_sizes(specs))
+    if request.inputs:  # --inputs: the user's samples are what the framework runs on
         from mlc.runtime.runner import FeedError, load_npz
 
         try:
-            data = load_npz(request["inputs"], [s.name for s in specs])
+            data = load_npz(request.inputs, [s.name for s in specs])
         except FeedError as e:
             raise InputError(f"--inputs: {e}") from None
-        feeds = onnx_frontend.check_samples(specs, data, f"--inputs {request['inputs']}")
+        feeds = onnx_frontend.check_samples(specs, data, f"--inputs {request.inputs}")
     else:
         feeds = onnx_frontend.make_inputs(specs, onnx_frontend.concrete_shapes(specs, fixed, sizes))
     # eager takes fm.inputs' order: bind by name where the export kept the names (it may reorder inputs).
@@ -105,17 +111,25 @@ def convert(request: dict) -> dict:
     cast_outputs(out / MODEL, {n: np.asarray(v).dtype for n, v in zip(names, outputs)})
     save_npz(out / FEEDS, feeds)
     save_npz(out / EAGER, {n: np.asarray(v) for n, v in zip(names, outputs)})
-    return {"ok": True, "framework": fm.framework, "framework_version": framework_version(fm.framework),
-            "exporter": exporter, "dynamic": sorted(dynamic), "notes": fm.notes,
-            "declared_dynamic": {d: list(r) if r else None for d, r in fm.declared_dynamic.items()},
-            "onnx_opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None),
-            "onnx_nodes": len(model.graph.node), "onnx_ir": onnx.IR_VERSION}
+    return ConvertResult(
+        framework=fm.framework, framework_version=framework_version(fm.framework), exporter=exporter,
+        dynamic=sorted(dynamic), notes=[Note(NoteKind.FRONTEND, text) for text in fm.notes],
+        declared_dynamic={d: list(r) if r else None for d, r in fm.declared_dynamic.items()},
+        onnx_opset=next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None),
+        onnx_nodes=len(model.graph.node), onnx_ir=onnx.IR_VERSION)
+
+
+def serve_request(data: dict):
+    """The handler mlc._proc.serve calls: the JSON request parsed strictly, the result as the worker's payload."""
+    from mlc import _proc
+
+    return _proc.WorkerResult.success(convert(ConvertRequest.from_json(data)).to_json())
 
 
 def main(argv: list[str]) -> int:
     from mlc import _proc
 
-    return _proc.serve(argv, convert)
+    return _proc.serve(argv, serve_request)
 
 
 if __name__ == "__main__":

@@ -132,7 +132,7 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
                 onnx.save(cleaned, str(Path(dump_ir) / f"onnx_{len(records):02d}_quantize.onnx"))
     cleaned_path = workdir / "cleaned.onnx"
     onnx_passes.save(cleaned, cleaned_path)  # the weights it reads by reference stay where they are
-    notes = [Note(NoteKind.FRONTEND, n) for n in (converted.notes if converted else [])] + notes
+    notes = (list(converted.notes) if converted else []) + notes  # the frontend's: NoteKind.FRONTEND
     feeds = {n: v for n, v in feeds.items() if n not in frozen}
     hint = onnx_frontend.parameter_hint(specs) if samples is None and converted is None else ""
     if hint:  # the check judges one value mlc chose; TVM's handling of others is unchecked

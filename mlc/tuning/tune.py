@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from mlc import _proc
+from mlc.compiler import contract
+from mlc.compiler.contract import RpcDevice, TuneRequest, TuneStop
 from mlc.pipeline.schedules import add_default_kernels, check_db_dir, record_count
 from mlc.errors import CompilerError, InputError, TargetError
 from mlc.runtime import runner as thin_runtime
@@ -123,11 +125,10 @@ def tune(
                                   start=start, seed=seed, rpc_tracker=rpc_tracker, rpc_key=rpc_key)
         hard = start + HARD_DEADLINE * budget_s if budget_s else None
         result, log_path, tasks, errors = _run_child(request, work / "request.json", on_event, threads, hard)
-    result = _finished_payload(result, log_path, db)
+    result = _finished_result(result, log_path, db)
     notes = _tuning_notes(prepared, result, db, budget_s, lengths)
-    return TuneResult(db, tasks, result.get("trials", 0), record_count(db), time.time() - start,
-                      result.get("reason", "trials"), errors, notes, result.get("left_to_default", []),
-                      None if rpc_tracker else result.get("threads"))
+    return TuneResult(db, tasks, result.trials, record_count(db), time.time() - start, result.reason.value, errors,
+                      notes, result.left_to_default, None if rpc_tracker else result.threads)
 
 
 def _checked_options(trials, budget, rpc_tracker, rpc_key, threads) -> tuple[Optional[float], Optional[int]]:
@@ -172,45 +173,44 @@ def _measurable_target(target: str, rpc_tracker: Optional[str]):
 
 
 def _worker_request(steps, prepared, preset, db: Path, work: Path, *, per_task: int, budget_s, start: float,
-                    seed, rpc_tracker, rpc_key) -> dict:
-    return {
-        "relax_passes": [s.to_json() for s in steps], "onnx": str(prepared.cleaned_path), "target": preset.tvm,
-        "db": str(db.resolve()),
-        "logs": str(work / "logs"), "events": str(work / "events.jsonl"),
-        "trials_per_task": per_task, "trials_per_iter": 16 if per_task >= 16 else per_task,
-        "budget_s": budget_s, "deadline": start + budget_s if budget_s else None,
-        "threads": preset.tvm.get("num-cores", 1), "seed": seed,
-        "rpc": {"tracker": rpc_tracker, "key": rpc_key} if rpc_tracker else None,
-    }
+                    seed, rpc_tracker, rpc_key) -> TuneRequest:
+    return TuneRequest(
+        relax_passes=[s.to_json() for s in steps], onnx=str(prepared.cleaned_path), target=preset.tvm,
+        db=str(db.resolve()), logs=str(work / "logs"), events=str(work / "events.jsonl"),
+        trials_per_task=per_task, trials_per_iter=16 if per_task >= 16 else per_task,
+        budget_s=budget_s, deadline=start + budget_s if budget_s else None,
+        threads=preset.tvm.get("num-cores", 1), seed=seed,
+        rpc=RpcDevice(rpc_tracker, rpc_key) if rpc_tracker else None)
 
 
-def _finished_payload(result: _proc.WorkerResult, log_path: Optional[Path], db: Path) -> dict:
-    """The worker's payload; a failed run is a CompilerError that names its log, a finished run's log is deleted."""
+def _finished_result(result: _proc.WorkerResult, log_path: Optional[Path], db: Path) -> contract.TuneResult:
+    """The worker's result; a failed run is a CompilerError that names its log, a finished run's log is deleted."""
     if not result.ok:
         where = f" (full log: {log_path})" if log_path else ""
         raise CompilerError(f"tuning failed: {result.message or 'the tuning process died'}{where}")
     if log_path is not None:
         log_path.unlink(missing_ok=True)
     check_db_dir(db, create=True)  # a killed child may have left a record line cut short
-    return result.payload
+    return contract.TuneResult.from_json(result.payload)
 
 
-def _tuning_notes(prepared, result: dict, db: Path, budget_s: Optional[float], lengths: dict) -> list[str]:
+def _tuning_notes(prepared, result: contract.TuneResult, db: Path, budget_s: Optional[float],
+                  lengths: dict) -> list[str]:
     """The run's notes for the user; records the kernels left to mlc's default schedules in the database."""
     from mlc.compiler import dynamic_records
 
-    notes = [n.text for n in prepared.notes] + list(result.get("notes", []))
-    if result.get("killed"):
+    notes = [n.text for n in prepared.notes] + [n.text for n in result.notes]
+    if result.killed:
         notes.append(f"the tuning process was still busy {HARD_DEADLINE * budget_s - budget_s:.0f} s after the "
                      "budget and was stopped; every record measured before is kept")
-    if result.get("dropped"):
-        notes.append(f"{result['dropped']} measured schedule(s) were not recorded: TVM could not read them back "
-                     f"({result.get('dropped_reason')})")
-    if result.get("left_to_default"):
-        add_default_kernels(db, result["left_to_default"])
-        notes.append(f"{len(result['left_to_default'])} kernel(s) keep mlc's default schedule, which MetaSchedule "
+    if result.dropped:
+        notes.append(f"{result.dropped} measured schedule(s) were not recorded: TVM could not read them back "
+                     f"({result.dropped_reason})")
+    if result.left_to_default:
+        add_default_kernels(db, result.left_to_default)
+        notes.append(f"{len(result.left_to_default)} kernel(s) keep mlc's default schedule, which MetaSchedule "
                      "cannot measure or record (a repacked weight it cannot drop, or a concatenation's copies): "
-                     f"{', '.join(result['left_to_default'])}")
+                     f"{', '.join(result.left_to_default)}")
     if lengths:
         at = ", ".join(f"{k}={v}" for k, v in lengths.items())
         notes.append(f"tuned at {at} for builds with --dynamic {','.join(lengths)}: `mlc compile --dynamic ... "
@@ -289,23 +289,27 @@ def _result_at_deadline(request_path: Path, events: _Events) -> _proc.WorkerResu
     result = _proc.read_result(request_path)
     if result is None:
         trials = sum(t.trials - t.trials_done_before for t in events.tasks)
-        result = _proc.WorkerResult.success({"tasks": len(events.tasks), "trials": trials, "reason": "budget",
-                                             "killed": True,
-                                             **{k: v for k, v in events.seen.items() if k != "deadline"}})
-    elif result.ok and result.payload.get("reason") == "interrupted":  # by the deadline, not by the user
-        result.payload["reason"] = "budget"
+        said = {k: v for k, v in events.seen.items() if k != "deadline"}  # TuneResult's fields, as JSON
+        made = contract.TuneResult.from_json({**said, "tasks": len(events.tasks), "trials": trials,
+                                              "reason": TuneStop.BUDGET.value, "killed": True})
+        result = _proc.WorkerResult.success(made.to_json())
+    elif result.ok:
+        finished = contract.TuneResult.from_json(result.payload)
+        if finished.reason is TuneStop.INTERRUPTED:  # by the deadline, not by the user
+            result = _proc.WorkerResult.success(dataclasses.replace(finished, reason=TuneStop.BUDGET).to_json())
     return result
 
 
-def _run_child(request: dict, request_path: Path, on_event, threads: Optional[int], hard_deadline: Optional[float]
-               = None) -> tuple[_proc.WorkerResult, Optional[Path], list[TaskState], int]:
+def _run_child(request: TuneRequest, request_path: Path, on_event, threads: Optional[int],
+               hard_deadline: Optional[float] = None
+               ) -> tuple[_proc.WorkerResult, Optional[Path], list[TaskState], int]:
     """Run the tuning worker, feeding `on_event` from its events file; Ctrl-C asks it to stop after the batch
-    it is measuring (STOP_GRACE_S), so the database stays whole. With a budget (request["deadline"]) the same
+    it is measuring (STOP_GRACE_S), so the database stays whole. With a budget (request.deadline) the same
     stop comes at the deadline, and the child is killed at `hard_deadline`: a search that measures nothing
     cannot hold the run past it. Then the result comes from the events (the records are in the database
     already) and the log path is None. A crash is "tuning failed: ..." (CompilerError)."""
-    events = _Events(Path(request["events"]), on_event)
-    deadline = request.get("deadline")
+    events = _Events(Path(request.events), on_event)
+    deadline = request.deadline
 
     def poll() -> None:
         events.drain()
@@ -317,7 +321,7 @@ def _run_child(request: dict, request_path: Path, on_event, threads: Optional[in
     env = {"TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)} if threads else None
     grace = STOP_GRACE_S if hard_deadline is None else max(0.0, hard_deadline - max(time.time(), deadline or 0))
     try:
-        result, log_path = _proc.run(WORKER, request, request_path, "the tuning process",
+        result, log_path = _proc.run(WORKER, request.to_json(), request_path, "the tuning process",
                                      env=env, poll=poll, stop_grace_s=grace, log_prefix="mlc-tune-",
                                      on_stop=lambda: on_event({"event": "stopping"}, events.tasks))
     except _Deadline:  # stopped at the budget: its own result if it finished its batch in time, else the events'
