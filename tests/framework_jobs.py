@@ -94,6 +94,12 @@ def run(job: dict, out: Path) -> dict:
     if job["kind"] == "keras_normalization":
         save_keras_normalization(job["path"])
         return {"ok": True}
+    if job["kind"] == "keras_grouped_gelu":
+        save_keras_grouped_gelu(job["path"])
+        return {"ok": True}
+    if job["kind"] == "keras_open_image":
+        save_keras_open_image(job["path"])
+        return {"ok": True}
     raise ValueError(job["kind"])
 
 
@@ -140,6 +146,29 @@ def save_keras_normalization(path: str) -> None:
     norm = keras.layers.Normalization()
     norm.adapt(np.random.default_rng(0).normal(3, 2, (64, 6)).astype("float32"))
     y = keras.layers.Dense(3)(keras.layers.Rescaling(0.5, offset=0.1)(norm(x)))
+    keras.Model(x, y).save(path)
+
+
+def save_keras_grouped_gelu(path: str) -> None:
+    """ConvNeXt's block in small: a grouped (depthwise) Conv2D, which Keras 3 runs as a jit_compile tf.function, and
+    exact GELU, which TF lowers to Erfc."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    x = keras.Input((8, 8, 4), name="image")
+    y = keras.layers.Conv2D(4, 3, padding="same", groups=4)(x)
+    y = keras.layers.Conv2D(6, 1)(keras.layers.Activation("gelu")(y))
+    keras.Model(x, y).save(path)
+
+
+def save_keras_open_image(path: str) -> None:
+    """An image model that leaves its input size open, (None, None, None, 3), as Keras applications built without
+    one save (MobileNetV3 with weights=None); its 17x17 convolution needs an input of at least 17x17."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    x = keras.Input((None, None, 3), name="image")
+    y = keras.layers.GlobalAveragePooling2D()(keras.layers.Conv2D(4, 17, strides=2, activation="relu")(x))
     keras.Model(x, y).save(path)
 
 

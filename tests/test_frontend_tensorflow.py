@@ -45,6 +45,10 @@ def jobs(tmp_path_factory):
              for name, path in saves]
     plan += [{"id": f"open {path}", "kind": "open", "framework": FW, "path": str(files / path),
               "vocab": VOCAB.get(name, {})} for name, path in saves]
+    plan.append({"id": "save open_image.keras", "kind": "keras_open_image", "path": str(files / "open_image.keras")})
+    grouped = str(files / "grouped_gelu.keras")
+    plan += [{"id": "save grouped_gelu.keras", "kind": "keras_grouped_gelu", "path": grouped},
+             {"id": "open grouped_gelu.keras", "kind": "open", "framework": FW, "path": grouped}]
     plan += [{"id": "save norm.keras", "kind": "keras_normalization", "path": str(files / "norm.keras")},
              {"id": "open norm.keras", "kind": "open", "framework": FW, "path": str(files / "norm.keras")}]
     for suffix in ("keras", "h5"):  # after the saves, in the same process
@@ -107,6 +111,35 @@ def test_captured_constants_are_weights_not_inputs(jobs):
     assert_matches(ort_outputs(out, "open norm.keras"), eager)
 
 
+def test_grouped_convolution_and_exact_gelu_convert(jobs):
+    """Keras ConvNeXt's constructs: a grouped Conv2D (Keras 3 runs it as a nested jit_compile tf.function, which
+    tf2onnx kept as an opaque StatefulPartitionedCall) and exact GELU (TF's Erfc, which tf2onnx has no handler for)
+    export to a Conv with `group` and Erf, and ONNX Runtime matches Keras eager."""
+    out, results = jobs
+    assert results["save grouped_gelu.keras"]["ok"], results["save grouped_gelu.keras"]
+    result = results["open grouped_gelu.keras"]
+    assert result["ok"], result
+    model, _, eager = load_case(out, "open grouped_gelu.keras")
+    ops = {n.op_type for n in model.graph.node}
+    assert "StatefulPartitionedCall" not in ops and "Erf" in ops, ops
+    groups = [a.i for n in model.graph.node if n.op_type == "Conv" for a in n.attribute if a.name == "group"]
+    assert 4 in groups, groups
+    assert_matches(ort_outputs(out, "open grouped_gelu.keras"), eager)
+
+
+def test_an_image_input_left_open_is_run_at_224(jobs, tmp_path):
+    """A Keras image model saved without an input size ((None, None, None, 3): MobileNetV3 built with weights=None)
+    runs its reference at 224x224, not at the generic 16 where a convnet has nothing left to convolve or pool."""
+    from mlc.pipeline.convert import convert
+
+    out, results = jobs
+    assert results["save open_image.keras"]["ok"], results["save open_image.keras"]
+    done = convert(str(out / "files" / "open_image.keras"), FW, tmp_path)
+    assert [list(v.shape) for v in done.feeds.values()] == [[2, 224, 224, 3]]
+    eager = next(iter(done.eager.values()))
+    assert eager.shape == (2, 4) and np.isfinite(eager).all() and eager.any()
+
+
 def test_an_export_that_gains_inputs_stops_naming_them(tmp_path, monkeypatch):
     """An export with a graph input the framework model does not take stops the compile with a one-line error
     naming it (exit 1), never ships it as an input. No framework runs: the frontend is a stand-in."""
@@ -116,6 +149,7 @@ def test_an_export_that_gains_inputs_stops_naming_them(tmp_path, monkeypatch):
     from mlc.errors import UnsupportedModelError
     from mlc.frontends.base import FrameworkModel, InputDecl
     from mlc.pipeline import convert_worker
+    from mlc.pipeline.convert_contract import ConvertRequest
 
     def export(path, dynamic):
         x, mean, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("x", "norm/Sub/y:0", "y"))
@@ -124,9 +158,9 @@ def test_an_export_that_gains_inputs_stops_naming_them(tmp_path, monkeypatch):
         return "a stand-in exporter"
 
     model = FrameworkModel("tensorflow", [InputDecl("x", "float32", [2, 3])], {}, export, lambda values: values[:1])
-    monkeypatch.setattr(convert_worker, "framework_model", lambda request: model)
+    monkeypatch.setattr(convert_worker, "framework_model", lambda *args, **options: model)
     with pytest.raises(UnsupportedModelError, match=r"does not take: norm/Sub/y:0 ") as error:
-        convert_worker.convert({"source": "m.keras", "framework": FW, "out_dir": str(tmp_path), "dynamic": None})
+        convert_worker.convert(ConvertRequest(source="m.keras", framework=FW, out_dir=str(tmp_path)))
     assert "\n" not in str(error.value) and error.value.exit_code == 1
 
 

@@ -28,6 +28,27 @@ def example_sizes_for(inputs: Sequence[InputDecl], given: Optional[dict[str, int
     return sizes
 
 
+IMAGE_SIZE = 224  # ImageNet's: what the reference runs an image input at when the model leaves its size open
+IMAGE_CHANNELS = (1, 3, 4)  # grey, RGB, RGBA
+
+
+def image_sizes(specs: Sequence) -> dict[str, int]:
+    """{dim: IMAGE_SIZE} for the symbolic height and width of image-shaped float inputs: rank 4 with 1, 3 or 4
+    channels on axis 3 (NHWC) or axis 1 (NCHW) and both spatial dims symbolic, as Keras saves an application built
+    without an input size (MobileNetV3: (None, None, None, 3)). A convolutional network downsamples by up to 32, so
+    the generic reference size of 16 leaves it nothing to pool (NaN, or a convolution larger than its input)."""
+    sizes: dict[str, int] = {}
+    for spec in specs:
+        shape = list(spec.shape)
+        if len(shape) != 4 or np.dtype(spec.dtype).kind != "f":
+            continue
+        for channel, spatial in ((3, (1, 2)), (1, (2, 3))):
+            if shape[channel] in IMAGE_CHANNELS and all(isinstance(shape[a], str) for a in spatial):
+                sizes.update({shape[a]: IMAGE_SIZE for a in spatial})
+                break
+    return sizes
+
+
 def trace_shape(decl: InputDecl, dynamic: set[str], sizes: dict[str, int]) -> list[Optional[int]]:
     """The shape an exporter traces: None for a dynamic dim, else its fixed or example size."""
     return [None if isinstance(d, str) and d in dynamic else sizes[d] if isinstance(d, str) else d for d in decl.dims]

@@ -5,6 +5,7 @@ input_signature carries None exactly for the dynamic dims. Runs only in the fron
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -156,6 +157,77 @@ def _captured_constants(tf, concrete) -> dict[str, np.ndarray]:
             if c.dtype != tf.resource and hasattr(c, "numpy")}
 
 
+def _register_erfc(tf2onnx) -> None:
+    """tf2onnx has no handler for TF's Erfc, which exact GELU lowers to (tf.nn.gelu: 0.5 x erfc(-x/sqrt 2); Keras
+    ConvNeXt's Activation("gelu")): erfc(x) = 1 - erf(x)."""
+    from tf2onnx import constants, utils
+    from tf2onnx.handler import tf_op
+
+    if any("Erfc" in handlers for handlers in tf_op.get_opsets().get(constants.ONNX_DOMAIN, [])):
+        return
+
+    @tf_op("Erfc")
+    class Erfc:  # noqa: F841 (the decorator registers it)
+        @classmethod
+        def version_9(cls, ctx, node, **kwargs):
+            dtype = utils.map_onnx_to_numpy_type(ctx.get_dtype(node.input[0]))
+            one = ctx.make_const(utils.make_name(f"{node.name}_one"), np.array(1, dtype))
+            erf = ctx.make_node("Erf", [node.input[0]], op_name_scope=node.name)
+            node.type = "Sub"
+            ctx.replace_inputs(node, [one.output[0], erf.output[0]])
+
+
+@contextlib.contextmanager
+def _tf2onnx_conversion(tf, tf2onnx):
+    """What tf2onnx needs to convert Keras 3 models, for the length of one conversion:
+
+    - Keras runs a grouped convolution (ConvNeXt's depthwise Conv2D(groups=C)) as a nested tf.function with
+      jit_compile=True, since TF's CPU kernels lack it; tf2onnx keeps that call as an opaque
+      StatefulPartitionedCall. While tracing for the export it is traced inline (one Conv2D op, which tf2onnx
+      converts to a Conv with `group`); the eager reference still runs Keras's own code.
+    - tf2onnx deep-copies the whole graph, weights included, before each of its ~12 optimizers and iterations;
+      the copies form reference cycles that stay in memory until Python's cyclic collector runs: ResNet50 peaked at
+      7.4 GiB, VGG16 past 10 GiB. Collecting before each optimizer keeps one copy at a time (ResNet50: 2.8 GiB)."""
+    import gc
+
+    from tf2onnx import optimizer
+
+    _register_erfc(tf2onnx)
+    optimizers = optimizer._get_optimizers()
+
+    def collected(factory):
+        def make():
+            gc.collect()
+            return factory()
+        return make
+
+    try:
+        from keras.src.backend.tensorflow import nn as keras_nn
+    except ImportError:  # another Keras: its convolutions are its own
+        keras_nn = None
+    original_conv = keras_nn.conv if keras_nn is not None else None
+
+    def conv(inputs, kernel, strides=1, padding="valid", data_format=None, dilation_rate=1):
+        layout = keras_nn.backend.standardize_data_format(data_format)
+        channels = inputs.shape[-1] if layout == "channels_last" else inputs.shape[1]
+        if len(inputs.shape) == 5 or channels == kernel.shape[-2]:
+            return original_conv(inputs, kernel, strides, padding, data_format, dilation_rate)
+        return tf.nn.convolution(inputs, kernel, strides, padding.upper(),
+                                 data_format=keras_nn._convert_data_format(layout, len(inputs.shape)),
+                                 dilations=dilation_rate)
+
+    optimizer._get_optimizers = lambda: type(optimizers)((k, collected(v)) for k, v in optimizers.items())
+    if keras_nn is not None:
+        keras_nn.conv = conv
+    try:
+        yield
+    finally:
+        optimizer._get_optimizers = lambda: optimizers
+        if keras_nn is not None:
+            keras_nn.conv = original_conv
+        gc.collect()
+
+
 def _framework_model(call: Callable, inputs: list[InputDecl], example_sizes: Optional[dict[str, int]],
                      output_names: Sequence[str]) -> FrameworkModel:
     tf = import_tensorflow()
@@ -172,8 +244,9 @@ def _framework_model(call: Callable, inputs: list[InputDecl], example_sizes: Opt
         ]
         function = tf.function(lambda *args: call(*args), input_signature=signature)
         try:
-            tf2onnx.convert.from_function(function, input_signature=signature, opset=OPSET,
-                                          output_path=str(onnx_path))
+            with _tf2onnx_conversion(tf, tf2onnx):
+                tf2onnx.convert.from_function(function, input_signature=signature, opset=OPSET,
+                                              output_path=str(onnx_path))
         except Exception as e:  # tf2onnx raises bare exceptions for unconvertible ops
             raise UnsupportedModelError(f"tf2onnx cannot convert the model: {_first_line(e)}") from None
         # tf2onnx traced the same (cached) concrete function: its captured values are the extra graph inputs.
