@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -40,33 +39,13 @@ def session(model):
     return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
 
 
-def ort_static(fp32_path: Path, calibration: list[dict], nodes: list[str], folder: Path):
-    """ONNX Runtime's own int8 QDQ model of the fp32 ONNX (the same nodes, the same calibration inputs)."""
-    from onnxruntime import quantization as q
-
-    logging.getLogger().setLevel(logging.ERROR)
-    batches = iter(calibration)
-
-    class Reader(q.CalibrationDataReader):
-        def get_next(self):
-            return next(batches, None)
-
-    out = folder / "ort.int8.onnx"
-    q.quantize_static(str(fp32_path), str(out), Reader(), quant_format=q.QuantFormat.QDQ, per_channel=True,
-                      activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8, nodes_to_quantize=nodes,
-                      op_types_to_quantize=["MatMul", "Gemm", "Conv"])
-    return out
-
-
 def measure(label: str, inputs: int, modes: list[str]) -> dict:
-    import onnx
-
+    from mlc.bench.baselines import ort_int8_model
     from mlc.check import gate
     from mlc.frontends import onnx as onnx_frontend
-    from mlc.passes import quantize
     from mlc.pipeline.options import ModelSpec
     from mlc.pipeline.prepare import GATE_SEED, prepare
-    from mlc.pipeline.run import stacked
+    from mlc.runtime.runner import stacked
     from mlc.pipeline.steps import Timer
 
     source, framework, shapes = MODELS[label]
@@ -89,13 +68,7 @@ def measure(label: str, inputs: int, modes: list[str]) -> dict:
             row[mode] = {"quantization": prepared.quantization, "passed": result.passed,
                          "outputs": [_figures(o) for o in result.outputs]}
             if mode == "int8":
-                cleaned = onnx.load(str(fp32.cleaned_path))
-                for k, node in enumerate(cleaned.graph.node):
-                    node.name = node.name or f"mlc_node_{k}"
-                named = folder / "named.onnx"
-                onnx.save(cleaned, str(named))
-                found, _ = quantize.candidates(cleaned, mode)
-                ort_session = session(ort_static(named, prepared.calibration, [c.node.name for c in found], folder))
+                ort_session = session(ort_int8_model(fp32.cleaned_path, prepared.calibration, folder))
                 theirs = [dict(zip([o.name for o in ort_session.get_outputs()], ort_session.run(None, t)))
                           for t in tests]
                 result = gate(*stacked(reference, theirs), mode)

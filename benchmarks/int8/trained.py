@@ -70,21 +70,14 @@ def trained_resnet50(train_x: np.ndarray, train_y: np.ndarray, epochs: int):
 
 
 def onnxruntime_int8(torchscript: Path, calibration: list[dict], folder: Path):
-    """ONNX Runtime's own int8 (accuracy.py's quantize_static) of mlc's export, on the same nodes and inputs."""
-    import onnx
-
-    from accuracy import ort_static, session
-    from mlc.passes import quantize
+    """ONNX Runtime's own int8 (the `ort-int8` baseline's quantize_static) of mlc's export, same nodes and inputs."""
+    from accuracy import session
+    from mlc.bench.baselines import ort_int8_model
 
     exported = folder / "model.onnx"
     subprocess.run([*MLC, "export", str(torchscript), "--input-shape",
                     f"input:1x3x{SIZE}x{SIZE}", "-o", str(exported)], check=True, capture_output=True)
-    model = onnx.load(str(exported))
-    for k, node in enumerate(model.graph.node):
-        node.name = node.name or f"node_{k}"
-    onnx.save(model, str(exported))
-    found, _ = quantize.candidates(model, "int8")
-    return session(ort_static(exported, calibration, [c.node.name for c in found], folder))
+    return session(ort_int8_model(exported, calibration, folder))
 
 
 def agreement(reference: np.ndarray, actual: np.ndarray, labels: np.ndarray | None = None) -> dict:

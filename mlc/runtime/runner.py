@@ -998,7 +998,7 @@ def check_outputs(runner: _ArtifactRunner, actual: Mapping[str, np.ndarray], ato
         for case in info.get("gate_cases", []):
             expected.append(load_npz(runner.root / case["outputs"]))
             got.append(runner.run(load_npz(runner.root / case["inputs"])))
-        result.gate = gate(*_stacked(expected, got), precision)
+        result.gate = gate(*stacked(expected, got), precision)
         result.gate.inputs, result.gate.calibration_inputs = len(expected), not on_reference
     elif precision != "fp32":  # judged by the reduced-precision gate against the same fp32 reference
         result.gate = gate(reference, actual, precision)
@@ -1016,7 +1016,7 @@ def check_outputs(runner: _ArtifactRunner, actual: Mapping[str, np.ndarray], ato
     return result
 
 
-def _stacked(expected: list[dict], got: list[dict]) -> tuple[dict, dict]:
+def stacked(expected: list[dict], got: list[dict]) -> tuple[dict, dict]:
     """Each output's values over several inputs, joined along the first axis (a classifier's rows add up)."""
     names = [n for n in expected[0] if all(n in e for e in expected) and all(n in g for g in got)
              and len({np.shape(e[n])[1:] for e in expected + got}) == 1 and np.ndim(expected[0][n])]
