@@ -103,3 +103,17 @@ def test_cli_text_is_parsed_once_into_value_types():
         declared.CompileOptions(atol=-1.0)
     with pytest.raises(InputError, match="--precision int4: choose one of"):
         declared.CompileOptions(precision="int4")
+
+
+def test_no_check_builds_a_complete_artifact_without_running_it(tmp_path):
+    """--no-check (the option added through one declaration): no check result, a warning that says where to check,
+    and an artifact that `mlc check` then passes."""
+    import json
+
+    from helpers import run_mlc
+
+    proc = run_mlc("compile", "zoo:mlp", "--target", "x86", "--no-check", "--json", "-o", tmp_path / "art", check=True)
+    assert json.loads(proc.stdout)["check"] is None
+    assert "not verified (--no-check)" in proc.stderr and f"mlc check {tmp_path / 'art'}" in proc.stderr
+    checked = run_mlc("check", tmp_path / "art", check=True)
+    assert "pass" in checked.stdout
