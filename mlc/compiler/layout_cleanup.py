@@ -149,13 +149,27 @@ def _denominator(t, beta: float):
     return {0.25: fourth, 0.5: root, 0.75: relax.op.multiply(root, fourth)}[beta]
 
 
-def lrn_as_conv(mod):
-    """ONNX LRN (TVM imports it as a pool over channels: avg_pool3d on an expand_dims, NCDHW, then power) as a 1x1
-    conv of the squares with a band of alpha / size (the channel window) and the rest as its epilogue, t ** 0.75 as
-    sqrt(t) * sqrt(sqrt(t)): inception v1's two LRNs took 16.6 ms of 69 (OpenVINO: 0.64), in a scalar 3-d pool in
-    NCDHW between transposes and a powf per element; a conv goes to NHWC with the convs around it. The band conv
-    does C / size times the useful adds (192 channels: ~0.23 GFLOP), at the conv kernels' rate."""
-    import numpy as np
+def _channel_window_sum(squares, channels: int, size: int, pad: int):
+    """The sum over each channel's window (`pad` channels before it, size - 1 - pad after, zeros outside) as `size`
+    shifted slices of the channel-padded squares: injective ops, which FuseOps puts into one kernel with the
+    epilogue and the transposes ConvertLayout leaves around them (pad and slices stay NCHW; the kernel reads and
+    writes the conv's NHWC tensors)."""
+    from tvm import relax
+
+    padded = relax.op.nn.pad(squares, [0, 0, pad, size - 1 - pad, 0, 0, 0, 0])
+    total = None
+    for k in range(size):
+        window = relax.op.strided_slice(padded, axes=[1], begin=[k], end=[k + channels])
+        total = window if total is None else relax.op.add(total, window)
+    return total
+
+
+def lrn_as_window_sum(mod):
+    """ONNX LRN (TVM imports it as a pool over channels: avg_pool3d on an expand_dims, NCDHW, then power) as the sum
+    of `size` shifted channel slices of the squares and its epilogue, t ** 0.75 as sqrt(t) * sqrt(sqrt(t)): one
+    injective kernel on the conv's NHWC output. Inception v1's two LRNs took 16.6 ms of 69 (OpenVINO: 0.64) as a
+    scalar 3-d pool in NCDHW between transposes and a powf per element. (A 1x1 conv with a band of alpha / size
+    also stays NHWC, but does C / size times the adds: v1 3 % slower, benchmarks/inception.)"""
     import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
@@ -169,20 +183,18 @@ def lrn_as_conv(mod):
             if not parts or not isinstance(channels, tvm.tirx.IntImm) or str(call.ty.dtype) != "float32":
                 return call
             data, size, pad, alpha, bias, beta = parts
-            c = int(channels)
-            out, inp = np.arange(c)[:, None], np.arange(c)[None, :]
-            band = ((inp >= out - pad) & (inp <= out - pad + size - 1)).astype(np.float32) * np.float32(alpha / size)
-            sums = relax.op.nn.conv2d(relax.op.multiply(data, data), relax.const(band.reshape(c, c, 1, 1)))
-            t = relax.op.add(sums, relax.const(bias, "float32"))
+            sums = _channel_window_sum(relax.op.multiply(data, data), int(channels), size, pad)
+            scaled = relax.op.multiply(sums, relax.const(alpha / size, "float32"))
+            t = relax.op.add(scaled, relax.const(bias, "float32"))
             return relax.op.divide(data, _denominator(t, beta))
 
     return relax.transform.DeadCodeElimination()(rewrite_functions(Rewrite(mod), mod))
 
 
 def channel_last_friendly(mod):
-    """Before ConvertLayout: `lrn_as_conv`, then `full_rank_constants`; each an optimisation, skipped (the module
+    """Before ConvertLayout: `lrn_as_window_sum`, then `full_rank_constants`; each an optimisation, skipped (the module
     as it was) where it fails."""
-    for rewrite in (lrn_as_conv, full_rank_constants):
+    for rewrite in (lrn_as_window_sum, full_rank_constants):
         try:
             mod = rewrite(mod)
         except Exception:  # an optimisation: the module as it was
