@@ -552,10 +552,13 @@ def fuse_ops(mod, config: dict, target):
     import tvm
     from tvm import relax
 
+    from mlc.compiler.unit_reductions import fold_unit_reductions
+
     t = relax.transform
+    # then reductions over unit axes as elementwise blocks: dlight's GPU rules inline epilogues into their init too
     return tvm.transform.Sequential([t.LegalizeOps(nan_preserving_legalizations()), t.AnnotateTIROpPattern(),
                                      t.FoldConstant(), t.FuseOps(int(config.get("fuse_opt_level", -1))),
-                                     t.FuseTIR()])(mod)
+                                     t.FuseTIR(), fold_unit_reductions()])(mod)
 
 
 def op_counts(mod) -> Counter:
