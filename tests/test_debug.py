@@ -147,3 +147,30 @@ def test_debug_builds_what_compile_builds(monkeypatch, tmp_path):
         api.compile("zoo:mlp", output=tmp_path / "art", isolate=False)
     with pytest.raises(CompilerError, match="injected schedule build failure"):
         api.debug("zoo:mlp", isolate=False)
+
+
+def test_an_error_that_only_a_prefix_build_shows_is_still_reported():
+    """A fusion-dependent fault (ResNet50V2's 1x1 pool epilogue): wrong when the value is the prefix build's only
+    output, right once its inputs are outputs too. The bisection's culprit is reported, not "no divergence"."""
+    from onnx import TensorProto, helper
+
+    from mlc.check import localize
+    from mlc.pipeline.debug import _bisect
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="first"), helper.make_node("Neg", ["a"], ["b"], name="bad"),
+             helper.make_node("Abs", ["b"], ["y"], name="last")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    model = helper.make_model(graph)
+    x = np.array([-1, 2, -3, 4], np.float32)
+    reference = {"x": x, "a": np.maximum(x, 0), "b": -np.maximum(x, 0), "y": np.maximum(x, 0)}
+
+    def tvm_values(graph, tag, what):
+        wanted = [o.name for o in graph.graph.output]
+        wrong = {"b"} if wanted == ["b"] or "b" in wanted and "a" not in wanted else set()
+        wrong |= {"y"} if wanted == ["y"] else set()
+        return {n: reference[n] + (1 if n in wrong else 0) for n in wanted}
+
+    divergence, builds = _bisect(model, localize.computed_values(model), reference, tvm_values, None, None)
+    assert divergence.first is not None and divergence.first.node_name == "bad", divergence
+    assert builds >= 2
