@@ -211,6 +211,17 @@ def table(path: Path, theirs: str, theirs_label: str, ratio_key: str, short: str
     return "\n".join(lines)
 
 
+def only(rows: list[dict], names: Optional[str], parser) -> list[dict]:
+    """The rows `--only A,B` names (all when not given); a name not in the list is a usage error."""
+    if not names:
+        return rows
+    wanted = names.split(",")
+    unknown = set(wanted) - {r["name"] for r in rows}
+    if unknown:
+        parser.error(f"not in the list: {', '.join(sorted(unknown))}")
+    return [r for r in rows if r["name"] in wanted]
+
+
 def run_list(rows: list[dict], listing_rows: list[dict], output: Path, new_record: Callable[[], dict],
              run_one: Callable[[dict, Path], dict], work: Path, keep: bool, resume: bool, reuse: bool,
              note: Optional[str], theirs: str, elsewhere: Sequence[Path] = ()) -> None:

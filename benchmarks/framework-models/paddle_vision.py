@@ -26,7 +26,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from fm_common import HERE, PY, child, compile_step, interleaved, now, one_line, run_list, stats, table
+from fm_common import HERE, PY, child, compile_step, interleaved, now, one_line, only, run_list, stats, table
 
 LIST = HERE / "results" / "paddle-vision-list.json"
 RESULTS = HERE / "results" / "paddle-vision.json"
@@ -189,12 +189,7 @@ def main() -> None:
 
     listing = json.loads(LIST.read_text())
     rows = listing["models"]
-    if args.only:
-        wanted = args.only.split(",")
-        unknown = set(wanted) - {r["name"] for r in rows}
-        if unknown:
-            parser.error(f"not in the list: {', '.join(sorted(unknown))}")
-        rows = [r for r in rows if r["name"] in wanted]
+    rows = only(rows, args.only, parser)
     output = Path(args.output)
 
     def new_record():

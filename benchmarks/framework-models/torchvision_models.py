@@ -36,7 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fm_common import HERE, PY, child, compile_step, interleaved, one_line, run_list, stats, table
+from fm_common import HERE, PY, child, compile_step, interleaved, one_line, only, run_list, stats, table
 
 RESULTS_DIR = Path(os.environ.get("MLC_TV_RESULTS", HERE / "results"))
 SETS = {
@@ -316,12 +316,7 @@ def main() -> None:
 
     listing = json.loads(list_file.read_text())
     rows = listing["models"]
-    if args.only:
-        wanted = args.only.split(",")
-        unknown = set(wanted) - {r["name"] for r in rows}
-        if unknown:
-            parser.error(f"not in the list: {', '.join(sorted(unknown))}")
-        rows = [r for r in rows if r["name"] in wanted]
+    rows = only(rows, args.only, parser)
     if args.start_at:
         names = [r["name"] for r in rows]
         if args.start_at not in names:
