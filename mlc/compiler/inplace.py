@@ -5,10 +5,11 @@ lines it has just read, not to lines it must first fetch, and the model holds on
 from __future__ import annotations
 
 
-def _blocks(sch, block, found: list) -> list:
+def all_blocks(sch, block, found: list) -> list:
+    """`block` and every block under it, depth first, appended to `found`."""
     found.append(block)
     for child in sch.get_child_blocks(block):
-        _blocks(sch, child, found)
+        all_blocks(sch, child, found)
     return found
 
 
@@ -36,7 +37,7 @@ def writes_over(func, source, output) -> bool:
     except Exception:  # TVM finds the kernel ill-formed (schedule_rules.well_formed): an optimisation
         return False
     reads_source = False
-    for block in _blocks(sch, sch.get_sblock("root"), [])[1:]:
+    for block in all_blocks(sch, sch.get_sblock("root"), [])[1:]:
         stmt = sch.get(block)
         if any(r.source.same_as(output) for r in stmt.reads):
             return False

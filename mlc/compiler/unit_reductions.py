@@ -14,13 +14,6 @@ from __future__ import annotations
 from typing import Optional
 
 
-def _blocks(sch, block, found: list) -> list:
-    found.append(block)
-    for child in sch.get_child_blocks(block):
-        _blocks(sch, child, found)
-    return found
-
-
 def _same_indices(a, b) -> bool:
     import tvm_ffi
 
@@ -67,9 +60,11 @@ def folded_block(block) -> Optional[object]:
 def _fold_function(func):
     from tvm import s_tir
 
+    from mlc.compiler.inplace import all_blocks
+
     try:
         sch = s_tir.Schedule(func)
-        blocks = _blocks(sch, sch.get_sblock("root"), [])[1:]
+        blocks = all_blocks(sch, sch.get_sblock("root"), [])[1:]
     except Exception:  # no "root" block, or a kernel TVM finds ill-formed: nothing this pass can read
         return func
     changed = False
