@@ -4,9 +4,11 @@ wheel for the GPU machine's Python, and, for the dynamic BERT, inputs and ONNX R
 
     python benchmarks/gpu/prepare.py a      # -> benchmarks/work-gpu/bundle-a (then run_on_gpu.py there)
 
-Bundle a: zoo:mlp for cuda-h100 and for the generic `cuda` target (sm_80: on a Hopper GPU its PTX is what loads),
+Bundle a: zoo:mlp for cuda-h100, for the generic `cuda` target (sm_80: on a Hopper GPU its PTX is what loads) and
+for sm_100a (which a Hopper GPU must refuse in one line),
 and bert2 (bert-base width, 2 layers, dynamic batch and seq) at --precision fp16. Bundle b: zoo:bert-tiny and
-squeezenet1_0 at fp32; bundle c: zoo:resnet18 at --precision fp16; all cuda-h100."""
+squeezenet1_0 at fp32; bundle c: zoo:resnet18 at --precision fp16 with a dynamic batch (timed there at 1 and 32); all
+cuda-h100."""
 
 from __future__ import annotations
 
@@ -25,13 +27,17 @@ TVM_FFI = "apache-tvm-ffi==0.1.14.post1"
 GPU_PYTHON = "3.12"  # the GPU machine's
 BERT_SHAPES = [(1, 16), (4, 64), (8, 128)]  # (batch, seq) the dynamic artifact is checked at there
 
+# A Blackwell build (sm_100a cubin, compute_100 PTX), which a Hopper GPU cannot load.
+SM100 = json.dumps({"kind": "cuda", "arch": "sm_100a", "max_num_threads": 1024, "thread_warp_size": 32,
+                    "max_shared_memory_per_block": 49152, "max_threads_per_block": 1024, "registers_per_block": 65536})
 BUNDLES = {
     "a": [("mlp-h100", ["zoo:mlp", "--target", "cuda-h100"]),
           ("mlp-cuda-generic", ["zoo:mlp", "--target", "cuda"]),
+          ("mlp-sm100", ["zoo:mlp", "--target", SM100]),  # must be refused there in one line: no code for sm_90
           ("bert2-fp16", ["{work}/bert2.onnx", "--target", "cuda-h100", "--precision", "fp16"])],
     "b": [("bert-tiny", ["zoo:bert-tiny", "--target", "cuda-h100"]),
           ("squeezenet", [f"{HERE}/models.py:squeezenet1_0", "--target", "cuda-h100"])],
-    "c": [("resnet18-fp16", ["zoo:resnet18", "--target", "cuda-h100", "--precision", "fp16"])],
+    "c": [("resnet18-fp16", ["zoo:resnet18", "--target", "cuda-h100", "--precision", "fp16", "--dynamic", "batch"])],
 }
 
 
@@ -78,7 +84,7 @@ def main(name: str) -> None:
     stripped = {}
     for artifact, args in BUNDLES[name]:
         out = bundle / "artifacts" / artifact
-        mlc("compile", *[a.format(work=WORK) for a in args], "-o", str(out))
+        mlc("compile", *[a.replace("{work}", str(WORK)) for a in args], "-o", str(out))
         stripped[artifact] = strip_runtime(out, bundle / "runtime-libs")
     if name == "a":
         bert_shapes(WORK / "bert2.onnx", bundle / "shapes" / "bert2-fp16")

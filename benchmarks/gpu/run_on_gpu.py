@@ -5,9 +5,10 @@ and no tvm, no mlc and no network: one script, run once, every figure written to
 
 For each artifact: `python run.py --check` in a Python that sees only numpy and apache-tvm-ffi (installed from the
 bundle's wheel into a folder of its own); the dynamic BERT at three shapes against ONNX Runtime's outputs, by the fp16
-accuracy gate; the native runner's one-line refusal of a GPU artifact. --timing adds device-resident latency (inputs
-and outputs on the GPU, a sync after each call, p50 over 100 calls) of mlc beside torch eager and torch.compile
-(mode "max-autotune-no-cudagraphs") on the same GPU, interleaved call by call."""
+accuracy gate; the one-line refusals (the native runner's of a GPU artifact, an sm_100a build's, a GPU index that is
+not there). --timing adds, for bert2 and resnet18 at fp16, p50 latency of mlc beside torch eager and torch.compile
+(mode "max-autotune-no-cudagraphs") on the same GPU, interleaved call by call, device-resident and end to end, and
+mlc's per-call profile."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ import time
 from pathlib import Path
 
 SITE = Path("/tmp/mlc-gpu-site")  # apache-tvm-ffi alone, for the artifacts' Python
+COMPILE_MODE = "max-autotune-no-cudagraphs"
+DEVICE = "cuda"  # the torch side's
 
 
 def sh(*args, env=None, timeout=300) -> dict:
@@ -63,35 +66,75 @@ result = gate(expected, Runner(artifact).run(feeds), "fp16")
 print(json.dumps({"passed": result.passed, "outputs": [
     {"name": o.name, "cosine": o.cosine_similarity, "rel_error": o.rel_error, "problems": o.problems}
     for o in result.outputs]}))
+sys.exit(0 if result.passed else 3)
 """
+
+
+# Artifacts that must be refused there in one line (rc 4 or 5, no traceback), and extra refusals to try.
+REFUSED = {"mlp-sm100"}
+EXTRA_REFUSALS = {"mlp-h100": {"device cuda:1": ["--check", "--device", "cuda:1"]}}
 
 
 def checks(bundle: Path) -> dict:
     results = {}
     for artifact in sorted((bundle / "artifacts").iterdir()):
         entry = {"check": sh(sys.executable, artifact / "run.py", "--check", "--repeat", "20", env=thin_env())}
+        entry["check"]["expected"] = "refused" if artifact.name in REFUSED else "passed"
+        for step, args in EXTRA_REFUSALS.get(artifact.name, {}).items():
+            entry[step] = {**sh(sys.executable, artifact / "run.py", *args, env=thin_env()), "expected": "refused"}
         manifest = json.loads((artifact / "manifest.json").read_text())
         if manifest["runtime"].get("native_runner"):  # refuses a GPU artifact in one line
-            entry["native_runner"] = sh(artifact / manifest["runtime"]["native_runner"], artifact, "/tmp", "/tmp")
+            entry["native_runner"] = {**sh(artifact / manifest["runtime"]["native_runner"], artifact, "/tmp", "/tmp"),
+                                      "expected": "refused"}
         shapes = bundle / "shapes" / artifact.name
         for case in sorted(shapes.glob("*.npz")) if shapes.is_dir() else []:
             entry[f"shape {case.stem}"] = sh(sys.executable, "-c", GATE_SCRIPT, artifact, case, env=thin_env())
+        for result in entry.values():
+            result["ok"] = verdict(result)
         results[artifact.name] = entry
     return results
 
 
-def timing(bundle: Path) -> dict:
-    """Device-resident p50 of mlc, torch eager and torch.compile, interleaved call by call (GPU.md's method)."""
-    import numpy as np
+def verdict(result: dict) -> bool:
+    """Passed as expected, or refused as expected: a nonzero exit with one line on stderr and no traceback."""
+    if result.get("expected", "passed") == "passed":
+        return result["rc"] == 0
+    lines = [line for line in result["stderr"].splitlines() if line.strip()]
+    return result["rc"] != 0 and len(lines) == 1 and "Traceback" not in result["stderr"]
+
+
+def torch_models():
+    """The torch side of each timed artifact, at fp16 on the GPU, and its inputs (device tensors) per shape."""
+    import torch
+    import torchvision
+
+    import models  # this folder's: the same architectures, seeded
+
+    def bert_inputs(shape):
+        batch, seq = shape
+        return {"input_ids": torch.randint(0, 1000, (batch, seq), device=DEVICE),
+                "attention_mask": torch.ones(batch, seq, dtype=torch.int64, device=DEVICE)}
+
+    def image_inputs(shape):
+        return {"images": torch.randn(shape[0], 3, 224, 224, device=DEVICE)}
+
+    resnet = torchvision.models.resnet18().half().to(DEVICE).eval().to(memory_format=torch.channels_last)
+    return {"bert2-fp16": (models.bert2().half().to(DEVICE).eval(), bert_inputs, [(1, 128), (32, 128)]),
+            "resnet18-fp16": (resnet, image_inputs, [(1,), (32,)])}
+
+
+def timing(bundle: Path, out: Path, record: dict) -> None:
+    """p50 of mlc, torch eager and torch.compile (mode COMPILE_MODE, one static compile per shape), interleaved call
+    by call (GPU.md's method), two ways: device-resident (inputs and outputs on the GPU, a sync after each call) and
+    end to end (numpy in, numpy out). Then where mlc's time goes at the larger shape (Runner.profile)."""
     import torch
 
     sys.path.insert(0, str(SITE))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import models  # this folder's: the same architectures, seeded
-
-    cases = {"bert2-fp16": [(1, 128), (32, 128)]}
-    figures = {}
-    for name, shapes in cases.items():
+    record["torch"] = torch.__version__
+    record["torch_compile_mode"] = COMPILE_MODE
+    figures = record.setdefault("timing", {})
+    for name, (module, make_inputs, shapes) in torch_models().items():
         artifact = bundle / "artifacts" / name
         if not artifact.is_dir():
             continue
@@ -99,31 +142,62 @@ def timing(bundle: Path) -> dict:
         from mlc_runtime import Runner
 
         runner = Runner(artifact)
-        eager = models.bert2().half().cuda().eval()
-        compiled = torch.compile(eager, mode="max-autotune-no-cudagraphs")
-        for batch, seq in shapes:
-            ids = torch.randint(0, 1000, (batch, seq), device="cuda")
-            mask = torch.ones(batch, seq, dtype=torch.int64, device="cuda")
-            feeds = {"input_ids": ids, "attention_mask": mask}
-            calls = {"mlc": functools.partial(runner.run, feeds, device_outputs=True),
-                     "torch eager": functools.partial(eager, ids, mask),
-                     "torch.compile": functools.partial(compiled, ids, mask)}
-            times = {k: [] for k in calls}
-            with torch.no_grad():
-                for call in calls.values():  # warm-up (torch.compile compiles here)
-                    for _ in range(5):
-                        call()
+        for shape in shapes:
+            feeds = make_inputs(shape)  # torch's dtypes; the artifact's inputs keep the model's (fp32 images)
+            mlc_feeds = {spec["name"]: feeds[spec["name"]].to(getattr(torch, spec["dtype"]))
+                         for spec in runner.inputs}
+            torch_feeds = {k: v.half().contiguous(memory_format=torch.channels_last) if v.dim() == 4
+                           else v.half() if v.is_floating_point() else v for k, v in feeds.items()}
+            host_feeds = {k: v.cpu().numpy() for k, v in mlc_feeds.items()}
+            compiled = torch.compile(module, mode=COMPILE_MODE, dynamic=False)
+            torch_calls = {"torch eager": module, "torch.compile": compiled}
+            resident = {"mlc": functools.partial(runner.run, mlc_feeds, device_outputs=True),
+                        **{k: functools.partial(m, *torch_feeds.values()) for k, m in torch_calls.items()}}
+            end_to_end = {"mlc": functools.partial(runner.run, host_feeds),
+                          **{k: functools.partial(host_round_trip, m, host_feeds) for k, m in torch_calls.items()}}
+            label = f"{name} {'x'.join(map(str, shape))}"
+            figures[label] = {"device-resident": interleaved(resident), "end to end": interleaved(end_to_end)}
+            write(out, record)
+        largest = make_inputs(shapes[-1])
+        record.setdefault("profile", {})[f"{name} {'x'.join(map(str, shapes[-1]))}"] = runner.profile(
+            {spec["name"]: largest[spec["name"]].cpu().numpy().astype(spec["dtype"]) for spec in runner.inputs})[:15]
+        write(out, record)
+
+
+
+
+def host_round_trip(module, host_feeds: dict):
+    """torch end to end: numpy in, to the GPU (floats at fp16), the model, numpy out."""
+    import torch
+
+    tensors = [torch.from_numpy(v).to(DEVICE) for v in host_feeds.values()]
+    result = module(*[t.half() if t.is_floating_point() else t for t in tensors])
+    return result.float().cpu().numpy()
+
+
+def interleaved(calls: dict, warmup: int = 5, repeat: int = 100) -> dict:
+    import numpy as np
+    import torch
+
+    times = {k: [] for k in calls}
+    with torch.no_grad():
+        for call in calls.values():  # torch.compile compiles here
+            for _ in range(warmup):
+                call()
+        torch.cuda.synchronize()
+        for _ in range(repeat):
+            for key, call in calls.items():
+                start = time.perf_counter()
+                call()
                 torch.cuda.synchronize()
-                for _ in range(100):
-                    for key, call in calls.items():
-                        start = time.perf_counter()
-                        call()
-                        torch.cuda.synchronize()
-                        times[key].append(time.perf_counter() - start)
-            figures[f"{name} {batch}x{seq}"] = {
-                key: {"p50_ms": float(np.median(t) * 1e3), "p10_ms": float(np.percentile(t, 10) * 1e3),
-                      "p90_ms": float(np.percentile(t, 90) * 1e3)} for key, t in times.items()}
-    return figures
+                times[key].append(time.perf_counter() - start)
+    return {key: {"p50_ms": float(np.median(t) * 1e3), "p10_ms": float(np.percentile(t, 10) * 1e3),
+                  "p90_ms": float(np.percentile(t, 90) * 1e3)} for key, t in times.items()}
+
+
+def write(out: Path, record: dict) -> None:
+    """After every step, so that a run cut short still brings back what it measured."""
+    (out / "gpu-results.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
 
 
 def main() -> None:
@@ -135,14 +209,20 @@ def main() -> None:
               "bundle": bundle.name}
     install(bundle)
     record["checks"] = checks(bundle)
+    write(out, record)
+    for name, entry in record["checks"].items():
+        print(name, {step: ("ok" if result["ok"] else f"FAILED rc {result['rc']}") for step, result in entry.items()},
+              flush=True)
     if "--timing" in sys.argv:
         try:
-            record["timing"] = timing(bundle)
+            timing(bundle, out, record)
         except Exception as e:  # the checks above are recorded whatever happens here
-            record["timing_error"] = f"{type(e).__name__}: {e}"
-    (out / "gpu-results.json").write_text(json.dumps(record, indent=1) + "\n")
-    for name, entry in record["checks"].items():
-        print(name, {step: result["rc"] for step, result in entry.items()})
+            import traceback
+
+            record["timing_error"] = traceback.format_exc()[-3000:]
+            print("timing failed:", type(e).__name__, e, flush=True)
+        write(out, record)
+        print(json.dumps(record.get("timing"), indent=1), flush=True)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ benchmarks/onnx_node_tests):
   IsInf._impl_v10                       detect_positive / detect_negative (TVM ignores them)
   ReduceMax, ReduceMin                  of booleans (TVM has no bool max/min identity)
   Clip._impl_v1, _impl_v13              NaN kept (relax maximum/minimum); constant bounds as one fusable clip
+  dlight gpu MatmulTensorization        a kernel it cannot tensorize is scheduled without tensor cores (its
+                                        schedule error failed the whole build, and fp16 fell back to fp32)
   tvm_ffi global functions              the thin runtime's numpy functions for value-dependent ops
                                         (mlc.runtime.runner.register_host_functions), so a run here computes what
                                         the artifact will
@@ -953,8 +955,26 @@ def _extend_convert_map(table: dict) -> None:
 
 
 # The order the importer applied them in (to_relax, then conformance overrides, then onnx_ops' converters).
+def _tensorization_falls_back() -> None:
+    """dlight's GPU Matmul rule returns its tensor-core schedule without catching that schedule's failures: one
+    kernel it cannot tensorize (a conv's im2col matmul with a dynamic batch, at fp16) failed the whole build, and the
+    model fell back to fp32. A failed tensorization now returns None, and the rule schedules that kernel without
+    tensor cores."""
+    from tvm.s_tir.dlight.gpu import matmul
+    from tvm.s_tir.schedule import ScheduleError
+
+    for rule in (matmul.MatmulTensorization, matmul.MatmulInt8Tensorization):
+        def apply(self, func, target, tunable, _original=rule.apply):
+            try:
+                return _original(self, func, target, tunable)
+            except ScheduleError:
+                return None
+
+        rule.apply = apply
+
+
 _PATCHES = (_read_external_weights, _bfloat16_as_bfloat16, _keep_symbolic_range_lengths, _shape_inputs_as_tensors,
             _split_with_empty_parts, _dropout_mask, _batch_norm_training, _conv_transpose_output_shape,
             _blocked_quantization, _cast_to_float8, _resize_through_mlc, _fold_variadic_pairwise,
             _add_loss_converters, _name_failing_converter, _layer_norm_statistics, _pow_mixed_types, _is_inf_signs,
-            _bool_extreme_reductions, _clip_keeps_nan, _mlc_converters)
+            _bool_extreme_reductions, _clip_keeps_nan, _mlc_converters, _tensorization_falls_back)
