@@ -1,17 +1,20 @@
 """Build the CUDA artifacts of one GPU run here (no GPU needed) into a bundle that travels to the GPU machine, within
-its 64 MiB: the artifacts without their runtime libraries (one copy of those, put back there), the apache-tvm-ffi
-wheel for the GPU machine's Python, and, for the dynamic BERT, inputs and ONNX Runtime outputs at three shapes.
+its 64 MiB: the artifacts with each large file (runtime libraries, weights) gzipped and stored once, put back there;
+the apache-tvm-ffi wheel for the GPU machine's Python; for the dynamic BERT, inputs and ONNX Runtime outputs at three
+shapes.
 
     python benchmarks/gpu/prepare.py a      # -> benchmarks/work-gpu/bundle-a (then run_on_gpu.py there)
 
 Bundle a: zoo:mlp for cuda-h100, for the generic `cuda` target (sm_80: on a Hopper GPU its PTX is what loads) and
 for sm_100a (which a Hopper GPU must refuse in one line),
 and bert2 (bert-base width, 2 layers, dynamic batch and seq) at --precision fp16. Bundle b: zoo:bert-tiny and
-squeezenet1_0 at fp32; bundle c: zoo:resnet18 at --precision fp16 with a dynamic batch (timed there at 1 and 32); all
-cuda-h100."""
+squeezenet1_0 at fp32; bundle c: zoo:resnet18 at --precision fp16 with a dynamic batch (timed there at 1 and 32);
+bundles d and e: bert2 at fp16 and a fixed shape, (1, 128) and (32, 128), with --cuda-graphs; all cuda-h100."""
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 import shutil
 import subprocess
@@ -22,6 +25,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE.parent / "work-gpu"
+SHARED_BYTES = 64 * 1024
 LIMIT_MIB = 63  # of the 64 MiB a run may take there, the checkout's tracked files included
 TVM_FFI = "apache-tvm-ffi==0.1.14.post1"
 GPU_PYTHON = "3.12"  # the GPU machine's
@@ -38,6 +42,14 @@ BUNDLES = {
     "b": [("bert-tiny", ["zoo:bert-tiny", "--target", "cuda-h100"]),
           ("squeezenet", [f"{HERE}/models.py:squeezenet1_0", "--target", "cuda-h100"])],
     "c": [("resnet18-fp16", ["zoo:resnet18", "--target", "cuda-h100", "--precision", "fp16", "--dynamic", "batch"])],
+    # bert2 at fixed shapes with CUDA graphs, one shape a bundle (the weights are 32 MiB, the reference outputs at
+    # (32, 128) 12 MiB)
+    "d": [("bert2-fp16-1x128-graphs", ["{work}/bert2.onnx", "--target", "cuda-h100", "--precision", "fp16",
+                                       "--input-shape", "input_ids:1x128", "--input-shape", "attention_mask:1x128",
+                                       "--cuda-graphs"])],
+    "e": [("bert2-fp16-32x128-graphs", ["{work}/bert2.onnx", "--target", "cuda-h100", "--precision", "fp16",
+                                        "--input-shape", "input_ids:32x128", "--input-shape", "attention_mask:32x128",
+                                        "--cuda-graphs"])],
 }
 
 
@@ -45,16 +57,18 @@ def mlc(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "mlc", *args], check=True)
 
 
-def strip_runtime(artifact: Path, shared: Path) -> list[str]:
-    """Move the artifact's runtime libraries (the same in every artifact of a target) to `shared`, once."""
-    runtime = json.loads((artifact / "manifest.json").read_text())["runtime"]
-    moved = [rel for rel in [runtime["library"], runtime.get("ffi_library"), *runtime.get("device_libraries", []),
-                             runtime.get("native_runner")] if rel]
+def strip_shared(artifact: Path, shared: Path) -> dict[str, str]:
+    """Move each file of at least SHARED_BYTES to `shared`, gzipped and stored once by its content (the runtime
+    libraries of every artifact, the weights of builds of one model): {path in the artifact: name in `shared`}."""
     shared.mkdir(exist_ok=True)
-    for rel in moved:
-        if not (shared / Path(rel).name).exists():
-            shutil.copy2(artifact / rel, shared / Path(rel).name)
-        (artifact / rel).unlink()
+    moved = {}
+    for path in sorted(p for p in artifact.rglob("*") if p.is_file() and p.stat().st_size >= SHARED_BYTES):
+        data = path.read_bytes()
+        name = f"{hashlib.sha256(data).hexdigest()[:16]}-{path.name}.gz"
+        if not (shared / name).exists():
+            (shared / name).write_bytes(gzip.compress(data, mtime=0))
+        path.unlink()
+        moved[str(path.relative_to(artifact))] = name
     return moved
 
 
@@ -85,7 +99,7 @@ def main(name: str) -> None:
     for artifact, args in BUNDLES[name]:
         out = bundle / "artifacts" / artifact
         mlc("compile", *[a.replace("{work}", str(WORK)) for a in args], "-o", str(out))
-        stripped[artifact] = strip_runtime(out, bundle / "runtime-libs")
+        stripped[artifact] = strip_shared(out, bundle / "shared")
     if name == "a":
         bert_shapes(WORK / "bert2.onnx", bundle / "shapes" / "bert2-fp16")
     (bundle / "stripped.json").write_text(json.dumps(stripped, indent=1) + "\n")

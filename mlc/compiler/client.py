@@ -48,6 +48,7 @@ def compile_in_worker(
     dump_ir: Optional[Path] = None,
     dim_upper_bounds: Optional[dict[str, int]] = None,
     precision: str = "fp32",
+    cuda_graphs: bool = False,
 ) -> CompileResult:
     """Import + build (+ export to `library`) (+ run on `run`=(inputs.npz, outputs.npz)) with TVM.
 
@@ -63,7 +64,7 @@ def compile_in_worker(
         run=RunFiles(str(run[0]), str(run[1])) if run else None, cross_compiler=cross_compiler,
         kernels_dir=str(kernels_dir) if kernels_dir else None, object_dir=str(object_dir) if object_dir else None,
         schedules=schedules, relax_passes=relax_passes or [], dump_ir=str(dump_ir) if dump_ir else None,
-        dim_upper_bounds=dim_upper_bounds or {}, precision=precision,
+        dim_upper_bounds=dim_upper_bounds or {}, precision=precision, cuda_graphs=cuda_graphs,
         reproducer=str(onnx_path.with_name(onnx_path.stem + ".reproducer.onnx")))
     if not isolate:
         # through JSON as from the child: the same contract either way

@@ -130,6 +130,7 @@ class CompileRequest:
     dump_ir: Optional[str] = None
     dim_upper_bounds: dict[str, int] = field(default_factory=dict)
     precision: str = "fp32"
+    cuda_graphs: bool = False  # CUDA: replay the static stretches of `main` as CUDA graphs
     reproducer: Optional[str] = None  # where a failing mandatory step writes its smallest failing subgraph
     reproducer_budget_s: float = REPRODUCER_BUDGET_S
 

@@ -20,10 +20,12 @@ SUFFIX = ".weights"  # beside the library: model.so, model.weights
 ALIGNMENT = 64
 
 
-def lift_constants(collected: list) -> Any:
+def lift_constants(collected: list, mark_weights: bool = False) -> Any:
     """A module pass, run last in the Relax pipeline (after FoldConstant has prepacked the weights and the VM
     lowering, whose shape checks the lifted parameters then skip): each distinct constant of `main` of at least
-    MIN_BYTES becomes a trailing parameter of `main`; their tensors are appended to `collected`, in order."""
+    MIN_BYTES becomes a trailing parameter of `main`; their tensors are appended to `collected`, in order.
+    `mark_weights`: `main`'s `num_input` attribute says which parameters are inputs, the rest weights (for passes
+    that run after it)."""
     import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
@@ -64,8 +66,9 @@ def lift_constants(collected: list) -> Any:
         if not rewriter.params:
             return mod
         mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
-        mod[main] = relax.Function(list(func.params) + rewriter.params, body, func.ret_ty, func.is_pure,
-                                   func.attrs, func.span)
+        lifted_main = relax.Function(list(func.params) + rewriter.params, body, func.ret_ty, func.is_pure,
+                                     func.attrs, func.span)
+        mod[main] = lifted_main.with_attr("num_input", len(func.params)) if mark_weights else lifted_main
         return mod
 
     return lift

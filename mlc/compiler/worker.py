@@ -201,7 +201,15 @@ def _build(mod, request: CompileRequest, default_schedules: bool, notes: list[No
         db = request.schedules.db if use_db else None
         executable, report = schedules.build(mod, request.target, db, default_schedules, notes, lifted)
         return executable, report, lifted
-    return build.build(mod, request.target, lifted), None, lifted
+    if not request.cuda_graphs:
+        return build.build(mod, request.target, lifted), None, lifted
+    try:
+        return build.build(mod, request.target, lifted, cuda_graphs=True), None, lifted
+    except Exception as e:  # an optional step: build without it, and say so
+        traceback.print_exc()  # into the log file
+        notes.append(Note(NoteKind.FALLBACK, f"built without CUDA graphs: TVM failed with them: {summarize(e)}"))
+        lifted.clear()
+        return build.build(mod, request.target, lifted), None, lifted
 
 
 def _build_with_fallbacks(mod, passes_applied: bool, imported, request: CompileRequest, notes: list[Note],

@@ -126,6 +126,8 @@ def plan_compile(model: ModelSpec, options: CompileOptions) -> CompilePlan:
     frontends.check_exporter(model.framework, model.exporter)
     preset = targets.resolve(options.target)
     precision_supported(preset, options.precision, options.emulated)
+    if options.cuda_graphs and preset.device != "cuda":
+        raise TargetError(f"--cuda-graphs is for CUDA targets; {preset.name} runs on {preset.device}")
     quantize_supported(preset, options.quantize, options.emulated, options.precision)
     if options.quantize and requested_buckets:
         raise InputError("--quantize and --buckets cannot be combined yet (each bucket would need its own "
@@ -237,7 +239,7 @@ def _build(plan: CompilePlan, prepared: Prepared, refs: References, builds: list
                     object_dir=staged / OBJECTS if macos else None, schedules=plan.schedules,
                     relax_passes=[s.to_json() for s in plan.steps], dump_ir=options.pass_options.dump_ir,
                     dim_upper_bounds={name: hi for name, (_, hi) in plan.ranges.items()},
-                    precision=options.precision)
+                    precision=options.precision, cuda_graphs=options.cuda_graphs)
 
             def compile_bound(onnx_path: Path) -> WorkerCompileResult:
                 try:

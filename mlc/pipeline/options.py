@@ -270,6 +270,10 @@ class CompileOptions:
         "fp32", "--precision", parse=check_precision, recorded="given",
         help="fp32, bf16 (CPUs with AVX512-BF16) or fp16 (CUDA): matmul/conv inputs and weights in that type, fp32 "
              "accumulation; judged by an accuracy gate against the fp32 reference (exit 3 when missed).")
+    cuda_graphs: bool = option(False, "--cuda-graphs", recorded="given",
+                               help="CUDA: after the first call, replay the parts of the model whose shapes are static "
+                                    "as CUDA graphs (one launch each instead of one per kernel); fix the input shapes "
+                                    "(--input-shape) for the whole model.")
     emulated: bool = option(False, "--emulated", recorded="given",
                             help="Build a --precision the target has no instructions for (slow: converted in "
                                  "software).")
