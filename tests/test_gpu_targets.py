@@ -112,6 +112,41 @@ def test_fp16_matmuls_for_hopper_run_on_tensor_cores(tmp_path):
     assert manifest["precision"] == "fp16" and manifest["runtime"]["gpu_code"]["cubin"] == "sm_90"
 
 
+def test_a_conv_dlight_cannot_tensorize_stays_fp16(tmp_path):
+    """dlight's tensor-core schedule raises (compute-at) on a 3x3 conv with a dynamic batch at fp16: that kernel is
+    scheduled without tensor cores and the build stays fp16 (the whole build fell back to fp32, resnet18 among them)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((128, 128, 3, 3)).astype(np.float32),
+                                     "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "conv",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 128, 28, 28])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 128, 28, 28])], [weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "conv.onnx")
+    out = tmp_path / "conv-cuda"
+    proc = run_mlc("compile", tmp_path / "conv.onnx", "--target", "cuda-h100", "--precision", "fp16", "--dynamic",
+                   "batch", "-o", out, check=True)
+    assert "built without" not in proc.stderr
+    assert json.loads((out / "manifest.json").read_text())["precision"] == "fp16"
+
+
+def test_cuda_graphs_capture_the_static_kernels_and_keep_the_weights_beside(tmp_path):
+    """--cuda-graphs: the library calls TVM's CUDA-graph builtins for the kernels between input and output, the
+    weights stay in model.weights (lifted before the capture, not taken into the library); refused off CUDA."""
+    graphs, plain = tmp_path / "graphs", tmp_path / "plain"
+    for out, flags in ((graphs, ["--cuda-graphs"]), (plain, [])):
+        run_mlc("compile", "zoo:mlp", "--target", "cuda-h100", "--input-shape", "x:4x64", *flags, "-o", out,
+                check=True)
+    library = (graphs / "model.so").read_bytes()
+    assert b"vm.builtin.cuda_graph.run_or_capture" in library and b"main_cuda_graph_capture" in library
+    assert b"cuda_graph" not in (plain / "model.so").read_bytes()
+    assert (graphs / "model.weights").stat().st_size == (plain / "model.weights").stat().st_size > 0
+    assert json.loads((graphs / "manifest.json").read_text())["compile"]["recipe"].endswith("--cuda-graphs")
+    assert_clean_error(run_mlc("compile", "zoo:mlp", "--cuda-graphs", "-o", tmp_path / "x86"), 1,
+                       "--cuda-graphs is for CUDA targets")
+
+
 @pytest.mark.skipif(device_present("cuda"), reason="this machine has a GPU")
 def test_cuda_artifact_refuses_to_run_without_gpu(cuda_artifact):
     assert_clean_error(run_mlc("check", cuda_artifact), 4, "runs on a CUDA device and none is usable here")
