@@ -328,11 +328,11 @@ def test_baseline_registry_names_known_frameworks():
 
 
 def test_worker_timeout_stops_the_worker_and_its_children(tmp_path, monkeypatch):
-    """`--cell-timeout`: mlc._proc.run kills the worker's whole process group (compiler pools included)."""
+    """`--cell-timeout`: mlc.child_process.run kills the worker's whole process group (compiler pools included)."""
     import os
     import time
 
-    from mlc._proc import run
+    from mlc.child_process import run
     from mlc.errors import CompilerError
 
     (tmp_path / "sleeper.py").write_text(

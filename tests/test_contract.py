@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from mlc import _proc
+from mlc import child_process
 from mlc.compiler import client, contract, worker
 from mlc.compiler.contract import (CompileRequest, CompileResult, ContractError, Note, NoteKind, RunFiles,
                                    ScheduleRequest)
@@ -20,7 +20,7 @@ from mlc.pipeline import prepare
 
 
 def _through_json(data: dict) -> dict:
-    return json.loads(json.dumps(data))  # what _proc.run writes and the child reads
+    return json.loads(json.dumps(data))  # what child_process.run writes and the child reads
 
 
 def _request() -> CompileRequest:
@@ -30,7 +30,8 @@ def _request() -> CompileRequest:
         run=RunFiles("/w/in.npz", "/w/out.npz"), cross_compiler="aarch64-linux-gnu-g++", kernels_dir="/a/kernels",
         object_dir="/a/objects", schedules=ScheduleRequest(db="/db", default=False),
         relax_passes=[{"name": "fuse_ops", "level": "relax", "config": {}, "explicit": False}], dump_ir="/w/ir",
-        dim_upper_bounds={"seq": 512}, precision="bf16", reproducer="/w/cleaned.reproducer.onnx",
+        dim_upper_bounds={"seq": 512}, precision="bf16", cuda_graphs=True,
+        reproducer="/w/cleaned.reproducer.onnx",
         reproducer_budget_s=7.5)
 
 
@@ -88,8 +89,8 @@ def test_nested_parts_are_strict_too():
 def test_the_worker_refuses_a_request_it_does_not_understand():
     """Parsed at the child's entry, before any TVM: the parent gets a CompilerError naming the field."""
     data = {**_through_json(_request().to_json()), "new_option": True}
-    result = _proc.handle(data, worker._serve)
-    assert not result.ok and result.kind == _proc.ERROR and "new_option" in result.message
+    result = child_process.handle(data, worker._serve)
+    assert not result.ok and result.kind == child_process.ERROR and "new_option" in result.message
     error = result.error(default=CompilerError)
     assert isinstance(error, CompilerError) and "unknown field(s) new_option" in str(error)
 
@@ -97,7 +98,7 @@ def test_the_worker_refuses_a_request_it_does_not_understand():
 def test_the_client_refuses_a_result_it_does_not_understand():
     payload = {**_through_json(_result().to_json()), "new_result": 1}
     with pytest.raises(ContractError, match="compile result: unknown field.*new_result"):
-        client._check_result(_proc.WorkerResult.success(payload), None)
+        client._check_result(child_process.WorkerResult.success(payload), None)
 
 
 def _unsupported_model() -> onnx.ModelProto:
@@ -136,7 +137,7 @@ def test_dropping_quantization_drops_the_calibration_note_by_kind(tmp_path):
 
 def test_a_compile_error_carries_tvms_own_message():
     """What bind_to_reference quotes: TVM's message, not the client's sentence around it."""
-    failure = _proc.WorkerResult.failure(contract.FailureKind.COMPILE.value, "Check failed: x", stage="import")
+    failure = child_process.WorkerResult.failure(contract.FailureKind.COMPILE.value, "Check failed: x", stage="import")
     with pytest.raises(CompilerError) as caught:
         client._check_result(failure, None)
     assert str(caught.value) == "TVM failed during import: Check failed: x"

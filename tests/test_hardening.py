@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import onnx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -17,7 +17,7 @@ MLC = Path(__file__).resolve().parent.parent / "mlc"
 # mlc's packages (private names may not cross them); a module belongs to the first one that prefixes it.
 PACKAGES = ("mlc.api", "mlc.cli", "mlc.pipeline", "mlc.frontends", "mlc.passes", "mlc.compiler", "mlc.tuning",
             "mlc.bench", "mlc.check", "mlc.artifacts", "mlc.targets", "mlc.models", "mlc.runtime", "mlc.errors",
-            "mlc._proc")
+            "mlc.child_process")
 
 # Known violations, each with its reason (none today). Entries name
 # the file and the thing (no line numbers), so a new violation is never hidden behind an old one.

@@ -1,4 +1,5 @@
-"""mlc._proc, the child-process protocol every worker speaks, with a tiny worker module (no TVM, no framework)."""
+"""mlc.child_process, the child-process protocol every worker speaks, with a tiny worker module (no TVM, no
+framework)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mlc import _proc
+from mlc import child_process
 from mlc.errors import CompilerError, InputError, UnsupportedModelError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -16,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 CHILD = '''
 import os, signal, sys, time
 
-from mlc import _proc
+from mlc import child_process
 from mlc.errors import CompilerError
 
 
@@ -25,7 +26,7 @@ def handler(request):
     if mode == "ok":
         return {"ok": True, "echo": request["value"], "env": os.environ.get("MLC_PROC_TEST")}
     if mode == "typed":
-        return _proc.WorkerResult.failure("pass", "the pass cannot", stage="passes", op="Erf")
+        return child_process.WorkerResult.failure("pass", "the pass cannot", stage="passes", op="Erf")
     if mode == "mlc":
         raise CompilerError("bad model\\nsecond line", stage="build")
     if mode == "raise":
@@ -40,7 +41,7 @@ def handler(request):
     if mode == "sleep":
         time.sleep(120)
     if mode == "stop":  # a worker that honours the stop request
-        while not _proc.stop_requested():
+        while not child_process.stop_requested():
             time.sleep(0.05)
         return {"ok": True, "stopped": True}
     if mode == "stubborn":  # ignores it: killed after the grace period
@@ -58,7 +59,7 @@ def handler(request):
 
 
 if __name__ == "__main__":
-    sys.exit(_proc.serve(sys.argv[1:], handler, graceful_stop=True))
+    sys.exit(child_process.serve(sys.argv[1:], handler, graceful_stop=True))
 '''
 
 
@@ -69,7 +70,7 @@ def child(tmp_path):
 
     def run(request: dict, **options):
         options.setdefault("env", env)
-        return _proc.run("proc_child", request, tmp_path / "job.request.json", "the test child", **options)
+        return child_process.run("proc_child", request, tmp_path / "job.request.json", "the test child", **options)
 
     return run
 
@@ -87,7 +88,7 @@ def _gone(pid: int) -> bool:
 def test_result_comes_back_typed_with_the_environment(child, tmp_path):
     polls = []
     result, log = child({"mode": "ok", "value": [1, 2]}, poll=lambda: polls.append(1))
-    assert result == _proc.WorkerResult(True, payload={"echo": [1, 2], "env": "passed through"})
+    assert result == child_process.WorkerResult(True, payload={"echo": [1, 2], "env": "passed through"})
     assert result.as_dict() == {"ok": True, "echo": [1, 2], "env": "passed through"}
     assert polls and log.exists()  # the caller decides whether the log is worth keeping
     log.unlink()
@@ -105,14 +106,14 @@ def test_worker_kinds_and_stage_pass_through(child):
 def test_mlc_error_is_raised_again_with_class_and_stage(child):
     result, log = child({"mode": "mlc"})
     log.unlink()
-    assert result.kind == _proc.ERROR
+    assert result.kind == child_process.ERROR
     error = result.error()
     assert type(error) is CompilerError and error.stage == "build" and str(error) == "bad model\\nsecond line"
 
 
 def test_unforeseen_exception_is_one_line_and_the_traceback_is_logged(child):
     result, log = child({"mode": "raise"})
-    assert result.kind == _proc.EXCEPTION and result.message == "ValueError: first line"
+    assert result.kind == child_process.EXCEPTION and result.message == "ValueError: first line"
     text = log.read_text()
     log.unlink()
     assert "Traceback" in text and "second line" in text
@@ -168,15 +169,15 @@ def test_a_child_that_writes_or_computes_is_not_stalled(child, tmp_path, mode):
 
 
 def test_stall_limit_comes_from_the_environment(monkeypatch):
-    monkeypatch.delenv(_proc.STALL_ENV, raising=False)
-    assert _proc.stall_limit() == _proc.DEFAULT_STALL_S == 1800
-    monkeypatch.setenv(_proc.STALL_ENV, "0")
-    assert _proc.stall_limit() == 0
-    monkeypatch.setenv(_proc.STALL_ENV, "90")
-    assert _proc.stall_limit() == 90
-    monkeypatch.setenv(_proc.STALL_ENV, "nan")
+    monkeypatch.delenv(child_process.STALL_ENV, raising=False)
+    assert child_process.stall_limit() == child_process.DEFAULT_STALL_S == 1800
+    monkeypatch.setenv(child_process.STALL_ENV, "0")
+    assert child_process.stall_limit() == 0
+    monkeypatch.setenv(child_process.STALL_ENV, "90")
+    assert child_process.stall_limit() == 90
+    monkeypatch.setenv(child_process.STALL_ENV, "nan")
     with pytest.raises(InputError, match="^MLC_STALL_TIMEOUT must be a number of seconds"):
-        _proc.stall_limit()
+        child_process.stall_limit()
 
 
 def _interrupt_when(ready: Path):
@@ -192,7 +193,7 @@ def test_interrupt_asks_the_child_to_stop_and_lets_it_finish(child, tmp_path):
         child({"mode": "stop", "ready": str(ready)}, poll=_interrupt_when(ready), stop_grace_s=30,
               on_stop=lambda: stops.append(1), log_prefix="mlc-proc-test-")
     assert stops == [1]
-    result = _proc.read_result(tmp_path / "job.request.json")
+    result = child_process.read_result(tmp_path / "job.request.json")
     assert result is not None and result.ok and result.payload == {"stopped": True}  # it got to write its result
 
 
@@ -203,19 +204,19 @@ def test_interrupt_kills_a_child_that_does_not_stop_in_time(child, tmp_path):
         child({"mode": "stubborn", "ready": str(ready)}, poll=_interrupt_when(ready), stop_grace_s=1)
     assert 1 <= time.monotonic() - start < 30
     assert _gone(int(ready.read_text()))
-    assert _proc.read_result(tmp_path / "job.request.json") is None
+    assert child_process.read_result(tmp_path / "job.request.json") is None
 
 
 def test_interrupt_without_grace_kills_at_once(child, tmp_path):
     ready = tmp_path / "ready"
     with pytest.raises(KeyboardInterrupt):
         child({"mode": "stop", "ready": str(ready)}, poll=_interrupt_when(ready))
-    assert _gone(int(ready.read_text())) and _proc.read_result(tmp_path / "job.request.json") is None
+    assert _gone(int(ready.read_text())) and child_process.read_result(tmp_path / "job.request.json") is None
 
 
 def test_one_line():
-    assert _proc.one_line(RuntimeError("\n  \nfirst\nsecond")) == "RuntimeError: first"
-    assert _proc.one_line(KeyError()) == "KeyError: "
+    assert child_process.one_line(RuntimeError("\n  \nfirst\nsecond")) == "RuntimeError: first"
+    assert child_process.one_line(KeyError()) == "KeyError: "
 
 
 def test_compile_worker_results_map_to_errors():
@@ -223,26 +224,26 @@ def test_compile_worker_results_map_to_errors():
     from mlc.compiler.client import _check_result
 
     payload = {"tvm_version": "0.27", "outputs": [], "timings": {}, "pass_records": []}
-    ok = _proc.WorkerResult.success(payload)
+    ok = child_process.WorkerResult.success(payload)
     assert _check_result(ok, None).to_json() == {**payload, "notes": [], "kernels": {}, "schedules": None,
                                                   "weights": None, "precision": "fp32", "gpu_code": None}
     with pytest.raises(CompilerError, match="^TVM failed during build: boom$") as caught:
-        _check_result(_proc.WorkerResult.from_dict({"ok": False, "kind": "compile", "stage": "build",
+        _check_result(child_process.WorkerResult.from_dict({"ok": False, "kind": "compile", "stage": "build",
                                                     "message": "boom"}), None)
     assert caught.value.stage == "build"
     with pytest.raises(UnsupportedModelError, match="Erf x1"):
-        _check_result(_proc.WorkerResult.failure("unsupported", "", ops={"Erf": {"count": 1, "first_nodes": ["e"]}}),
-                      None)
+        _check_result(child_process.WorkerResult.failure("unsupported", "",
+                                                          ops={"Erf": {"count": 1, "first_nodes": ["e"]}}), None)
 
 
 def test_log_tail_skips_stack_dumps(tmp_path):
     log = tmp_path / "w.log"
     log.write_text("compiling\n!!!!!!! Segfault encountered !!!!!!!\n  File \"<unknown>\", line 0, in _start\n"
                    "  File \"<unknown>\", line 0, in 0xffffffffffffffff\n\n")
-    assert _proc.log_tail(log) == "Segfault encountered"
+    assert child_process.log_tail(log) == "Segfault encountered"
     log.write_text("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n    boom()\n"
                    "ValueError: boom\n")
-    assert _proc.log_tail(log) == "ValueError: boom"
+    assert child_process.log_tail(log) == "ValueError: boom"
     log.write_text("  File \"a\", line 1\n")  # nothing but frames: the last line still says something
-    assert _proc.log_tail(log) == 'File "a", line 1'
-    assert _proc.log_tail(tmp_path / "missing.log") == ""
+    assert child_process.log_tail(log) == 'File "a", line 1'
+    assert child_process.log_tail(tmp_path / "missing.log") == ""

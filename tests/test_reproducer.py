@@ -75,13 +75,13 @@ def test_build_failure_writes_the_smallest_failing_subgraph(monkeypatch, tmp_pat
 
 def test_reproducer_is_kept_beside_the_log(tmp_path):
     """The worker writes it into the compile's scratch folder; the parent moves it beside the log it names."""
-    from mlc import _proc
+    from mlc import child_process
     from mlc.compiler import client
 
     written, log = tmp_path / "scratch.reproducer.onnx", tmp_path / "mlc-worker-x.log"
     written.write_bytes(b"onnx")
     log.write_text("trace")
-    result = _proc.WorkerResult.failure("compile", "Check failed: boom", stage="build", reproducer=str(written),
+    result = child_process.WorkerResult.failure("compile", "Check failed: boom", stage="build", reproducer=str(written),
                                         reproducer_nodes=1, model_nodes=9)
     with pytest.raises(CompilerError) as caught:
         client._check_result(result, log)

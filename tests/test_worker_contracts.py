@@ -17,7 +17,7 @@ from mlc.pipeline.convert_contract import ConvertRequest, ConvertResult
 
 
 def _through_json(data: dict) -> dict:
-    return json.loads(json.dumps(data))  # what _proc.run writes and the child reads
+    return json.loads(json.dumps(data))  # what child_process.run writes and the child reads
 
 
 # Each value sets every field away from its default: a field to_json dropped would come back as the default.
@@ -172,13 +172,13 @@ def test_a_prepared_shape_is_recorded_without_the_keys_it_lacks():
 
 def test_a_compile_failure_payload_is_typed_and_strict():
     """The client reads a failure of the worker's kinds through CompileFailure: a key it does not know is an error."""
-    from mlc import _proc
+    from mlc import child_process
     from mlc.compiler import client
 
     details = CompileFailure(ops={"Foo": {"count": 2, "first_nodes": ["f"]}})
-    unsupported = _proc.WorkerResult.failure(FailureKind.UNSUPPORTED.value, "", None, **details.to_json())
+    unsupported = child_process.WorkerResult.failure(FailureKind.UNSUPPORTED.value, "", None, **details.to_json())
     with pytest.raises(Exception, match="Foo x2 \\(first: f\\)"):
         client._check_result(unsupported, None)
-    renamed = _proc.WorkerResult.failure(FailureKind.UNSUPPORTED.value, "", None, op_types={"Foo": {}})
+    renamed = child_process.WorkerResult.failure(FailureKind.UNSUPPORTED.value, "", None, op_types={"Foo": {}})
     with pytest.raises(ContractError, match="compile failure: unknown field.*op_types"):
         client._check_result(renamed, None)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from mlc import _proc, models
+from mlc import child_process, models
 from mlc.bench.contract import RESULTS, BenchRequest
 from mlc.errors import MlcError
 
@@ -28,8 +28,9 @@ def source_framework(model: models.ZooModel, override: Optional[str]) -> str:
 def run_child(job: BenchRequest, workdir: Path, tag: str, what: str, timeout: Optional[float] = None):
     """One job in mlc.bench.worker; its typed result (mlc.bench.contract), or CellError (log kept and named for an
     unforeseen error)."""
-    result, log = _proc.run("mlc.bench.worker", job.to_json(), workdir / f"{tag}.request.json", what, timeout=timeout)
-    keep = not result.ok and result.kind == _proc.EXCEPTION
+    result, log = child_process.run("mlc.bench.worker", job.to_json(), workdir / f"{tag}.request.json", what,
+                                    timeout=timeout)
+    keep = not result.ok and result.kind == child_process.EXCEPTION
     if not keep:
         log.unlink(missing_ok=True)
     if result.ok:
@@ -42,7 +43,7 @@ class CellError(Exception):
 
 
 def error_text(e: BaseException) -> str:
-    return str(e) if isinstance(e, (MlcError, CellError)) else _proc.one_line(e)
+    return str(e) if isinstance(e, (MlcError, CellError)) else child_process.one_line(e)
 
 
 def dir_size(path: Path) -> int:

@@ -1,6 +1,6 @@
 """The benchmark worker's contract (mlc.bench.worker): one typed request per job the matrix and --lengths runs send
-("prepare", "measure", "sequence", "compile") and the result each returns, as JSON through mlc._proc, parsed strictly
-on both sides (mlc.compiler.contract's rules). No framework and no tvm here: the parent imports this module."""
+("prepare", "measure", "sequence", "compile") and the result each returns, as JSON through mlc.child_process, parsed
+strictly on both sides (mlc.compiler.contract's rules). No framework and no tvm here: the parent imports this module."""
 
 from __future__ import annotations
 

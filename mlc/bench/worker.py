@@ -14,7 +14,7 @@ Jobs, one per process:
 
 Thread limits go into the environment before numpy or any framework is imported (OpenMP, MKL,
 OpenBLAS and TVM's pool read them when they start). Writes the result beside the request as
-every mlc worker does (mlc._proc)."""
+every mlc worker does (mlc.child_process)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def prepare(request: PrepareRequest) -> PrepareResult:
     import onnx
 
     from mlc import models
-    from mlc._proc import one_line
+    from mlc.child_process import one_line
     from mlc.bench import suites
     from mlc.compiler.contract import Note, NoteKind
     from mlc.frontends import onnx as onnx_frontend
@@ -354,17 +354,18 @@ def run_job(request: BenchRequest):
 
 
 def serve_request(data: dict):
-    """The handler mlc._proc.serve calls: the JSON request parsed strictly, the result as the worker's payload."""
-    from mlc import _proc
+    """The handler mlc.child_process.serve calls: the JSON request parsed strictly, the result as the worker's
+    payload."""
+    from mlc import child_process
     from mlc.bench.contract import request_from_json
 
-    return _proc.WorkerResult.success(run_job(request_from_json(data)).to_json())
+    return child_process.WorkerResult.success(run_job(request_from_json(data)).to_json())
 
 
 def main(argv: list[str]) -> int:
-    from mlc import _proc
+    from mlc import child_process
 
-    return _proc.serve(argv, serve_request)
+    return child_process.serve(argv, serve_request)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The parent side of the TVM compile worker (compile_in_worker: a CompileRequest, run through mlc._proc, its
+"""The parent side of the TVM compile worker (compile_in_worker: a CompileRequest, run through mlc.child_process, its
 CompileResult or an MlcError back), and the checks that need no tvm. Only the worker imports tvm."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from mlc import _proc
+from mlc import child_process
 from mlc.compiler.contract import (CompileFailure, CompileRequest, CompileResult, FailureKind, Note, NoteKind, RunFiles,
                                    ScheduleRequest)
 from mlc.errors import CompilerError, NodeConversionError, TargetError, UnsupportedModelError
@@ -53,7 +53,7 @@ def compile_in_worker(
     """Import + build (+ export to `library`) (+ run on `run`=(inputs.npz, outputs.npz)) with TVM.
 
     With `isolate` (the default) this happens in a child process whose log goes to a file that
-    is kept, and named in the error, only when the step fails (mlc._proc runs it). `isolate=False` runs
+    is kept, and named in the error, only when the step fails (mlc.child_process runs it). `isolate=False` runs
     in this process (tests use it to patch TVM). Returns the worker's CompileResult or raises an MlcError."""
     from mlc.compiler import worker
 
@@ -71,7 +71,8 @@ def compile_in_worker(
         return _check_result(worker.as_worker_result(worker.compile_request(CompileRequest.from_json(
             request.to_json()))), None)
     request_path = onnx_path.with_name(onnx_path.stem + ".request.json")
-    result, log_path = _proc.run("mlc.compiler.worker", request.to_json(), request_path, "the TVM compile process")
+    result, log_path = child_process.run("mlc.compiler.worker", request.to_json(), request_path,
+                                         "the TVM compile process")
     return _check_result(result, log_path)
 
 
@@ -80,13 +81,14 @@ _USER_KINDS = (FailureKind.UNSUPPORTED, FailureKind.UNSUPPORTED_NODE, FailureKin
                FailureKind.TARGET, FailureKind.PASS)
 
 
-def _check_result(result: _proc.WorkerResult, log_path: Optional[Path]) -> CompileResult:
+def _check_result(result: child_process.WorkerResult, log_path: Optional[Path]) -> CompileResult:
     """The compile worker's CompileResult, or the MlcError its failure means."""
-    if log_path is not None and (result.ok or result.kind in _USER_KINDS or result.kind == _proc.ERROR):
+    if log_path is not None and (result.ok or result.kind in _USER_KINDS or result.kind == child_process.ERROR):
         log_path.unlink(missing_ok=True)
     if result.ok:
         return CompileResult.from_json(result.payload)
-    # a failure of the worker's own kinds carries a CompileFailure; mlc._proc's (ERROR, EXCEPTION) their error class
+    # a failure of the worker's own kinds carries a CompileFailure; mlc.child_process's (ERROR, EXCEPTION) their
+    # error class
     own = result.kind in {k.value for k in FailureKind}
     details = CompileFailure.from_json(result.payload) if own else CompileFailure()
     if result.kind == FailureKind.UNSUPPORTED:
@@ -100,7 +102,7 @@ def _check_result(result: _proc.WorkerResult, log_path: Optional[Path]) -> Compi
         raise UnsupportedModelError(result.message)
     if result.kind == FailureKind.TARGET:
         raise TargetError(f"TVM rejects the target: {result.message}")
-    if result.kind == _proc.ERROR:  # an MlcError raised in the worker
+    if result.kind == child_process.ERROR:  # an MlcError raised in the worker
         raise result.error(default=CompilerError)
     notes = [f"full log: {log_path}"] if log_path else []
     reproducer = _keep_reproducer(details, log_path)

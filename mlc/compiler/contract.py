@@ -1,5 +1,5 @@
 """The compiler's worker contracts, compile's and tune's: the typed request the client sends and the result the
-worker returns, as JSON through mlc._proc. Both sides parse strictly: a field one side does not know (an mlc of
+worker returns, as JSON through mlc.child_process. Both sides parse strictly: a field one side does not know (an mlc of
 another version) is an error, never dropped. No tvm here: the clients import this module, and so do the other
 workers' contracts (mlc.pipeline.convert_contract, mlc.bench.contract) for strict_fields and Note."""
 
@@ -33,7 +33,7 @@ class NoteKind(str, enum.Enum):
 
 
 class FailureKind(str, enum.Enum):
-    """Why a compile worker failed (WorkerResult.kind), besides mlc._proc's "error" and "exception"."""
+    """Why a compile worker failed (WorkerResult.kind), besides mlc.child_process's "error" and "exception"."""
 
     TARGET = "target"  # TVM rejects the target
     UNSUPPORTED = "unsupported"  # op types TVM's importer lacks; CompileFailure.ops
@@ -45,7 +45,7 @@ class FailureKind(str, enum.Enum):
 
 @dataclass(frozen=True)
 class CompileFailure:
-    """The payload of a failure of a FailureKind (mlc._proc's own kinds carry its "error" key instead)."""
+    """The payload of a failure of a FailureKind (mlc.child_process's own kinds carry its "error" key instead)."""
 
     ops: Optional[dict[str, dict]] = None  # UNSUPPORTED: {op type: {"count", "first_nodes"}}
     reproducer: Optional[str] = None  # COMPILE: where the smallest failing subgraph was written

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from mlc import _proc
+from mlc import child_process
 from mlc.compiler.contract import Note, NoteKind, TuneRequest, TuneResult, TuneStop
 
 
@@ -203,7 +203,7 @@ def _progress_callback(events: Events, names: list[str], deadline: float | None,
                         errors=self.errors, last_error=self.last_error, dropped=database.dropped,
                         dropped_reason=database.last_reason)
             out_of_time = deadline is not None and time.time() >= deadline
-            if out_of_time or _proc.stop_requested():
+            if out_of_time or child_process.stop_requested():
                 # Ends every task after this batch; the database already holds what was measured.
                 for i, record in enumerate(task_scheduler.tasks_):
                     if not record.is_terminated:  # TVM aborts on terminating a task twice
@@ -245,7 +245,7 @@ def seed_default_schedules(database, tasks, target, builder, runner, events: Eve
     rule = rules.default_rule()
     left_to_default = []
     for task in tasks:
-        if _proc.stop_requested():  # Ctrl-C or the budget: the defaults measured so far are kept
+        if child_process.stop_requested():  # Ctrl-C or the budget: the defaults measured so far are kept
             break
         mod = task.dispatched[0]
         # By its records, not its workload: a kernel left to the default has a workload and no record.
@@ -383,8 +383,8 @@ def tune_request(request: TuneRequest) -> TuneResult:
         return dataclasses.replace(finished, reason=TuneStop.ALREADY_TUNED)
     # The parent's deadline (mlc.tuning.tune), which also kills this process a little after it.
     deadline = request.deadline or (start + request.budget_s if request.budget_s else None)
-    if _proc.stop_requested() or (deadline is not None and time.time() >= deadline):
-        reason = TuneStop.INTERRUPTED if _proc.stop_requested() else TuneStop.BUDGET
+    if child_process.stop_requested() or (deadline is not None and time.time() >= deadline):
+        reason = TuneStop.INTERRUPTED if child_process.stop_requested() else TuneStop.BUDGET
         events.emit("finished", trials=0, reason=reason.value)
         return dataclasses.replace(finished, reason=reason)
     contexts = _tune_contexts(request, [tasks[i] for i in todo])
@@ -400,16 +400,17 @@ def tune_request(request: TuneRequest) -> TuneResult:
         # (TVM then aborts), which a budget or Ctrl-C early in a run does.
         task_scheduler="round-robin",
     )
-    reason = TuneStop.INTERRUPTED if _proc.stop_requested() else (
+    reason = TuneStop.INTERRUPTED if child_process.stop_requested() else (
         TuneStop.BUDGET if deadline is not None and time.time() >= deadline else TuneStop.TRIALS)
     events.emit("finished", trials=progress.trials, errors=progress.errors, reason=reason.value)
     return dataclasses.replace(finished, trials=progress.trials, reason=reason, dropped=database.dropped,
                                dropped_reason=database.last_reason)
 
 
-def serve_request(data: dict) -> _proc.WorkerResult:
-    """The handler mlc._proc.serve calls: the JSON request parsed strictly, the result as the worker's payload."""
-    return _proc.WorkerResult.success(tune_request(TuneRequest.from_json(data)).to_json())
+def serve_request(data: dict) -> child_process.WorkerResult:
+    """The handler mlc.child_process.serve calls: the JSON request parsed strictly, the result as the worker's
+    payload."""
+    return child_process.WorkerResult.success(tune_request(TuneRequest.from_json(data)).to_json())
 
 
 def main(argv: list[str]) -> int:
@@ -418,7 +419,7 @@ def main(argv: list[str]) -> int:
 
     import_without_torch("tvm_ffi")  # loading it installs TVM's SIGSEGV handler, which serve() then replaces
     # Ctrl-C in mlc arrives as SIGINT: stop after the batch being measured, so the database stays whole.
-    return _proc.serve(argv, serve_request, describe=summarize, graceful_stop=True)
+    return child_process.serve(argv, serve_request, describe=summarize, graceful_stop=True)
 
 
 if __name__ == "__main__":

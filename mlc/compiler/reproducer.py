@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import onnx
 from onnx import helper
 
-from mlc._proc import WorkerResult
+from mlc.child_process import WorkerResult
 from mlc.compiler.contract import REPRODUCER_BUDGET_S as BUDGET_S
 from mlc.compiler.contract import CompileFailure, CompileRequest, FailureKind
 

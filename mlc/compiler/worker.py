@@ -4,7 +4,7 @@
 
 The request names a cleaned ONNX model and a target; the worker imports it into Relax, compiles
 it, and optionally exports the library and/or runs it on an .npz of inputs (used by `mlc debug`).
-It writes its result beside the request for the parent (mlc._proc). Running TVM in a child
+It writes its result beside the request for the parent (mlc.child_process). Running TVM in a child
 process keeps a TVM crash (abort, segfault) from taking mlc down with it, and keeps TVM's C++
 log lines in a log file rather than on the user's terminal."""
 
@@ -17,7 +17,7 @@ import time
 import traceback
 from pathlib import Path
 
-from mlc import _proc
+from mlc import child_process
 from mlc.compiler.contract import CompileFailure, CompileRequest, CompileResult, FailureKind, Note, NoteKind
 from mlc.compiler.log import summarize
 
@@ -268,28 +268,28 @@ def _reduce_precision(mod, precision: str, target: dict, notes: list[Note]):
         return mod, None
 
 
-def as_worker_result(outcome: CompileResult | _proc.WorkerResult) -> _proc.WorkerResult:
-    """compile_request's outcome as mlc._proc sends it: a success carries the CompileResult's JSON."""
-    return _proc.WorkerResult.success(outcome.to_json()) if isinstance(outcome, CompileResult) else outcome
+def as_worker_result(outcome: CompileResult | child_process.WorkerResult) -> child_process.WorkerResult:
+    """compile_request's outcome as mlc.child_process sends it: a success carries the CompileResult's JSON."""
+    return child_process.WorkerResult.success(outcome.to_json()) if isinstance(outcome, CompileResult) else outcome
 
 
-def _serve(data: dict) -> _proc.WorkerResult:
+def _serve(data: dict) -> child_process.WorkerResult:
     """The child's handler: the request parsed once, here."""
     return as_worker_result(compile_request(CompileRequest.from_json(data)))
 
 
-def compile_request(request: CompileRequest) -> CompileResult | _proc.WorkerResult:
+def compile_request(request: CompileRequest) -> CompileResult | child_process.WorkerResult:
     """Compile as `request` says: its CompileResult, or a failure of a FailureKind."""
     import onnx
 
     from mlc.compiler import build, importer, reproducer, weights
 
     def failure(kind: FailureKind, message: str = "", stage=None,
-                details: CompileFailure | None = None) -> _proc.WorkerResult:
-        return _proc.WorkerResult.failure(kind.value, message, stage, **(details or CompileFailure()).to_json())
+                details: CompileFailure | None = None) -> child_process.WorkerResult:
+        return child_process.WorkerResult.failure(kind.value, message, stage, **(details or CompileFailure()).to_json())
 
     timings: dict[str, float] = {}
-    _proc.large_blocks_mapped()
+    child_process.large_blocks_mapped()
     stage = "load"
     try:
         start = time.perf_counter()
@@ -313,7 +313,7 @@ def compile_request(request: CompileRequest) -> CompileResult | _proc.WorkerResu
         mod = importer.to_relax(model, request.dim_upper_bounds, weights_dir)
         timings["relax_import"] = time.perf_counter() - start
         model = None  # its weights are TVM's now; a reproducer search reads the file again
-        _proc.release_memory()
+        child_process.release_memory()
         try:
             outputs = build.output_signature(mod)
         except TypeError as e:  # e.g. an output that is a shape, not a tensor
@@ -363,7 +363,7 @@ def compile_request(request: CompileRequest) -> CompileResult | _proc.WorkerResu
             precision = "fp32"
         timings["build"] = time.perf_counter() - start
         del mod  # `lifted` holds the weights main needs (packed ones replace the originals)
-        _proc.release_memory()
+        child_process.release_memory()
         written, gpu_code = None, {}
         if request.library:
             stage = "export"
@@ -407,7 +407,7 @@ def main(argv: list[str]) -> int:
     from mlc.runtime.runner import import_without_torch
 
     import_without_torch("tvm_ffi")  # loading it installs TVM's SIGSEGV handler, which serve() then replaces
-    return _proc.serve(argv, _serve, describe=summarize)
+    return child_process.serve(argv, _serve, describe=summarize)
 
 
 if __name__ == "__main__":

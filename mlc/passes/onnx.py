@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from mlc import _proc
+from mlc import child_process
 from mlc.frontends import onnx_weights
 from mlc.frontends.onnx_weights import FOLDED, Values, materialized, nbytes, weights_in
 from mlc.passes.registry import REGISTRY, PassFailed, Step
@@ -937,7 +937,7 @@ def _run(model: onnx.ModelProto, steps: Sequence[Step], dump_dir: Optional[Path]
         folder = onnx_weights.folder()
         model = _externalized(result, folder / FOLDED) if folder is not None else result
         del result
-        _proc.release_memory()  # the pass's copies of the weights: RSS grew by one per pass on bert-base
+        child_process.release_memory()  # the pass's copies of the weights: RSS grew by one per pass on bert-base
         if dump_dir is not None:
             _dump(model, dump_dir / f"onnx_{index:02d}_{step.name}.onnx")
     return model, records, notes

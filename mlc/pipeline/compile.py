@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from mlc import _proc, artifacts, compiler, frontends, targets
+from mlc import child_process, artifacts, compiler, frontends, targets
 from mlc.artifacts.manifest import Manifest
 from mlc.check import CheckResult
 from mlc.compiler import cuda_binary, runtimes
@@ -76,7 +76,7 @@ def compile(model: ModelSpec, options: CompileOptions, step: StepReporter = quie
             ) -> CompileResult:
     """Compile `model` into a verified artifact directory (see mlc.api.compile)."""
     timed = Timer(step)
-    _proc.large_blocks_mapped()
+    child_process.large_blocks_mapped()
     plan = plan_compile(model, options)
     with tempfile.TemporaryDirectory(prefix="mlc-compile-") as scratch:
         workdir = Path(scratch)
@@ -220,7 +220,7 @@ def _release_weights(prepared: Prepared, *names: str) -> None:
         light = type(model)()  # a new message: protobuf frees a message's memory only with the whole message
         light.CopyFrom(model)
         setattr(prepared, name, light)
-    _proc.release_memory()
+    child_process.release_memory()
 
 
 def _build(plan: CompilePlan, prepared: Prepared, refs: References, builds: list[bucketing.Build], staged: Path,

@@ -10,7 +10,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from mlc import _proc
+from mlc import child_process
 from mlc.compiler.contract import Note
 from mlc.errors import InputError
 from mlc.frontends import FRAMEWORKS, check_exporter
@@ -47,9 +47,9 @@ def convert(source: str, framework: str, workdir: Path, dynamic: Optional[Sequen
                              dynamic=None if dynamic is None else list(dynamic), input_shapes=list(input_shapes),
                              exporter=exporter, inputs=str(Path(inputs).resolve()) if inputs else None)
     display = FRAMEWORKS[framework].display
-    result, log_path = _proc.run("mlc.pipeline.convert_worker", request.to_json(), workdir / "frontend.request.json",
-                                 f"the {display} frontend process")
-    if not result.ok and result.kind == _proc.EXCEPTION:  # the framework's own error: its traceback is in the log
+    result, log_path = child_process.run("mlc.pipeline.convert_worker", request.to_json(),
+                                         workdir / "frontend.request.json", f"the {display} frontend process")
+    if not result.ok and result.kind == child_process.EXCEPTION:  # the framework's own error, traceback in its log
         raise InputError(f"{display} failed on {source}: {result.message} (full log: {log_path})")
     log_path.unlink(missing_ok=True)
     if not result.ok:

@@ -1,5 +1,5 @@
 """The frontend worker's contract (mlc.pipeline.convert_worker): the typed request mlc.pipeline.convert sends and
-the result the worker returns, as JSON through mlc._proc, parsed strictly on both sides (mlc.compiler.contract's
+the result the worker returns, as JSON through mlc.child_process, parsed strictly on both sides (mlc.compiler.contract's
 rules). No framework and no tvm here: the parent imports this module."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ framework's eager outputs on seeded inputs. Run as
     python -m mlc.pipeline.convert_worker REQUEST.json
 
 One framework per process (tensorflow and paddle crash when imported together), and a framework
-crash cannot take mlc down. Writes its result beside the request for the parent (mlc._proc)."""
+crash cannot take mlc down. Writes its result beside the request for the parent (mlc.child_process)."""
 
 from __future__ import annotations
 
@@ -120,16 +120,17 @@ def convert(request: ConvertRequest) -> ConvertResult:
 
 
 def serve_request(data: dict):
-    """The handler mlc._proc.serve calls: the JSON request parsed strictly, the result as the worker's payload."""
-    from mlc import _proc
+    """The handler mlc.child_process.serve calls: the JSON request parsed strictly, the result as the worker's
+    payload."""
+    from mlc import child_process
 
-    return _proc.WorkerResult.success(convert(ConvertRequest.from_json(data)).to_json())
+    return child_process.WorkerResult.success(convert(ConvertRequest.from_json(data)).to_json())
 
 
 def main(argv: list[str]) -> int:
-    from mlc import _proc
+    from mlc import child_process
 
-    return _proc.serve(argv, serve_request)
+    return child_process.serve(argv, serve_request)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from mlc import _proc
+from mlc import child_process
 from mlc.compiler import contract
 from mlc.compiler.contract import RpcDevice, TuneRequest, TuneStop
 from mlc.pipeline.schedules import add_default_kernels, check_db_dir, record_count
@@ -183,7 +183,7 @@ def _worker_request(steps, prepared, preset, db: Path, work: Path, *, per_task: 
         rpc=RpcDevice(rpc_tracker, rpc_key) if rpc_tracker else None)
 
 
-def _finished_result(result: _proc.WorkerResult, log_path: Optional[Path], db: Path) -> contract.TuneResult:
+def _finished_result(result: child_process.WorkerResult, log_path: Optional[Path], db: Path) -> contract.TuneResult:
     """The worker's result; a failed run is a CompilerError that names its log, a finished run's log is deleted."""
     if not result.ok:
         where = f" (full log: {log_path})" if log_path else ""
@@ -243,7 +243,7 @@ def _tuned_lengths(model, prepared) -> dict[str, int]:
 
 
 class _Deadline(Exception):
-    """Raised from the poll at the budget: mlc._proc.run then stops the child as on Ctrl-C."""
+    """Raised from the poll at the budget: mlc.child_process.run then stops the child as on Ctrl-C."""
 
 
 class _Events:
@@ -284,25 +284,25 @@ class _Events:
                 self.on_event(event, self.tasks)
 
 
-def _result_at_deadline(request_path: Path, events: _Events) -> _proc.WorkerResult:
+def _result_at_deadline(request_path: Path, events: _Events) -> child_process.WorkerResult:
     """The child's own result if it finished its batch in time, else one made from the events."""
-    result = _proc.read_result(request_path)
+    result = child_process.read_result(request_path)
     if result is None:
         trials = sum(t.trials - t.trials_done_before for t in events.tasks)
         said = {k: v for k, v in events.seen.items() if k != "deadline"}  # TuneResult's fields, as JSON
         made = contract.TuneResult.from_json({**said, "tasks": len(events.tasks), "trials": trials,
                                               "reason": TuneStop.BUDGET.value, "killed": True})
-        result = _proc.WorkerResult.success(made.to_json())
+        result = child_process.WorkerResult.success(made.to_json())
     elif result.ok:
         finished = contract.TuneResult.from_json(result.payload)
         if finished.reason is TuneStop.INTERRUPTED:  # by the deadline, not by the user
-            result = _proc.WorkerResult.success(dataclasses.replace(finished, reason=TuneStop.BUDGET).to_json())
+            result = child_process.WorkerResult.success(dataclasses.replace(finished, reason=TuneStop.BUDGET).to_json())
     return result
 
 
 def _run_child(request: TuneRequest, request_path: Path, on_event, threads: Optional[int],
                hard_deadline: Optional[float] = None
-               ) -> tuple[_proc.WorkerResult, Optional[Path], list[TaskState], int]:
+               ) -> tuple[child_process.WorkerResult, Optional[Path], list[TaskState], int]:
     """Run the tuning worker, feeding `on_event` from its events file; Ctrl-C asks it to stop after the batch
     it is measuring (STOP_GRACE_S), so the database stays whole. With a budget (request.deadline) the same
     stop comes at the deadline, and the child is killed at `hard_deadline`: a search that measures nothing
@@ -321,7 +321,7 @@ def _run_child(request: TuneRequest, request_path: Path, on_event, threads: Opti
     env = {"TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)} if threads else None
     grace = STOP_GRACE_S if hard_deadline is None else max(0.0, hard_deadline - max(time.time(), deadline or 0))
     try:
-        result, log_path = _proc.run(WORKER, request.to_json(), request_path, "the tuning process",
+        result, log_path = child_process.run(WORKER, request.to_json(), request_path, "the tuning process",
                                      env=env, poll=poll, stop_grace_s=grace, log_prefix="mlc-tune-",
                                      on_stop=lambda: on_event({"event": "stopping"}, events.tasks))
     except _Deadline:  # stopped at the budget: its own result if it finished its batch in time, else the events'
