@@ -15,7 +15,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import typer
 from rich.console import Console
@@ -25,6 +25,9 @@ from rich.table import Table
 from mlc import __version__
 from mlc.errors import ExitCode, MlcError
 from mlc.pipeline import options as declared  # light: the declarations, not the pipeline
+
+if TYPE_CHECKING:
+    from mlc.bench import BenchConfig
 
 # typer shows a flag's type as <bool>, which reads as if `--archive true` were accepted (it is a usage error).
 _option_type = typer.core.TyperOption.display_type_rich
@@ -642,8 +645,6 @@ def bench_cmd(
 
     Each cell runs in a process of its own; p50/p90/p99/mean latency, compile (and tuning) time,
     artifact size, peak memory and accuracy against the framework's eager outputs go to the JSON."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from mlc import bench
 
     def listed(option: str, text: str) -> list[str]:
@@ -659,25 +660,39 @@ def bench_cmd(
         buckets=bench.parse_ints("--buckets", buckets),
         strategies=bench.parse_list("--strategies", strategies) if strategies else [])
     bench.validate(config)
+    doc = _run_bench(config, output)
+    _print_bench_summary(doc, output, lengths_mode=bool(lengths))
+
+
+def _run_bench(config: BenchConfig, output: Path) -> dict:
+    """Run the bench matrix, showing progress on stderr; return the results document."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mlc import bench
+
     if not err.is_terminal:  # a log file: one line per step instead of a redrawn bar
         def log_line(done: int, total: int, what: str) -> None:
             if what:
                 err.print(f"[{done}/{total}] {escape(what)}", soft_wrap=True)
 
-        doc = bench.run(config, output=output, progress=log_line)
-    else:
-        with Progress(TextColumn("[bold]bench[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("{task.description}"), console=err, transient=False) as bar:
-            task = bar.add_task("starting", total=None)
+        return bench.run(config, output=output, progress=log_line)
+    with Progress(TextColumn("[bold]bench[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), console=err, transient=False) as bar:
+        task = bar.add_task("starting", total=None)
 
-            def progress(done: int, total: int, what: str) -> None:
-                bar.update(task, completed=done, total=total, **({"description": escape(what)} if what else {}))
+        def progress(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, **({"description": escape(what)} if what else {}))
 
-            doc = bench.run(config, output=output, progress=progress)
-            bar.update(task, description="done")
+        doc = bench.run(config, output=output, progress=progress)
+        bar.update(task, description="done")
+    return doc
+
+
+def _print_bench_summary(doc: dict, output: Path, lengths_mode: bool) -> None:
+    """Print the results table and where the JSON went."""
     from mlc.bench import report
 
-    if lengths:
+    if lengths_mode:
         out.print(report.lengths_console_table(doc))
         out.print(f"wrote {output}; render it with: mlc report {output} -o report.html")
         return

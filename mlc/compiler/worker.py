@@ -10,12 +10,14 @@ log lines in a log file rather than on the user's terminal."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any, Callable, Optional
 
 from mlc import child_process
 from mlc.compiler.contract import CompileFailure, CompileRequest, CompileResult, FailureKind, Note, NoteKind
@@ -278,15 +280,21 @@ def _serve(data: dict) -> child_process.WorkerResult:
     return as_worker_result(compile_request(CompileRequest.from_json(data)))
 
 
+class _Failed(Exception):
+    """A failure of a FailureKind in one of compile_request's stages (not a bug: the model's or the request's)."""
+
+    def __init__(self, kind: FailureKind, message: str = "", details: CompileFailure | None = None):
+        super().__init__(message)
+        self.result = child_process.WorkerResult.failure(kind.value, message, None,
+                                                         **(details or CompileFailure()).to_json())
+
+
 def compile_request(request: CompileRequest) -> CompileResult | child_process.WorkerResult:
-    """Compile as `request` says: its CompileResult, or a failure of a FailureKind."""
+    """Compile as `request` says: its CompileResult, or a failure of a FailureKind. `stage` names the step a bug
+    fails in (a reproducer is searched for the mandatory ones)."""
     import onnx
 
-    from mlc.compiler import build, importer, reproducer, weights
-
-    def failure(kind: FailureKind, message: str = "", stage=None,
-                details: CompileFailure | None = None) -> child_process.WorkerResult:
-        return child_process.WorkerResult.failure(kind.value, message, stage, **(details or CompileFailure()).to_json())
+    from mlc.compiler import importer, reproducer
 
     timings: dict[str, float] = {}
     child_process.large_blocks_mapped()
@@ -296,92 +304,30 @@ def compile_request(request: CompileRequest) -> CompileResult | child_process.Wo
         from mlc.runtime.runner import import_without_torch
 
         tvm = import_without_torch("tvm")  # TVM's ONNX import and build never use torch
-        # The weights stay in the file (the importer reads each as it converts it): in memory once, as TVM's.
-        weights_dir = Path(request.onnx).parent
-        model = onnx.load(request.onnx, load_external_data=False)
+        model = onnx.load(request.onnx, load_external_data=False)  # its weights are read as they are converted
         timings["tvm_import"] = time.perf_counter() - start
         stage = "target"
         try:
             tvm.target.Target(request.target)
         except Exception as e:  # TVM raises ValueError/TVMError/AttributeError for bad JSON targets
-            return failure(FailureKind.TARGET, summarize(e))
+            raise _Failed(FailureKind.TARGET, summarize(e)) from None
         stage = "import"
-        missing = importer.unsupported_ops(model)
-        if missing:
-            return failure(FailureKind.UNSUPPORTED, details=CompileFailure(ops=missing))
-        start = time.perf_counter()
-        mod = importer.to_relax(model, request.dim_upper_bounds, weights_dir)
-        timings["relax_import"] = time.perf_counter() - start
-        model = None  # its weights are TVM's now; a reproducer search reads the file again
+        mod, outputs = _import(model, request, timings)
+        del model  # its weights are TVM's now; a reproducer search reads the file again
         child_process.release_memory()
-        try:
-            outputs = build.output_signature(mod)
-        except TypeError as e:  # e.g. an output that is a shape, not a tensor
-            return failure(FailureKind.UNSUPPORTED_OUTPUT, str(e))
         stage = "passes"
-        from mlc.compiler import relax_passes
-
-        precision, precision_record, notes = request.precision, None, []
-        if precision == "fp16":  # before the passes: GPU builds fuse there, and ToMixedPrecision needs unfused ops
-            mod, precision_record = _reduce_precision(mod, precision, request.target, notes)
-
-        def with_passes(again):
-            # mlc.compiler.schedules' CPU build legalizes and fuses itself (its tuning keys are the kernels it fuses)
-            return relax_passes.run(again, request.relax_passes, request.target, request.dump_ir,
-                                    fused_by_build=bool(request.schedules))
-
-        def import_again():
-            return importer.to_relax(onnx.load(request.onnx, load_external_data=False), request.dim_upper_bounds,
-                                     weights_dir)
-
-        def imported():
-            """The module without the Relax passes, imported again: kept through the build, it held each weight a
-            pass replaced (the Q, K and V weights that combine_parallel_matmul concatenates) twice."""
-            again = import_again()
-            return relax_passes.reduce_precision(again, precision, request.target)[0] if precision_record \
-                else again
-
-        mod, passes = with_passes(mod)
-        if passes["error"]:
-            return failure(FailureKind.PASS, passes["error"])
-        records = passes["records"]
-        notes = passes["notes"] + notes  # the fp16 step's note after the passes' (as the user has read them)
-        applied = any(r["status"] == "applied" for r in records)
-        if precision == "bf16":  # after the passes (CPU builds fuse later); the fallback without them keeps it too
-            mod, precision_record = _reduce_precision(mod, precision, request.target, notes)
-        if precision_record:
-            records.append(precision_record)
-        else:
-            precision = "fp32"  # asked for fp32, or TVM failed on the precision step (noted)
+        passed = _run_passes(mod, request)
+        del mod
         stage = "build"
         start = time.perf_counter()
-        at_fp32 = (lambda: with_passes(import_again())[0]) if precision_record else None
-        executable, schedule_report, lifted, fp32 = _build_with_fallbacks(mod, applied, imported, request, notes,
-                                                                          at_fp32)
-        if fp32:
-            records.remove(precision_record)
-            precision = "fp32"
+        executable, schedule_report, lifted = _build_passed(passed, request)
         timings["build"] = time.perf_counter() - start
-        del mod  # `lifted` holds the weights main needs (packed ones replace the originals)
         child_process.release_memory()
         written, gpu_code = None, {}
         if request.library:
             stage = "export"
             start = time.perf_counter()
-            fcompile = None
-            if request.cross_compiler:
-                from tvm.support import cc
-
-                fcompile = cc.cross_compiler(request.cross_compiler)
-            if request.object_dir:
-                _export_objects(executable, Path(request.object_dir))
-            else:
-                pack = _pack_imports
-                if request.target.get("kind") == "cuda":
-                    pack = functools.partial(_pack_imports, device_code=_cuda_code(executable, request, gpu_code))
-                executable.export_library(request.library, fcompile=fcompile, fpack_imports=pack)
-            path = Path(request.library).with_suffix(weights.SUFFIX)
-            written = {"file": path.name, "tensors": weights.write(lifted, path)} if lifted else None
+            written = _export(executable, lifted, request, gpu_code)
             timings["export"] = time.perf_counter() - start
         if request.run:
             stage = "run"
@@ -389,18 +335,122 @@ def compile_request(request: CompileRequest) -> CompileResult | child_process.Wo
             _run(executable, lifted, request.run.inputs, request.run.outputs)
             timings["run"] = time.perf_counter() - start
         kernels = _write_device_sources(executable, request.kernels_dir) if request.kernels_dir else {}
-        return CompileResult(tvm_version=tvm.__version__, outputs=outputs, timings=timings, pass_records=records,
-                             notes=notes, kernels=kernels, schedules=schedule_report, weights=written,
-                             precision=precision, gpu_code=gpu_code or None)
+        return CompileResult(tvm_version=tvm.__version__, outputs=outputs, timings=timings,
+                             pass_records=passed.records, notes=passed.notes, kernels=kernels,
+                             schedules=schedule_report, weights=written, precision=passed.precision,
+                             gpu_code=gpu_code or None)
+    except _Failed as e:
+        return e.result
     except importer.ConversionError as e:  # a valid model TVM cannot import: exit 1 naming the op, not 70
-        return failure(FailureKind.UNSUPPORTED_NODE, str(e))
+        return _Failed(FailureKind.UNSUPPORTED_NODE, str(e)).result
     except Exception as e:
         traceback.print_exc()  # into the log file the parent points the user to
         message, found = summarize(e), CompileFailure()
         if request.reproducer and stage in reproducer.STAGES:  # a mandatory step failed: exit 70
-            model = onnx.load(request.onnx)  # with its weights' data
-            found = reproducer.write(model, request, stage, message, compile_request)
-        return failure(FailureKind.COMPILE, message, stage, found)
+            found = reproducer.write(onnx.load(request.onnx), request, stage, message, compile_request)
+        return child_process.WorkerResult.failure(FailureKind.COMPILE.value, message, stage, **found.to_json())
+
+
+def _import(model, request: CompileRequest, timings: dict[str, float]):
+    """The Relax module of `model` (ops TVM has no converter for: a failure naming them), and its outputs' signature."""
+    from mlc.compiler import build, importer
+
+    missing = importer.unsupported_ops(model)
+    if missing:
+        raise _Failed(FailureKind.UNSUPPORTED, details=CompileFailure(ops=missing))
+    start = time.perf_counter()
+    mod = importer.to_relax(model, request.dim_upper_bounds, Path(request.onnx).parent)
+    timings["relax_import"] = time.perf_counter() - start
+    try:
+        return mod, build.output_signature(mod)
+    except TypeError as e:  # e.g. an output that is a shape, not a tensor
+        raise _Failed(FailureKind.UNSUPPORTED_OUTPUT, str(e)) from None
+
+
+@dataclasses.dataclass
+class _Passed:
+    """The module after the Relax passes and the precision step, with what the build's fallbacks need."""
+
+    mod: Any
+    records: list  # of the passes and the precision step
+    notes: list[Note]
+    precision: str  # what the module computes in: the request's, or fp32 where TVM failed on it (noted)
+    precision_record: Optional[dict]
+    applied: bool  # a Relax pass changed the module
+    imported: Callable[[], Any]  # the module imported again, without the passes
+    at_fp32: Optional[Callable[[], Any]]  # with the passes and without the precision step
+
+
+def _run_passes(mod, request: CompileRequest) -> _Passed:
+    import onnx
+
+    from mlc.compiler import importer, relax_passes
+
+    precision, precision_record, notes = request.precision, None, []
+    if precision == "fp16":  # before the passes: GPU builds fuse there, and ToMixedPrecision needs unfused ops
+        mod, precision_record = _reduce_precision(mod, precision, request.target, notes)
+
+    def with_passes(again):
+        # mlc.compiler.schedules' CPU build legalizes and fuses itself (its tuning keys are the kernels it fuses)
+        return relax_passes.run(again, request.relax_passes, request.target, request.dump_ir,
+                                fused_by_build=bool(request.schedules))
+
+    def import_again():
+        return importer.to_relax(onnx.load(request.onnx, load_external_data=False), request.dim_upper_bounds,
+                                 Path(request.onnx).parent)
+
+    def imported():
+        """The module without the Relax passes, imported again: kept through the build, it held each weight a
+        pass replaced (the Q, K and V weights that combine_parallel_matmul concatenates) twice."""
+        again = import_again()
+        return relax_passes.reduce_precision(again, precision, request.target)[0] if precision_record else again
+
+    mod, passes = with_passes(mod)
+    if passes["error"]:
+        raise _Failed(FailureKind.PASS, passes["error"])
+    records = passes["records"]
+    notes = passes["notes"] + notes  # the fp16 step's note after the passes' (as the user has read them)
+    applied = any(r["status"] == "applied" for r in records)
+    if precision == "bf16":  # after the passes (CPU builds fuse later); the fallback without them keeps it too
+        mod, precision_record = _reduce_precision(mod, precision, request.target, notes)
+    if precision_record:
+        records.append(precision_record)
+    else:
+        precision = "fp32"  # asked for fp32, or TVM failed on the precision step (noted)
+    at_fp32 = (lambda: with_passes(import_again())[0]) if precision_record else None
+    return _Passed(mod, records, notes, precision, precision_record, applied, imported, at_fp32)
+
+
+def _build_passed(passed: _Passed, request: CompileRequest):
+    """The executable (built with the fallbacks), its schedule report and the weights its `main` takes; a precision
+    the build had to leave out is fp32 in `passed`."""
+    executable, schedule_report, lifted, fp32 = _build_with_fallbacks(
+        passed.mod, passed.applied, passed.imported, request, passed.notes, passed.at_fp32)
+    if fp32:
+        passed.records.remove(passed.precision_record)
+        passed.precision = "fp32"
+    passed.mod = None  # `lifted` holds the weights main needs (packed ones replace the originals)
+    return executable, schedule_report, lifted
+
+
+def _export(executable, lifted: list, request: CompileRequest, gpu_code: dict) -> Optional[dict]:
+    """The library (or, for macOS, its objects) and the weights file beside it: the weights' manifest entry."""
+    from mlc.compiler import weights
+
+    fcompile = None
+    if request.cross_compiler:
+        from tvm.support import cc
+
+        fcompile = cc.cross_compiler(request.cross_compiler)
+    if request.object_dir:
+        _export_objects(executable, Path(request.object_dir))
+    else:
+        pack = _pack_imports
+        if request.target.get("kind") == "cuda":
+            pack = functools.partial(_pack_imports, device_code=_cuda_code(executable, request, gpu_code))
+        executable.export_library(request.library, fcompile=fcompile, fpack_imports=pack)
+    path = Path(request.library).with_suffix(weights.SUFFIX)
+    return {"file": path.name, "tensors": weights.write(lifted, path)} if lifted else None
 
 
 def main(argv: list[str]) -> int:

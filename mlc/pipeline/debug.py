@@ -109,17 +109,8 @@ def debug(model: ModelSpec, *, target: Optional[str] = None, inputs: Inputs = No
         # TVM is at fault only where it differs from ONNX Runtime on the graph TVM was given;
         # a difference from the model as given, with none here, was made by the clean-up.
         tvm_ok = compare({k: reference[k] for k in out_names}, final_values, atol, rtol).passed
-        divergence, used, compared = localize.Divergence(), "final-only", len(out_names)
-        if method != "auto" or not tvm_ok:
-            if method in ("auto", "exposed"):
-                used = "exposed"
-                exposed = localize.with_outputs(cleaned, [v.name for v in values])
-                actual = tvm_values(exposed, "exposed", f"all {len(values)} values exposed")
-                divergence = localize.scan(cleaned, values, reference, actual, atol, rtol)
-                compared = len(values)
-            if divergence.first is None and (method == "bisect" or not tvm_ok):
-                used = "bisect"
-                divergence, compared = _bisect(cleaned, values, reference, tvm_values, atol, rtol)
+        divergence, used, compared = _find_divergence(method, tvm_ok, len(out_names), cleaned, values, reference,
+                                                      tvm_values, atol, rtol)
         extracted = None
         if extract and divergence.first is not None:
             extracted = _extract(Path(extract), cleaned, values[divergence.first.position], reference,
@@ -177,6 +168,24 @@ def _tvm_values(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], preset:
     compiler.compile_in_worker(path, preset.tvm, run=(inputs, outputs), isolate=isolate, **build)
     with np.load(outputs, allow_pickle=False) as data:
         return {v.name: data[f"out_{i}"] for i, v in enumerate(model.graph.output)}
+
+
+def _find_divergence(method: str, tvm_ok: bool, output_count: int, cleaned, values, reference, tvm_values, atol,
+                     rtol) -> tuple[localize.Divergence, str, int]:
+    """The first diverging node, the method that found it and the values compared. "auto" searches only when TVM's
+    outputs differ, and bisects only when exposing every value hid the error."""
+    divergence, used, compared = localize.Divergence(), "final-only", output_count
+    if method != "auto" or not tvm_ok:
+        if method in ("auto", "exposed"):
+            used = "exposed"
+            exposed = localize.with_outputs(cleaned, [v.name for v in values])
+            actual = tvm_values(exposed, "exposed", f"all {len(values)} values exposed")
+            divergence = localize.scan(cleaned, values, reference, actual, atol, rtol)
+            compared = len(values)
+        if divergence.first is None and (method == "bisect" or not tvm_ok):
+            used = "bisect"
+            divergence, compared = _bisect(cleaned, values, reference, tvm_values, atol, rtol)
+    return divergence, used, compared
 
 
 def _bisect(cleaned, values, reference, tvm_values, atol, rtol) -> tuple[localize.Divergence, int]:

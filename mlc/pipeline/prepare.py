@@ -79,39 +79,9 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
         planned = {s.name for s in steps}
         compiler.check_supported(onnx_model, rewritten=(graph_passes.RNN_OPS if "lower_rnn" in planned else ())
                                  + (("Loop", "Scan") if "static_control_flow" in planned else ()))
-        specs = onnx_frontend.input_specs(onnx_model)
-        fixed = onnx_frontend.resolve_input_shapes(specs, [str(s) for s in model.input_shapes])
-        samples, sample_info = None, None
-        if model.inputs:
-            samples = read_samples(model.inputs, specs, fixed)
-            sample_info = {"file": str(Path(model.inputs).resolve()), "sha256": thin_runtime.sha256_file(model.inputs)}
-            if feeds is None or converted is not None:  # a framework's feeds are these samples already
-                feeds = samples
-            fixed = {s.name: list(np.shape(samples[s.name])) for s in specs}  # --dynamic's dims are opened below
-        frozen = frozen_values(model.freeze, specs, samples)
-        if frozen:  # folded into the graph: no longer an input of the model TVM compiles, nor of the artifact
-            onnx_model = onnx_frontend.freeze_inputs(onnx_model, frozen)
-            specs = [s for s in specs if s.name not in frozen]
-            fixed = {n: shape for n, shape in fixed.items() if n not in frozen}
-        if static:  # tuning records match static kernels only: symbolic dims take the reference sizes
-            fixed = onnx_frontend.concrete_shapes(specs, fixed)
-        if feeds is None:
-            feeds = onnx_frontend.make_inputs(specs, onnx_frontend.concrete_shapes(specs, fixed))
-        if converted is not None:
-            # Exports keep every dim the model has symbolic: compile for the shapes the framework
-            # ran on (static kernels are faster), but for the dims --dynamic names.
-            fixed = {s.name: list(np.shape(feeds[s.name])) for s in specs}
-        related = {}
-        if dynamic:
-            check_dynamic(dynamic, specs, feeds)
-            if samples is not None or converted is not None:  # other symbolic dims would be fixed at one size
-                related = relate_dims(source.path, specs, {**feeds, **frozen}, dynamic)
-            # A --dynamic dim stays symbolic even where --input-shape gave it a size (the reference's); a dim that
-            # moves with it becomes its expression (total -> past+1)
-            fixed = {s.name: [related.get(d, d) if isinstance(d, str) and (d in dynamic or d in related) else size
-                              for d, size in zip(s.shape, fixed[s.name])] for s in specs if s.name in fixed}
+        inputs = _decide_inputs(model, onnx_model, source.path, converted, feeds, static, dynamic)
     with timed("onnx_passes", "Running ONNX graph passes"):
-        cleaned, records, said = onnx_passes.run(onnx_frontend.fix_input_shapes(onnx_model, fixed), steps,
+        cleaned, records, said = onnx_passes.run(onnx_frontend.fix_input_shapes(inputs.model, inputs.fixed), steps,
                                                  Path(dump_ir) if dump_ir else None, workdir)
         notes = _skipped_passes(said)
         compiler.check_supported(cleaned, notes=notes)  # after the passes: lower_rnn makes LSTMs importable
@@ -120,29 +90,96 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
         unquantized_path = workdir / "unquantized.onnx"
         onnx_passes.save(cleaned, unquantized_path)
         with timed("quantize", f"Quantising matmul/conv to {quantize}"):
-            calibration_feeds, how = calibration_inputs(specs, feeds, calibration, quantize)
-            if how == "seeded":
-                notes.append(Note(NoteKind.CALIBRATION,
-                                  f"--quantize {quantize}: calibrated on {len(calibration_feeds)} seeded random "
-                                  "inputs; real inputs calibrate better (--calibration FILE.npz, repeatable)"))
-            cleaned = onnx_weights.materialized(cleaned, workdir)  # it reads every weight, and ONNX Runtime runs it
-            cleaned, quantization, record = quantize_graph(cleaned, quantize, calibration_feeds, how)
-            records.append(record)
-            if dump_ir:  # numbered after the ONNX passes' dumps
-                onnx.save(cleaned, str(Path(dump_ir) / f"onnx_{len(records):02d}_quantize.onnx"))
+            cleaned, quantization, calibration_feeds = _quantize(cleaned, quantize, inputs, calibration, records,
+                                                                 notes, workdir, dump_ir)
     cleaned_path = workdir / "cleaned.onnx"
     onnx_passes.save(cleaned, cleaned_path)  # the weights it reads by reference stay where they are
     notes = (list(converted.notes) if converted else []) + notes  # the frontend's: NoteKind.FRONTEND
-    feeds = {n: v for n, v in feeds.items() if n not in frozen}
-    hint = onnx_frontend.parameter_hint(specs) if samples is None and converted is None else ""
-    if hint:  # the check judges one value mlc chose; TVM's handling of others is unchecked
-        chosen = ", ".join(f"{s.name}={feeds[s.name].tolist()}" for s in specs
-                           if s.parameter and feeds[s.name].size <= 8)
-        notes.append(Note(NoteKind.INPUTS, f"{hint}: the check ran on a value mlc chose ({chosen}); give real inputs "
-                                           "with --inputs FILE.npz, and --freeze the ones that are constant"))
-    return Prepared(source.path, source.info, onnx_model, specs, fixed, feeds, cleaned, cleaned_path, notes,
-                    converted, records, quantization, calibration_feeds, unquantized_path, declared, frozen,
-                    sample_info)
+    feeds = {n: v for n, v in inputs.feeds.items() if n not in inputs.frozen}
+    if inputs.samples is None and converted is None:
+        notes.extend(_chosen_values_note(inputs.specs, feeds))
+    return Prepared(source.path, source.info, inputs.model, inputs.specs, inputs.fixed, feeds, cleaned, cleaned_path,
+                    notes, converted, records, quantization, calibration_feeds, unquantized_path, declared,
+                    inputs.frozen, inputs.sample_info)
+
+
+@dataclass
+class _Inputs:
+    """The model's inputs as decided: their specs, shapes (a dim --dynamic names stays symbolic) and the reference
+    feeds."""
+
+    model: onnx.ModelProto  # the --freeze inputs folded in
+    specs: list
+    fixed: dict[str, list]
+    feeds: dict[str, np.ndarray]
+    frozen: dict  # --freeze: {input: value}
+    samples: Optional[dict]  # --inputs: the user's sample inputs
+    sample_info: Optional[dict]
+
+
+def _decide_inputs(model: ModelSpec, onnx_model: onnx.ModelProto, source_path: Path, converted: Optional[Converted],
+                   feeds: Optional[Mapping[str, np.ndarray]], static: bool, dynamic: Optional[dict]) -> _Inputs:
+    """From --input-shape, --inputs, --freeze, --dynamic and what the framework ran on (`converted`); `feeds`: the
+    caller's reference inputs, if any."""
+    specs = onnx_frontend.input_specs(onnx_model)
+    fixed = onnx_frontend.resolve_input_shapes(specs, [str(s) for s in model.input_shapes])
+    samples, sample_info = None, None
+    if model.inputs:
+        samples = read_samples(model.inputs, specs, fixed)
+        sample_info = {"file": str(Path(model.inputs).resolve()), "sha256": thin_runtime.sha256_file(model.inputs)}
+        if feeds is None or converted is not None:  # a framework's feeds are these samples already
+            feeds = samples
+        fixed = {s.name: list(np.shape(samples[s.name])) for s in specs}  # --dynamic's dims are opened below
+    frozen = frozen_values(model.freeze, specs, samples)
+    if frozen:  # folded into the graph: no longer an input of the model TVM compiles, nor of the artifact
+        onnx_model = onnx_frontend.freeze_inputs(onnx_model, frozen)
+        specs = [s for s in specs if s.name not in frozen]
+        fixed = {n: shape for n, shape in fixed.items() if n not in frozen}
+    if static:  # tuning records match static kernels only: symbolic dims take the reference sizes
+        fixed = onnx_frontend.concrete_shapes(specs, fixed)
+    if feeds is None:
+        feeds = onnx_frontend.make_inputs(specs, onnx_frontend.concrete_shapes(specs, fixed))
+    if converted is not None:
+        # Exports keep every dim the model has symbolic: compile for the shapes the framework
+        # ran on (static kernels are faster), but for the dims --dynamic names.
+        fixed = {s.name: list(np.shape(feeds[s.name])) for s in specs}
+    related = {}
+    if dynamic:
+        check_dynamic(dynamic, specs, feeds)
+        if samples is not None or converted is not None:  # other symbolic dims would be fixed at one size
+            related = relate_dims(source_path, specs, {**feeds, **frozen}, dynamic)
+        # A --dynamic dim stays symbolic even where --input-shape gave it a size (the reference's); a dim that
+        # moves with it becomes its expression (total -> past+1)
+        fixed = {s.name: [related.get(d, d) if isinstance(d, str) and (d in dynamic or d in related) else size
+                          for d, size in zip(s.shape, fixed[s.name])] for s in specs if s.name in fixed}
+    return _Inputs(onnx_model, specs, fixed, feeds, frozen, samples, sample_info)
+
+
+def _quantize(cleaned: onnx.ModelProto, quantize: str, inputs: _Inputs, calibration: tuple, records: list,
+              notes: list[Note], workdir: Path, dump_ir: Optional[str]):
+    """The cleaned graph quantised (its record appended to `records`; a note when calibrated on seeded inputs): the
+    graph, the manifest's quantization record and the calibration feeds."""
+    calibration_feeds, how = calibration_inputs(inputs.specs, inputs.feeds, calibration, quantize)
+    if how == "seeded":
+        notes.append(Note(NoteKind.CALIBRATION,
+                          f"--quantize {quantize}: calibrated on {len(calibration_feeds)} seeded random "
+                          "inputs; real inputs calibrate better (--calibration FILE.npz, repeatable)"))
+    cleaned = onnx_weights.materialized(cleaned, workdir)  # it reads every weight, and ONNX Runtime runs it
+    cleaned, quantization, record = quantize_graph(cleaned, quantize, calibration_feeds, how)
+    records.append(record)
+    if dump_ir:  # numbered after the ONNX passes' dumps
+        onnx.save(cleaned, str(Path(dump_ir) / f"onnx_{len(records):02d}_quantize.onnx"))
+    return cleaned, quantization, calibration_feeds
+
+
+def _chosen_values_note(specs: list, feeds: Mapping[str, np.ndarray]) -> list[Note]:
+    """A note where the model takes parameters (sizes, flags) and mlc chose their values: the check judged one."""
+    hint = onnx_frontend.parameter_hint(specs)
+    if not hint:
+        return []
+    chosen = ", ".join(f"{s.name}={feeds[s.name].tolist()}" for s in specs if s.parameter and feeds[s.name].size <= 8)
+    return [Note(NoteKind.INPUTS, f"{hint}: the check ran on a value mlc chose ({chosen}); give real inputs with "
+                                  "--inputs FILE.npz, and --freeze the ones that are constant")]
 
 
 def _skipped_passes(said: list[str]) -> list[Note]:
