@@ -4,7 +4,8 @@ artifacts travel to the GPU machine within its 64 MiB:
 - bert2: BERT at bert-base width (hidden 768, 12 heads, FFN 3072), 2 layers, vocabulary 1000, exported to ONNX by
   torch's TorchScript exporter with dynamic batch and seq (as users export BERT);
 - squeezenet1_0: torchvision's SqueezeNet 1.0, written out here (the suite venv has torchvision, the main one not),
-  as an `mlc compile models.py:squeezenet1_0` factory.
+  as an `mlc compile models.py:squeezenet1_0` factory;
+- lstm_lm: seed 001's LSTM language model, the torch side of zoo:lstm-lm's timing (cuDNN's LSTM).
 
     python benchmarks/gpu/models.py OUT_DIR     # writes OUT_DIR/bert2.onnx
 """
@@ -73,6 +74,26 @@ class SqueezeNet(nn.Module):
 
     def forward(self, images):
         return torch.flatten(self.classifier(self.features(images)), 1)
+
+
+class LstmLanguageModel(nn.Module):
+    """Seed 001's stacked LSTM language model (mlc's zoo:lstm-lm): embedding 128, 3 LSTM layers of 256, vocabulary
+    10001; on CUDA torch runs the LSTM through cuDNN."""
+
+    def __init__(self, vocab: int = 10001, embedding: int = 128, layers: int = 3, hidden: int = 256):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, embedding)
+        self.lstm = nn.LSTM(embedding, hidden, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, input_ids):
+        states, _ = self.lstm(self.embed(input_ids))
+        return self.head(states)
+
+
+def lstm_lm() -> nn.Module:
+    torch.manual_seed(0)
+    return LstmLanguageModel().eval()
 
 
 def squeezenet1_0():

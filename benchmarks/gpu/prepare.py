@@ -9,7 +9,8 @@ Bundle a: zoo:mlp for cuda-h100, for the generic `cuda` target (sm_80: on a Hopp
 for sm_100a (which a Hopper GPU must refuse in one line),
 and bert2 (bert-base width, 2 layers, dynamic batch and seq) at --precision fp16. Bundle b: zoo:bert-tiny and
 squeezenet1_0 at fp32; bundle c: zoo:resnet18 at --precision fp16 with a dynamic batch (timed there at 1 and 32);
-bundles d and e: bert2 at fp16 and a fixed shape, (1, 128) and (32, 128), with --cuda-graphs; all cuda-h100."""
+bundles d and e: bert2 at fp16 and a fixed shape, (1, 128) and (32, 128), with --cuda-graphs; bundle f: zoo:lstm-lm
+(seed 001) at fp32 with a dynamic batch; bundle g: bert2 at (1, 128) with and without CUDA graphs; all cuda-h100."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ BERT_SHAPES = [(1, 16), (4, 64), (8, 128)]  # (batch, seq) the dynamic artifact 
 # A Blackwell build (sm_100a cubin, compute_100 PTX), which a Hopper GPU cannot load.
 SM100 = json.dumps({"kind": "cuda", "arch": "sm_100a", "max_num_threads": 1024, "thread_warp_size": 32,
                     "max_shared_memory_per_block": 49152, "max_threads_per_block": 1024, "registers_per_block": 65536})
+BERT2_1x128 = ["{work}/bert2.onnx", "--target", "cuda-h100", "--precision", "fp16", "--input-shape", "input_ids:1x128",
+               "--input-shape", "attention_mask:1x128"]
 BUNDLES = {
     "a": [("mlp-h100", ["zoo:mlp", "--target", "cuda-h100"]),
           ("mlp-cuda-generic", ["zoo:mlp", "--target", "cuda"]),
@@ -44,9 +47,11 @@ BUNDLES = {
     "c": [("resnet18-fp16", ["zoo:resnet18", "--target", "cuda-h100", "--precision", "fp16", "--dynamic", "batch"])],
     # bert2 at fixed shapes with CUDA graphs, one shape a bundle (the weights are 32 MiB, the reference outputs at
     # (32, 128) 12 MiB)
-    "d": [("bert2-fp16-1x128-graphs", ["{work}/bert2.onnx", "--target", "cuda-h100", "--precision", "fp16",
-                                       "--input-shape", "input_ids:1x128", "--input-shape", "attention_mask:1x128",
-                                       "--cuda-graphs"])],
+    "d": [("bert2-fp16-1x128-graphs", BERT2_1x128 + ["--cuda-graphs"])],
+    # seed 001's LSTM language model at fp32, beside cuDNN's LSTM there
+    "f": [("lstm-lm", ["zoo:lstm-lm", "--target", "cuda-h100", "--dynamic", "batch"])],
+    # bert2 at (1, 128) with and without CUDA graphs, timed in one process (the two share their weights)
+    "g": [("bert2-fp16-1x128-graphs", BERT2_1x128 + ["--cuda-graphs"]), ("bert2-fp16-1x128", BERT2_1x128)],
     "e": [("bert2-fp16-32x128-graphs", ["{work}/bert2.onnx", "--target", "cuda-h100", "--precision", "fp16",
                                         "--input-shape", "input_ids:32x128", "--input-shape", "attention_mask:32x128",
                                         "--cuda-graphs"])],

@@ -122,8 +122,13 @@ def torch_models():
 
     bert = models.bert2().half().to(DEVICE).eval()
     resnet = torchvision.models.resnet18().half().to(DEVICE).eval().to(memory_format=torch.channels_last)
-    return {"bert2-fp16": (bert, bert_inputs, [(1, 128), (32, 128)]),
+    def id_inputs(shape):
+        return {"input_ids": torch.randint(0, 10001, shape, device=DEVICE)}
+
+    return {"lstm-lm": (models.lstm_lm().to(DEVICE), id_inputs, [(1, 50), (128, 50)]),
+            "bert2-fp16": (bert, bert_inputs, [(1, 128), (32, 128)]),
             "bert2-fp16-1x128-graphs": (bert, bert_inputs, [(1, 128)]),
+            "bert2-fp16-1x128": (bert, bert_inputs, [(1, 128)]),
             "bert2-fp16-32x128-graphs": (bert, bert_inputs, [(32, 128)]),
             "resnet18-fp16": (resnet, image_inputs, [(1,), (32,)])}
 
@@ -151,17 +156,21 @@ def timing(bundle: Path, out: Path, record: dict) -> None:
             feeds = make_inputs(shape)  # torch's dtypes; the artifact's inputs keep the model's (fp32 images)
             mlc_feeds = {spec["name"]: feeds[spec["name"]].to(getattr(torch, spec["dtype"]))
                          for spec in runner.inputs}
-            torch_feeds = {k: v.half().contiguous(memory_format=torch.channels_last) if v.dim() == 4
-                           else v.half() if v.is_floating_point() else v for k, v in feeds.items()}
+            fp16 = "fp16" in name  # else fp32 on both sides
+            torch_feeds = {k: v.half().contiguous(memory_format=torch.channels_last) if v.dim() == 4 and fp16
+                           else v.half() if v.is_floating_point() and fp16 else v for k, v in feeds.items()}
             host_feeds = {k: v.cpu().numpy() for k, v in mlc_feeds.items()}
             torch_calls = {"torch eager": module,
                            "torch.compile": torch.compile(module, mode=COMPILE_MODE, dynamic=False)}
             if name.endswith("-graphs"):  # beside mlc's CUDA graphs, torch.compile's too
                 torch_calls["torch.compile max-autotune"] = torch.compile(module, mode="max-autotune", dynamic=False)
+            if not fp16:  # fp32: cuDNN may use TF32 tensor cores by default (mlc does not); timed both ways
+                torch_calls["torch eager, no TF32"] = functools.partial(without_tf32, module)
             resident = {"mlc": functools.partial(runner.run, mlc_feeds, device_outputs=True),
                         **{k: functools.partial(m, *torch_feeds.values()) for k, m in torch_calls.items()}}
             end_to_end = {"mlc": functools.partial(runner.run, host_feeds),
-                          **{k: functools.partial(host_round_trip, m, host_feeds) for k, m in torch_calls.items()}}
+                          **{k: functools.partial(host_round_trip, m, host_feeds, fp16)
+                             for k, m in torch_calls.items()}}
             label = f"{name} {'x'.join(map(str, shape))}"
             figures[label] = {"device-resident": interleaved(resident), "end to end": interleaved(end_to_end),
                               "outputs kept": outputs_kept(runner, mlc_feeds, make_inputs(shape))}
@@ -188,12 +197,22 @@ def outputs_kept(runner, feeds: dict, other: dict) -> bool:
                                                                                      held[k]) for k in held)
 
 
-def host_round_trip(module, host_feeds: dict):
-    """torch end to end: numpy in, to the GPU (floats at fp16), the model, numpy out."""
+def without_tf32(module, *args):
+    import torch
+
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        return module(*args)
+    finally:
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def host_round_trip(module, host_feeds: dict, fp16: bool):
+    """torch end to end: numpy in, to the GPU (floats at fp16 for an fp16 model), the model, numpy out."""
     import torch
 
     tensors = [torch.from_numpy(v).to(DEVICE) for v in host_feeds.values()]
-    result = module(*[t.half() if t.is_floating_point() else t for t in tensors])
+    result = module(*[t.half() if t.is_floating_point() and fp16 else t for t in tensors])
     return result.float().cpu().numpy()
 
 
