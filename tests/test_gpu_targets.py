@@ -147,6 +147,26 @@ def test_cuda_graphs_capture_the_static_kernels_and_keep_the_weights_beside(tmp_
                        "--cuda-graphs is for CUDA targets")
 
 
+def test_cuda_graphs_tvm_fails_on_are_left_out_with_a_note(tmp_path, monkeypatch):
+    """The first rung of the fallback ladder: a build that fails with CUDA graphs is built without them, and says so."""
+    import mlc.api as api
+    from mlc.compiler import worker
+
+    build = worker._build
+
+    def graphs_fail(mod, request, default_schedules, notes, use_db=True, cuda_graphs=False):
+        if cuda_graphs:
+            raise RuntimeError("Check failed: capture blew up (injected)")
+        return build(mod, request, default_schedules, notes, use_db, cuda_graphs)
+
+    monkeypatch.setattr(worker, "_build", graphs_fail)
+    out = tmp_path / "mlp"
+    result = api.compile("zoo:mlp", target="cuda-h100", input_shapes=["x:4x64"], cuda_graphs=True, output=out,
+                         isolate=False)
+    assert [n for n in result.notes if "built without CUDA graphs: TVM failed with them" in n and "blew up" in n]
+    assert b"cuda_graph" not in (out / "model.so").read_bytes()
+
+
 @pytest.mark.skipif(device_present("cuda"), reason="this machine has a GPU")
 def test_cuda_artifact_refuses_to_run_without_gpu(cuda_artifact):
     assert_clean_error(run_mlc("check", cuda_artifact), 4, "runs on a CUDA device and none is usable here")

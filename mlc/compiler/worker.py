@@ -192,7 +192,8 @@ def _modules(module):
         yield from _modules(child)
 
 
-def _build(mod, request: CompileRequest, default_schedules: bool, notes: list[Note], use_db: bool = True):
+def _build(mod, request: CompileRequest, default_schedules: bool, notes: list[Note], use_db: bool = True,
+           cuda_graphs: bool = False):
     """The executable, the schedule report, and the weights its `main` takes after the inputs."""
     from mlc.compiler import build
 
@@ -203,43 +204,41 @@ def _build(mod, request: CompileRequest, default_schedules: bool, notes: list[No
         db = request.schedules.db if use_db else None
         executable, report = schedules.build(mod, request.target, db, default_schedules, notes, lifted)
         return executable, report, lifted
-    if not request.cuda_graphs:
-        return build.build(mod, request.target, lifted), None, lifted
-    try:
-        return build.build(mod, request.target, lifted, cuda_graphs=True), None, lifted
-    except Exception as e:  # an optional step: build without it, and say so
-        traceback.print_exc()  # into the log file
-        notes.append(Note(NoteKind.FALLBACK, f"built without CUDA graphs: TVM failed with them: {summarize(e)}"))
-        lifted.clear()
-        return build.build(mod, request.target, lifted), None, lifted
+    return build.build(mod, request.target, lifted, cuda_graphs=cuda_graphs), None, lifted
 
 
 def _build_with_fallbacks(mod, passes_applied: bool, imported, request: CompileRequest, notes: list[Note],
                           at_fp32=None):
     """Build `mod`; where TVM fails, build again without the optional steps, the likeliest culprit first:
-    the tuning records (--db: records an older mlc wrote broke builds, #41), mlc's default CPU schedules, then
-    the Relax passes (when `passes_applied`; `imported()` makes the module without them), then, for a
-    reduced-precision build, the precision (`at_fp32()` makes the fp32 module).
-    A fallback that builds adds a note naming the step left out and TVM's reason; when every try fails, the
+    CUDA graphs (--cuda-graphs), the tuning records (--db: records an older mlc wrote broke builds, #41), mlc's
+    default CPU schedules, then the Relax passes (when `passes_applied`; `imported()` makes the module without them),
+    then, for a reduced-precision build, the precision (`at_fp32()` makes the fp32 module). Each step left out stays
+    out of the later tries.
+    A fallback that builds adds a note naming the steps left out and TVM's reason; when every try fails, the
     first error is raised (a mandatory step failed). Returns the executable, the schedule report, the lifted
     weights and whether the precision was left out."""
     default = bool(request.schedules and request.schedules.default)
     db = request.schedules and request.schedules.db
-    attempts = [(lambda: mod, default, None, True)]
+    graphs = request.cuda_graphs
+    also = " and CUDA graphs" if graphs else ""
+    # (module, mlc's default schedules, the steps left out, tuning records, CUDA graphs)
+    attempts = [(lambda: mod, default, None, True, graphs)]
+    if graphs:
+        attempts.append((lambda: mod, default, "CUDA graphs", True, False))
     if db:
-        attempts.append((lambda: mod, default, f"the tuning records (--db {db})", False))
+        attempts.append((lambda: mod, default, f"the tuning records (--db {db})", False, False))
     if default:
-        attempts.append((lambda: mod, False, "mlc's default CPU schedules", True))
+        attempts.append((lambda: mod, False, "mlc's default CPU schedules", True, False))
     if passes_applied:
-        attempts.append((imported, False, "the Relax passes" + (" and mlc's default CPU schedules" if default else ""),
-                         True))
+        attempts.append((imported, False, "the Relax passes" + (" and mlc's default CPU schedules" if default else "")
+                         + also, True, False))
     if at_fp32 is not None:
-        attempts.append((at_fp32, default, _AT_FP32.format(precision=request.precision), True))
+        attempts.append((at_fp32, default, _AT_FP32.format(precision=request.precision) + also, True, False))
     first = None
-    for module, default_schedules, skipped, use_db in attempts:
+    for module, default_schedules, skipped, use_db, cuda_graphs in attempts:
         tried: list[Note] = []
         try:
-            executable, report, lifted = _build(module(), request, default_schedules, tried, use_db)
+            executable, report, lifted = _build(module(), request, default_schedules, tried, use_db, cuda_graphs)
         except Exception as e:  # TVM raises many kinds; the last try re-raises the first
             traceback.print_exc()  # into the log file
             first = first or e
