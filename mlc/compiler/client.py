@@ -3,15 +3,15 @@ CompileResult or an MlcError back), and the checks that need no tvm. Only the wo
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from mlc import child_process
-from mlc.compiler.contract import (CompileFailure, CompileRequest, CompileResult, FailureKind, Note, NoteKind, RunFiles,
-                                   ScheduleRequest)
+from mlc.compiler.contract import CompileFailure, CompileRequest, CompileResult, FailureKind, Note, NoteKind
 from mlc.errors import CompilerError, NodeConversionError, TargetError, UnsupportedModelError
 
 
@@ -34,38 +34,17 @@ def format_unsupported(ops: dict[str, dict]) -> str:
     )
 
 
-def compile_in_worker(
-    onnx_path: Path,
-    target_json: dict[str, Any],
-    library: Optional[Path] = None,
-    run: Optional[tuple[Path, Path]] = None,
-    isolate: bool = True,
-    cross_compiler: Optional[str] = None,
-    kernels_dir: Optional[Path] = None,
-    object_dir: Optional[Path] = None,
-    schedules: Optional[ScheduleRequest | dict[str, Any]] = None,
-    relax_passes: Optional[list[dict]] = None,
-    dump_ir: Optional[Path] = None,
-    dim_upper_bounds: Optional[dict[str, int]] = None,
-    precision: str = "fp32",
-    cuda_graphs: bool = False,
-) -> CompileResult:
-    """Import + build (+ export to `library`) (+ run on `run`=(inputs.npz, outputs.npz)) with TVM.
+def compile_in_worker(request: CompileRequest, isolate: bool = True) -> CompileResult:
+    """Import + build (+ export to `request.library`) (+ run on `request.run`) with TVM.
 
     With `isolate` (the default) this happens in a child process whose log goes to a file that
     is kept, and named in the error, only when the step fails (mlc.child_process runs it). `isolate=False` runs
-    in this process (tests use it to patch TVM). Returns the worker's CompileResult or raises an MlcError."""
+    in this process (tests use it to patch TVM). Returns the worker's CompileResult or raises an MlcError. A
+    mandatory step that fails writes its smallest failing subgraph beside `request.onnx`."""
     from mlc.compiler import worker
 
-    if isinstance(schedules, dict):
-        schedules = ScheduleRequest(**schedules)
-    request = CompileRequest(
-        onnx=str(onnx_path), target=target_json, library=str(library) if library else None,
-        run=RunFiles(str(run[0]), str(run[1])) if run else None, cross_compiler=cross_compiler,
-        kernels_dir=str(kernels_dir) if kernels_dir else None, object_dir=str(object_dir) if object_dir else None,
-        schedules=schedules, relax_passes=relax_passes or [], dump_ir=str(dump_ir) if dump_ir else None,
-        dim_upper_bounds=dim_upper_bounds or {}, precision=precision, cuda_graphs=cuda_graphs,
-        reproducer=str(onnx_path.with_name(onnx_path.stem + ".reproducer.onnx")))
+    onnx_path = Path(request.onnx)
+    request = dataclasses.replace(request, reproducer=str(onnx_path.with_name(onnx_path.stem + ".reproducer.onnx")))
     if not isolate:
         # through JSON as from the child: the same contract either way
         return _check_result(worker.as_worker_result(worker.compile_request(CompileRequest.from_json(

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from mlc import child_process, artifacts, compiler, frontends, targets
+from mlc import artifacts, child_process, compiler, frontends, targets
 from mlc.artifacts.manifest import Manifest
 from mlc.check import CheckResult
 from mlc.compiler import cuda_binary, runtimes
+from mlc.compiler.contract import CompileRequest, ScheduleRequest
 from mlc.compiler.contract import CompileResult as WorkerCompileResult
 from mlc.compiler.contract import texts
 from mlc.frontends import onnx as onnx_frontend
@@ -23,7 +24,7 @@ from mlc.passes.quantize import MODES as QUANTIZE_MODES
 from mlc.pipeline import buckets as bucketing
 from mlc.pipeline import schedules as tuning_records
 from mlc.pipeline import source as sources
-from mlc.pipeline.options import Buckets, CompileOptions, ModelSpec, recipe
+from mlc.pipeline.options import Buckets, CompileOptions, ModelSpec, recipe, worker_options
 from mlc.pipeline.package import KERNELS, LIBRARY, OBJECTS, default_output, package
 from mlc.pipeline.prepare import (Prepared, References, bind_to_reference, drop_quantization, dynamic_ranges, prepare,
                                   references)
@@ -65,7 +66,7 @@ class CompilePlan:
     dynamic: Optional[dict]  # --dynamic parsed
     ranges: dict  # the --dynamic dims given a range
     buckets: Optional[Buckets]
-    schedules: Optional[dict]  # what the worker schedules with (CPU targets)
+    schedules: Optional[ScheduleRequest]  # what the worker schedules with (CPU targets)
     steps: list  # the pass plan
     runtime: runtimes.RuntimeFiles
     cross: Optional[str]  # cross compiler
@@ -109,7 +110,7 @@ def compile(model: ModelSpec, options: CompileOptions, step: StepReporter = quie
     return CompileResult(plan.output, manifest, check_result, archive_path, notes + verify_notes)
 
 
-def build_settings(preset: targets.Target, options: CompileOptions) -> tuple[list, Optional[dict]]:
+def build_settings(preset: targets.Target, options: CompileOptions) -> tuple[list, Optional[ScheduleRequest]]:
     """The pass plan and the worker's schedule request: what a compile builds with (and so `mlc debug` too)."""
     return (options.pass_options.plan(preset.device),
             tuning_records.schedule_request(preset, options.db, options.default_schedules))
@@ -233,13 +234,14 @@ def _build(plan: CompilePlan, prepared: Prepared, refs: References, builds: list
         with timed(f"tvm{build.label}", f"Compiling{build.label} with TVM for {preset.name} "
                                         f"({preset.tvm.get('mcpu', preset.tvm['kind'])})"):
             def compile_(onnx_path: Path, library: str = build.library) -> WorkerCompileResult:
-                return compiler.compile_in_worker(
-                    onnx_path, preset.tvm, library=staged / library, isolate=options.isolate,
-                    cross_compiler=plan.cross, kernels_dir=staged / KERNELS,
-                    object_dir=staged / OBJECTS if macos else None, schedules=plan.schedules,
-                    relax_passes=[s.to_json() for s in plan.steps], dump_ir=options.pass_options.dump_ir,
+                dump_ir = options.pass_options.dump_ir
+                return compiler.compile_in_worker(CompileRequest(
+                    onnx=str(onnx_path), target=preset.tvm, library=str(staged / library), cross_compiler=plan.cross,
+                    kernels_dir=str(staged / KERNELS), object_dir=str(staged / OBJECTS) if macos else None,
+                    schedules=plan.schedules, relax_passes=[s.to_json() for s in plan.steps],
+                    dump_ir=str(dump_ir) if dump_ir else None,
                     dim_upper_bounds={name: hi for name, (_, hi) in plan.ranges.items()},
-                    precision=options.precision, cuda_graphs=options.cuda_graphs)
+                    **worker_options(options)), isolate=options.isolate)
 
             def compile_bound(onnx_path: Path) -> WorkerCompileResult:
                 try:

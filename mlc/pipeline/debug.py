@@ -17,6 +17,7 @@ import onnx
 from mlc import artifacts, compiler, models, targets
 from mlc.check import CheckResult, compare, compare_one, localize, tolerance_for
 from mlc.compiler import runtimes
+from mlc.compiler.contract import CompileRequest, RunFiles
 from mlc.errors import InputError, TargetError
 from mlc.frontends import onnx as onnx_frontend
 from mlc.frontends import onnx_weights
@@ -165,7 +166,8 @@ def _tvm_values(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], preset:
     weights = {init.name for init in model.graph.initializer}
     names = [v.name for v in model.graph.input if v.name not in weights]
     np.savez(inputs, **{f"in_{i}": feeds[n] for i, n in enumerate(names)})
-    compiler.compile_in_worker(path, preset.tvm, run=(inputs, outputs), isolate=isolate, **build)
+    request = CompileRequest(onnx=str(path), target=preset.tvm, run=RunFiles(str(inputs), str(outputs)), **build)
+    compiler.compile_in_worker(request, isolate=isolate)
     with np.load(outputs, allow_pickle=False) as data:
         return {v.name: data[f"out_{i}"] for i, v in enumerate(model.graph.output)}
 

@@ -40,6 +40,7 @@ class Option:
     cli_type: Any = None  # the typer annotation, where the field's type is not one typer takes
     cli_default: Any = FIELD_DEFAULT
     group: Optional[type] = None  # a dataclass of declared fields whose flags the CLI takes in this one's place
+    worker: bool = False  # the compile worker implements it: a CompileRequest field of the same name carries it
 
 
 def option(default: Any, *flags: str, help: str, **how: Any) -> Any:
@@ -52,6 +53,11 @@ def declared(owner: type) -> Iterator[tuple[dataclasses.Field, Option]]:
     for f in dataclasses.fields(owner):
         if "option" in f.metadata:
             yield f, f.metadata["option"]
+
+
+def worker_options(options: Any) -> dict[str, Any]:
+    """The options the compile worker implements ({name: value}), for its CompileRequest."""
+    return {f.name: getattr(options, f.name) for f, opt in declared(type(options)) if opt.worker}
 
 
 def field_types(owner: type) -> dict[str, Any]:
@@ -267,10 +273,10 @@ class CompileOptions:
     isolate: bool = option(True, help="Run TVM in a child process (False: faster for many small models; a TVM crash "
                                       "then takes the process down).")
     precision: str = option(
-        "fp32", "--precision", parse=check_precision, recorded="given",
+        "fp32", "--precision", parse=check_precision, recorded="given", worker=True,
         help="fp32, bf16 (CPUs with AVX512-BF16) or fp16 (CUDA): matmul/conv inputs and weights in that type, fp32 "
              "accumulation; judged by an accuracy gate against the fp32 reference (exit 3 when missed).")
-    cuda_graphs: bool = option(False, "--cuda-graphs", recorded="given",
+    cuda_graphs: bool = option(False, "--cuda-graphs", recorded="given", worker=True,
                                help="CUDA: after the first call, replay the parts of the model whose shapes are static "
                                     "as CUDA graphs (one launch each instead of one per kernel); fix the input shapes "
                                     "(--input-shape) for the whole model.")

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from mlc.compiler.contract import ScheduleRequest
 from mlc.errors import InputError, TargetError
 
 DB_FILES = ("database_workload.json", "database_tuning_record.json")
@@ -83,14 +84,15 @@ def record_count(db: Path) -> int:
 TUNING_GAIN_NOTE = "see benchmarks/tuning/results/tuning.json for what tuning gained on the zoo models"
 
 
-def schedule_request(preset, db: Optional[str | Path], default: bool) -> Optional[dict]:
+def schedule_request(preset, db: Optional[str | Path], default: bool) -> Optional[ScheduleRequest]:
     """What the compile worker is asked to schedule with, or None for TVM's own pipeline (GPU:
     rule-based dlight schedules; only CPU builds use tuning records and mlc's default rules)."""
     if preset.tvm.get("kind") != "llvm":
         if db is not None:
             raise TargetError(f"--db applies to CPU targets; {preset.name} builds use rule-based GPU schedules")
         return None
-    return {"db": str(check_db_dir(Path(db), create=False).resolve()) if db is not None else None, "default": default}
+    return ScheduleRequest(db=str(check_db_dir(Path(db), create=False).resolve()) if db is not None else None,
+                           default=default)
 
 
 def unscheduled_note(names: list[str]) -> Optional[str]:
