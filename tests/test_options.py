@@ -117,3 +117,17 @@ def test_no_check_builds_a_complete_artifact_without_running_it(tmp_path):
     assert "not verified (--no-check)" in proc.stderr and f"mlc check {tmp_path / 'art'}" in proc.stderr
     checked = run_mlc("check", tmp_path / "art", check=True)
     assert "pass" in checked.stdout
+
+
+def test_options_the_worker_implements_reach_its_request_by_name():
+    """`worker=True` options are CompileRequest fields of the same name, and the request takes their values."""
+    import dataclasses
+
+    from mlc.compiler.contract import CompileRequest
+
+    options = declared.CompileOptions(target="cuda-h100", precision="fp16", cuda_graphs=True)
+    passed_on = declared.worker_options(options)
+    assert passed_on == {"precision": "fp16", "cuda_graphs": True}
+    assert set(passed_on) <= {f.name for f in dataclasses.fields(CompileRequest)}
+    request = CompileRequest(onnx="m.onnx", target={"kind": "cuda"}, **passed_on)
+    assert (request.precision, request.cuda_graphs) == ("fp16", True)

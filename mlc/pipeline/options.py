@@ -3,7 +3,8 @@
 Each option is declared once, on its field (`option(...)`): its name is the API keyword, its metadata the CLI flags
 and help, the parser that turns what a user gives (CLI text, or values from Python) into the field's value type,
 and whether the artifact's rebuild recipe records it. `mlc compile`'s command line, `mlc.api.compile`'s keywords
-and the manifest's recipe are generated from these declarations (tests/test_options.py checks that they are)."""
+and the manifest's recipe are generated from these declarations (tests/test_options.py checks that they are). An
+option the compile worker implements (`worker=True`) reaches it as the CompileRequest field of the same name."""
 
 from __future__ import annotations
 
