@@ -33,7 +33,7 @@ def _fail_build_with(monkeypatch, *ops: str) -> None:
     its bugs; other builds succeed without building (the search only asks whether they fail)."""
     from mlc.compiler import worker
 
-    def build(mod, request, default_schedules, notes, use_db=True):
+    def build(mod, request, default_schedules, notes, use_db=True, cuda_graphs=False):
         text = mod.script()
         if all(op in text for op in ops):
             raise RuntimeError("InternalError: Check failed: (it != flat_map_.end()) is false: Buffer T_12 used "

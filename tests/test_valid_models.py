@@ -151,7 +151,7 @@ def test_build_retries_without_optional_steps(monkeypatch) -> None:
 
     calls, passes_fail = [], []
 
-    def fake_build(mod, request, default_schedules, notes, use_db=True):
+    def fake_build(mod, request, default_schedules, notes, use_db=True, cuda_graphs=False):
         calls.append((mod, default_schedules))
         if default_schedules or mod == "passed" and passes_fail:
             raise RuntimeError("Traceback:\n  File x\nInternalError: Check failed: rule blew up")
