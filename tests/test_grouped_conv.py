@@ -200,3 +200,10 @@ def test_zoo_shufflenet_v1_exports_its_group_convs(tmp_path):
     groups = [next((a.i for a in n.attribute if a.name == "group"), 1) for n in onnx.load(path).graph.node
               if n.op_type == "Conv"]
     assert groups.count(3) == 31 and len(groups) == 1 + 16 * 3
+
+
+@pytest.mark.xfail(strict=True, reason="open bug: with a group of 168 output channels padded to 176 (11 vectors), the "
+                   "last vector of each group computes wrong numbers (torchvision's regnet_x_32gf fails its check; "
+                   "it passes with grouped_conv.PAD_GROUPS off). Fixed: drop this mark")
+def test_a_group_padded_to_eleven_vectors_matches_onnx_runtime(tmp_path):
+    _compile_and_compare(_model(336, 336, 8, 3, 2), 336, 8, tmp_path)
