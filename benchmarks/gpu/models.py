@@ -78,7 +78,8 @@ class SqueezeNet(nn.Module):
 
 class LstmLanguageModel(nn.Module):
     """Seed 001's stacked LSTM language model (mlc's zoo:lstm-lm): embedding 128, 3 LSTM layers of 256, vocabulary
-    10001; on CUDA torch runs the LSTM through cuDNN."""
+    10001; on CUDA torch runs the LSTM through cuDNN. A copy of mlc.models.torch_models' layers: this folder runs on
+    the GPU machine, where mlc is not installed."""
 
     def __init__(self, vocab: int = 10001, embedding: int = 128, layers: int = 3, hidden: int = 256):
         super().__init__()
