@@ -589,14 +589,17 @@ def _plan_tile(sch, spatial, reduction, lanes: int, bf16: bool, int8: bool, regi
     return _TilePlan(lanes, vectors, row_tile, group, row_extent, j_extent, depths)
 
 
-def _split_column_panels(sch, j_loop, plan: _TilePlan, padded_rows: bool):
+def _split_column_panels(sch, j_loop, plan: _TilePlan, padded_rows: bool, grouped: bool):
     """J into tiles of `plan.width` and blocks of tiles whose weight panels fit in L2: (blocks, vectors, lanes,
     panels per block, [the loop over a block's panels] or [])."""
     jo, jv, ji = sch.split(j_loop, factors=[None, plan.vectors, plan.lanes])
     panels = _panels_per_block(_extent(sch, jo), None if None in plan.depths else math.prod(plan.depths), plan.width)
-    # A partial last block puts a predicate on the tile: no tensorize; and with padded rows TVM 0.27 wrote wrong
-    # values (inception_v3's 1x1 conv 768 -> 160 channels at 17 x 17 rows: 5 panels in blocks of 2)
-    if (plan.group or padded_rows) and _extent(sch, jo) % panels:
+    # A partial last block puts a predicate on the tile: no tensorize. TVM 0.27 wrote wrong values with padded
+    # rows (inception_v3's 1x1 conv 768 -> 160 channels at 17 x 17 rows: 5 panels in blocks of 2), and where J is
+    # one group's channels (`_split_groups`): the write-back's predicate bounds g x J, so a group's partial block
+    # overwrote the next group's first panel with an unwritten accumulator (regnet_x_32gf: groups of 7 or 11
+    # vectors in blocks of 4)
+    if (plan.group or padded_rows or grouped) and _extent(sch, jo) % panels:
         panels = max(d for d in range(1, panels + 1) if _extent(sch, jo) % d == 0)
     inner_panels = []
     if panels > 1:
@@ -724,7 +727,8 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     plan = _plan_tile(sch, spatial, reduction, lanes, bf16, int8, registers, columns)
     if row_count is None:  # (else the row count before `_pad_symbolic_width` padded it)
         row_count = sch.get(spatial[-2]).extent if len(spatial) > 1 else None
-    jo, jv, ji, panels, inner_panels = _split_column_panels(sch, spatial[-1], plan, padded_rows)
+    grouped = len(_vars_in(sch.get(block).writes[0].region[-1].min)) > 1  # out[.., g x width + j]
+    jo, jv, ji, panels, inner_panels = _split_column_panels(sch, spatial[-1], plan, padded_rows, grouped)
     passes = _row_tile_passes(sch, spatial, plan)
     loops = _tile_loop_nest(sch, spatial, plan, jo, inner_panels, columns)
     pair = []
