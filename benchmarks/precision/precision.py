@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fp32", type=Path, required=True, help="the mlc fp32 artifact")
-    parser.add_argument("--bf16", type=Path, required=True, help="the mlc --precision bf16 artifact")
+    parser.add_argument("--bf16", type=Path, help="the mlc --precision bf16 artifact (none: fp32 rows only)")
+    parser.add_argument("--ort", action="store_true", help="also time ONNX Runtime fp32 (intra-op = --threads)")
     parser.add_argument("--onnx", type=Path, required=True, help="the same model as ONNX, for OpenVINO")
     parser.add_argument("--label", required=True)
     parser.add_argument("--threads", type=int, default=1)
@@ -56,10 +57,14 @@ def main() -> None:
         feeds = {k: npz[k] for k in npz.files}
     with np.load(args.fp32 / fp32.manifest["reference"]["outputs"]) as npz:
         reference = {k: npz[k] for k in npz.files}
-    bf16 = Runner(args.bf16)
-    runners = {"mlc fp32": fp32.run, "mlc bf16": bf16.run}  # feeds -> outputs, for the accuracy inputs
+    runners = {"mlc fp32": fp32.run}  # feeds -> outputs, for the accuracy inputs
+    ran_at = {"mlc fp32": "fp32"}
+    artifacts = {"mlc fp32": fp32}
+    if args.bf16:
+        bf16 = artifacts["mlc bf16"] = Runner(args.bf16)
+        runners["mlc bf16"] = bf16.run
+        ran_at["mlc bf16"] = bf16.manifest.get("precision", "fp32")
     backends = {name: functools.partial(run, feeds) for name, run in runners.items()}
-    ran_at = {"mlc fp32": "fp32", "mlc bf16": bf16.manifest.get("precision", "fp32")}
     for name, hint in (("openvino fp32", "f32"), ("openvino default", None)):
         compiled, precision = openvino_model(args.onnx, args.threads, hint)
         runners[name] = _openvino(compiled, list(reference))
@@ -67,6 +72,9 @@ def main() -> None:
         ran_at[name] = precision
 
     accuracy = _accuracy(runners, args.onnx, feeds, reference, args.samples)
+    if args.ort:  # timed only: its numbers are the accuracy's reference for the seeded inputs
+        backends["onnxruntime fp32"] = _onnxruntime(args.onnx, args.threads, feeds)
+        ran_at["onnxruntime fp32"] = "fp32"
 
     def timed(call) -> float:
         start = time.perf_counter()
@@ -92,7 +100,11 @@ def main() -> None:
                                             for k, s in samples.items()},
            "over_openvino_fp32_median": {k: round(float(np.median(np.array(s) / np.array(samples["openvino fp32"]))),
                                                   3) for k, s in samples.items()},
+           **({"over_onnxruntime_median": {k: round(float(np.median(np.array(s) / np.array(samples[
+               "onnxruntime fp32"]))), 3) for k, s in samples.items()}} if args.ort else {}),
            "accuracy_vs_fp32": accuracy,
+           "unscheduled_kernels": {name: len((runner.manifest["compile"].get("schedules") or {}).get("unscheduled")
+                                                 or []) for name, runner in artifacts.items()},
            "reference": f"{fp32.manifest['reference']['producer']} on the artifact's inputs, else onnxruntime fp32",
            **(_shares(samples, ran_at, args.onnx, feeds, args.threads) if args.peak else {}),
            "load_average": [load_start, load_average()]}
@@ -156,6 +168,16 @@ def _summary(per_input: list) -> dict:
             "inputs_passing_bf16_gate": sum(o.passed for o in per_input),
             "error_over_peak": [float(f"{e:.5g}") for e in errors],  # per input, for paired comparisons
             "cosine": [round(c, 10) for c in cosines]}
+
+
+def _onnxruntime(onnx_path: Path, threads: int, feeds: dict):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    wanted = {i.name for i in session.get_inputs()}
+    return functools.partial(session.run, None, {k: v for k, v in feeds.items() if k in wanted})
 
 
 def _openvino(compiled, names):
