@@ -25,13 +25,13 @@ def _light(name: str) -> onnx.ModelProto:
     return onnx.load(str(Path(onnx.__file__).parent / "backend/test/data/light" / f"light_{name}.onnx"))
 
 
-def _value(out: str, shape: tuple, rng: np.random.Generator) -> np.ndarray:
+def _value(out: str, shape: tuple, rng: np.random.Generator, role: str = "") -> np.ndarray:
     if out.endswith("_w_0") and len(shape) >= 2:  # conv / fc weight
         fan_in = int(np.prod(shape[1:]))
         return rng.normal(0, np.sqrt(2.0 / fan_in), shape).astype(np.float32)
-    if "var" in out:
+    if "var" in out or role == "var":
         return np.abs(rng.normal(1, 0.1, shape)).astype(np.float32) + 0.5
-    if "scale" in out:
+    if "scale" in out or role == "scale":
         return rng.normal(1, 0.1, shape).astype(np.float32)
     return rng.normal(0, 0.1, shape).astype(np.float32)
 
@@ -40,10 +40,15 @@ def seeded(name: str) -> onnx.ModelProto:
     model = _light(name)
     rng = np.random.default_rng(SEED)
     shapes = {t.name: tuple(numpy_helper.to_array(t)) for t in model.graph.initializer}
+    # BatchNormalization's scale and variance by position: resnet50's and shufflenet's are `_bn_s_0`, `_bn_riv_0`
+    # (a normal draw made variances negative, and every output NaN)
+    roles = {name: role for node in model.graph.node if node.op_type == "BatchNormalization"
+             for name, role in zip(node.input[1:5:3], ("scale", "var"))}
     inits, nodes = [], []
     for node in model.graph.node:
         if node.op_type == "ConstantOfShape" and node.input[0] in shapes:
-            inits.append(numpy_helper.from_array(_value(node.output[0], shapes[node.input[0]], rng), node.output[0]))
+            inits.append(numpy_helper.from_array(_value(node.output[0], shapes[node.input[0]], rng,
+                                                      roles.get(node.output[0], "")), node.output[0]))
         else:
             nodes.append(node)
     used = {i for n in nodes for i in n.input}
