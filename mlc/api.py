@@ -12,21 +12,22 @@ from mlc.pipeline import compile as compiling
 from mlc.pipeline import debug as debugging
 from mlc.pipeline import export as exporting
 from mlc.pipeline import options as declared
+from mlc.pipeline import run as running
 from mlc.pipeline.compile import CompileResult, precision_supported, prepare_target, quantize_supported
 from mlc.pipeline.debug import DebugReport
 from mlc.pipeline.export import ExportResult
-from mlc.pipeline.options import CompileOptions, ModelSpec, check_precision
+from mlc.pipeline.options import CompileOptions, ModelSpec, RunOptions, check_precision
 from mlc.pipeline.package import DEFAULT_OUTPUT_ROOT, default_output
-from mlc.pipeline.run import Inputs, RunResult, check, open_runner, read_npz, require_pass, run, save_outputs
+from mlc.pipeline.run import Inputs, RunResult, check, open_runner, read_npz, require_pass, save_outputs
 from mlc.pipeline.source import model_name, resolve_framework, source_sha256
 from mlc.pipeline.steps import StepReporter, quiet_step
 from mlc.tuning import TuneResult, tune
 
-__all__ = ["DEFAULT_OUTPUT_ROOT", "CompileOptions", "CompileResult", "DebugReport", "ExportResult", "ModelSpec",
-           "RunResult", "StepReporter", "TuneResult", "check", "check_precision", "compile", "compile_targets", "debug",
-           "default_output", "export", "model_name", "open_runner", "precision_supported", "prepare_target",
-           "quantize_supported", "quiet_step", "read_npz", "require_pass", "resolve_framework", "run", "save_outputs",
-           "source_sha256", "tune"]
+__all__ = ["CompileOptions", "CompileResult", "DEFAULT_OUTPUT_ROOT", "DebugReport", "ExportResult", "ModelSpec",
+           "RunOptions", "RunResult", "StepReporter", "TuneResult", "check", "check_precision", "compile",
+           "compile_targets", "debug", "default_output", "export", "model_name", "open_runner", "precision_supported",
+           "prepare_target", "quantize_supported", "quiet_step", "read_npz", "require_pass", "resolve_framework",
+           "run", "save_outputs", "source_sha256", "tune"]
 
 
 def _declared(*owners: type, only: Optional[Sequence[str]] = None):
@@ -74,6 +75,13 @@ def compile_targets(source: str, target_list: Sequence[str], *, step: StepReport
     for plan in compiling.plan_targets(model, compile_options, target_list):
         on_target(plan.preset.name)
         yield compiling.compile(model, plan.options, step)
+
+
+@_declared(RunOptions)
+def run(artifact: str | Path, inputs: Inputs = None, **options: Any) -> RunResult:
+    """Run an artifact on inputs (an .npz path, a dict, or None for its reference inputs) and time it."""
+    declared.accept(options, declared.names(RunOptions), "run")
+    return running.run(artifact, inputs, RunOptions(**options))
 
 
 @_declared(ModelSpec, only=declared.EXPORT_OPTIONS)

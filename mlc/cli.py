@@ -407,30 +407,22 @@ def passes_cmd(as_json: bool = typer.Option(False, "--json", help="Print the reg
     out.print(table)
 
 
-_DEVICE_HELP = "GPU artifacts: the GPU to run on, e.g. cuda:1 (default: the first)."
-
 
 @app.command("run")
+@_declared_options(declared.RunOptions)
 def run_cmd(
     artifact: Path = typer.Argument(..., help="Artifact directory written by `mlc compile`."),
     inputs: Optional[Path] = typer.Option(None, "--inputs", "-i",
                                           help=".npz with one array per input, or a .npy for a one-input model "
                                                "(default: reference inputs)."),
     outputs: Optional[Path] = typer.Option(None, "--outputs", "-o", help="Write the outputs to this .npz."),
-    warmup: int = typer.Option(3, help="Untimed runs first."),
-    repeat: int = typer.Option(50, help="Timed runs (0: run once, no timing)."),
-    profile: bool = typer.Option(False, "--profile", help="Also time every kernel call (3 runs) and list the "
-                                                          "slowest kernels: where the time goes."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads to run with (default: "
-                                          "TVM_NUM_THREADS where set, else one per physical core)."),
     as_json: bool = typer.Option(False, "--json", help="Print latency and output shapes as JSON."),
-    device: Optional[str] = typer.Option(None, "--device", help=_DEVICE_HELP),
+    **options,
 ) -> None:
     """Run an artifact and report latency (mean, p50, p90, p99, throughput)."""
     from mlc import api
 
-    result = api.run(artifact, inputs, warmup=warmup, repeat=repeat, profile=profile, threads=threads,
-                     device=device)
+    result = api.run(artifact, inputs, **options)
     for warning in result.warnings:
         err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
     if outputs:
@@ -441,7 +433,7 @@ def run_cmd(
             "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in result.outputs.items()},
             "latency": result.latency,
             "threads": result.threads,
-            **({"profile": result.profile} if profile else {}),
+            **({"profile": result.profile} if options["profile"] else {}),
         }))
         return
     for name, value in result.outputs.items():
@@ -468,21 +460,17 @@ def _print_profile(rows: list[dict], shown: int = 15) -> None:
 
 
 @app.command("check")
+@_declared_options(declared.CompileOptions, only=("atol", "rtol"))
+@_declared_options(declared.RunOptions, only=("device",))
 def check_cmd(
     artifact: Path = typer.Argument(..., help="Artifact directory written by `mlc compile`."),
-    atol: Optional[float] = typer.Option(None,
-                                         help="Absolute tolerance (default: by dtype: "
-                                              "fp32 1e-4, fp16 1e-2, ints exact)."),
-    rtol: Optional[float] = typer.Option(None,
-                                         help="Relative tolerance (default: by dtype: "
-                                              "fp32 1e-3, fp16 5e-2, ints exact)."),
     as_json: bool = typer.Option(False, "--json", help="Print per-output statistics as JSON."),
-    device: Optional[str] = typer.Option(None, "--device", help=_DEVICE_HELP),
+    **options,
 ) -> None:
     """Run the artifact on its reference inputs and compare with the reference outputs (exit 3 on mismatch)."""
     from mlc import api
 
-    result = api.check(artifact, atol=atol, rtol=rtol, device=device)
+    result = api.check(artifact, **options)
     if as_json:
         out.print_json(json.dumps(result.to_json()))
     else:

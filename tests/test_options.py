@@ -131,3 +131,24 @@ def test_options_the_worker_implements_reach_its_request_by_name():
     assert set(passed_on) <= {f.name for f in dataclasses.fields(CompileRequest)}
     request = CompileRequest(onnx="m.onnx", target={"kind": "cuda"}, **passed_on)
     assert (request.precision, request.cuda_graphs) == ("fp16", True)
+
+
+def test_run_and_check_options_are_declared_once():
+    """`mlc run`'s and `mlc check`'s options come from the declarations (RunOptions; the check's tolerances from
+    CompileOptions), and the API takes the same names."""
+    own = {"--inputs", "-i", "--outputs", "-o", "--json"}
+    assert _cli_flags("run") == _declared_flags(declared.RunOptions) | own
+    assert set(declared.names(declared.RunOptions)) <= set(inspect.signature(api.run).parameters)
+    assert _cli_flags("check") == {"--atol", "--rtol", "--device", "--json"}
+    assert {"atol", "rtol", "device"} <= set(inspect.signature(api.check).parameters)
+    with pytest.raises(TypeError, match="repeats"):
+        api.run("art", repeats=1)
+
+
+@pytest.mark.parametrize("flags, message", [(["--warmup", "-1"], "--warmup must be at least 0, not -1"),
+                                            (["--threads", "0"], "--threads must be at least 1, not 0")])
+def test_run_option_values_are_checked_before_the_artifact_is_opened(tmp_path, flags, message):
+    from helpers import run_mlc
+
+    proc = run_mlc("run", str(tmp_path / "missing"), *flags)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == f"error: {message}", proc.stderr

@@ -296,6 +296,31 @@ class CompileOptions:
     __post_init__ = _parse_fields
 
 
+def _at_least(least: int, flag: str):
+    def parse(value: Optional[int]) -> Optional[int]:
+        if value is not None and int(value) < least:
+            raise InputError(f"{flag} must be at least {least}, not {value}")
+        return None if value is None else int(value)
+    return parse
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How an artifact runs (`mlc run`, `mlc.api.run`; `device` also `mlc check`)."""
+
+    warmup: int = option(3, "--warmup", parse=_at_least(0, "--warmup"), help="Untimed runs first.")
+    repeat: int = option(50, "--repeat", parse=_at_least(0, "--repeat"), help="Timed runs (0: run once, no timing).")
+    profile: bool = option(False, "--profile", help="Also time every kernel call (3 runs) and list the slowest "
+                                                    "kernels: where the time goes.")
+    threads: Optional[int] = option(None, "--threads", parse=_at_least(1, "--threads"),
+                                    help="CPU threads to run with (default: TVM_NUM_THREADS where set, else one per "
+                                         "physical core).")
+    device: Optional[str] = option(None, "--device", help="GPU artifacts: the GPU to run on, e.g. cuda:1 (default: "
+                                                          "the first).")
+
+    __post_init__ = _parse_fields
+
+
 # The ModelSpec options `mlc export` takes (the rest shape a compiled artifact).
 EXPORT_OPTIONS = ("framework", "input_shapes", "dynamic", "exporter", "inputs")
 

@@ -14,7 +14,7 @@ from mlc import artifacts
 from mlc.check import CheckResult, compare
 from mlc.compiler import runtimes
 from mlc.errors import AccuracyError, InputError, IntegrityError, MissingDependencyError
-from mlc.pipeline.options import check_tolerances
+from mlc.pipeline.options import RunOptions, check_tolerances
 from mlc.runtime import runner as thin_runtime
 
 Inputs = Optional[str | Path | Mapping[str, np.ndarray]]  # an .npz path, a dict, or None: the reference inputs
@@ -76,21 +76,17 @@ class RunResult:
     threads: Optional[int] = None  # the CPU threads it ran with (None: TVM's default)
 
 
-def run(artifact: str | Path, inputs: Inputs = None, *, warmup: int = 3, repeat: int = 50,
-        profile: bool = False, threads: Optional[int] = None, device: Optional[str] = None) -> RunResult:
+def run(artifact: str | Path, inputs: Inputs = None, options: Optional[RunOptions] = None) -> RunResult:
     """Run an artifact on inputs (an .npz path, a dict, or None for its reference inputs);
-    `profile` also times each kernel call (Runner.profile)."""
-    if warmup < 0 or repeat < 0:
-        raise InputError("--warmup and --repeat must be >= 0")
-    if threads is not None and threads < 1:
-        raise InputError(f"--threads must be at least 1, not {threads}")
-    runner = open_runner(artifact, threads, device)
-    if profile and not isinstance(runner, thin_runtime.Runner):
+    `options.profile` also times each kernel call (Runner.profile)."""
+    options = options or RunOptions()
+    runner = open_runner(artifact, options.threads, options.device)
+    if options.profile and not isinstance(runner, thin_runtime.Runner):
         raise InputError(f"--profile needs an artifact built for this machine; {artifact} runs under emulation here")
     feeds = load_inputs(runner, inputs)
     with runtime_errors():
-        outputs, latency, warnings = runner.measure(feeds, warmup, repeat)
-        kernels = runner.profile(feeds) if profile else None
+        outputs, latency, warnings = runner.measure(feeds, options.warmup, options.repeat)
+        kernels = runner.profile(feeds) if options.profile else None
     return RunResult(outputs, latency, warnings, kernels, runner.threads)
 
 
