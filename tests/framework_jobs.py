@@ -78,9 +78,16 @@ def run(job: dict, out: Path) -> dict:
         return {"ok": True}
     if job["kind"] == "open":
         frontend = importlib.import_module(FRONTENDS[framework])
-        return {"detect": frontend.detect(job["path"]),
-                **export_and_run(frontend.open_model(job["path"]), out, job["id"], job.get("shapes", {}),
-                                 vocab=job.get("vocab"))}
+        if "weights_as_inputs_bytes" in job:  # the TensorFlow frontend's threshold, for this job only
+            frontend.WEIGHTS_AS_INPUTS_BYTES, job["weights_as_inputs_bytes"] = (job["weights_as_inputs_bytes"],
+                                                                                frontend.WEIGHTS_AS_INPUTS_BYTES)
+        try:
+            return {"detect": frontend.detect(job["path"]),
+                    **export_and_run(frontend.open_model(job["path"]), out, job["id"], job.get("shapes", {}),
+                                     vocab=job.get("vocab"))}
+        finally:
+            if "weights_as_inputs_bytes" in job:
+                frontend.WEIGHTS_AS_INPUTS_BYTES = job["weights_as_inputs_bytes"]
     if job["kind"] == "truncate":
         data = Path(job["src"]).read_bytes()
         Path(job["path"]).write_bytes(data[: int(len(data) * job.get("keep", 0.5))])
@@ -96,6 +103,9 @@ def run(job: dict, out: Path) -> dict:
         return {"ok": True}
     if job["kind"] == "keras_grouped_gelu":
         save_keras_grouped_gelu(job["path"])
+        return {"ok": True}
+    if job["kind"] == "keras_mixed_layers":
+        save_keras_mixed_layers(job["path"])
         return {"ok": True}
     if job["kind"] == "keras_open_image":
         save_keras_open_image(job["path"])
@@ -159,6 +169,26 @@ def save_keras_grouped_gelu(path: str) -> None:
     y = keras.layers.Conv2D(4, 3, padding="same", groups=4)(x)
     y = keras.layers.Conv2D(6, 1)(keras.layers.Activation("gelu")(y))
     keras.Model(x, y).save(path)
+
+
+def save_keras_mixed_layers(path: str) -> None:
+    """The layers whose weights tf2onnx rewrites when they are constants (conv kernels transposed, depthwise and
+    grouped ones reshaped, batch-norm statistics), a Normalization's captured constants and a Dropout's seed state."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    x = keras.Input((16, 16, 3), name="image")
+    y = keras.layers.Normalization(mean=[0.5, 0.4, 0.3], variance=[0.2, 0.3, 0.4])(x)
+    y = keras.layers.ReLU()(keras.layers.BatchNormalization()(keras.layers.Conv2D(8, 3, padding="same")(y)))
+    y = keras.layers.Conv2D(16, 3, strides=2, groups=4)(keras.layers.DepthwiseConv2D(3, padding="same")(y))
+    y = keras.layers.Dropout(0.3)(keras.layers.SeparableConv2D(8, 3)(y))
+    model = keras.Model(x, keras.layers.Dense(5)(keras.layers.GlobalAveragePooling2D()(y)))
+    rng = np.random.default_rng(0)
+    for layer in model.layers:  # statistics that are not the identity
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.moving_mean.assign(rng.normal(0, 1, 8).astype("float32"))
+            layer.moving_variance.assign(rng.uniform(0.5, 2, 8).astype("float32"))
+    model.save(path)
 
 
 def save_keras_open_image(path: str) -> None:

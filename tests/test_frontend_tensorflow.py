@@ -46,6 +46,11 @@ def jobs(tmp_path_factory):
     plan += [{"id": f"open {path}", "kind": "open", "framework": FW, "path": str(files / path),
               "vocab": VOCAB.get(name, {})} for name, path in saves]
     plan.append({"id": "save open_image.keras", "kind": "keras_open_image", "path": str(files / "open_image.keras")})
+    mixed = str(files / "mixed.keras")
+    plan += [{"id": "save mixed.keras", "kind": "keras_mixed_layers", "path": mixed},
+             {"id": "open mixed.keras", "kind": "open", "framework": FW, "path": mixed},
+             {"id": "open mixed.keras, weights as inputs", "kind": "open", "framework": FW, "path": mixed,
+              "weights_as_inputs_bytes": 0}]
     grouped = str(files / "grouped_gelu.keras")
     plan += [{"id": "save grouped_gelu.keras", "kind": "keras_grouped_gelu", "path": grouped},
              {"id": "open grouped_gelu.keras", "kind": "open", "framework": FW, "path": grouped}]
@@ -109,6 +114,21 @@ def test_captured_constants_are_weights_not_inputs(jobs):
     model, inputs, eager = load_case(out, "open norm.keras")
     assert [v.name for v in model.graph.input] == ["features"] == list(inputs)
     assert_matches(ort_outputs(out, "open norm.keras"), eager)
+
+
+def test_weights_traced_as_inputs_export_the_same_model(jobs):
+    """Above WEIGHTS_AS_INPUTS_BYTES a Keras model is traced with its variables as inputs (tf2onnx held ~25 copies of
+    frozen weights: VGG16 went past 10 GiB), and their values become initializers: the ONNX takes the model's one
+    input, and ONNX Runtime matches Keras eager as closely as the frozen export does."""
+    out, results = jobs
+    assert results["save mixed.keras"]["ok"], results["save mixed.keras"]
+    for job, how in (("open mixed.keras", "tf.function, opset"), ("open mixed.keras, weights as inputs",
+                                                                  "the weights as inputs")):
+        assert results[job]["ok"] and how in results[job]["exporter"], results[job]
+        model, inputs, eager = load_case(out, job)
+        assert [v.name for v in model.graph.input] == ["image"] == list(inputs)
+        assert_matches(ort_outputs(out, job), eager)
+    assert len(load_case(out, "open mixed.keras, weights as inputs")[0].graph.initializer) > 10
 
 
 def test_grouped_convolution_and_exact_gelu_convert(jobs):

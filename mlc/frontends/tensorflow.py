@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -105,7 +106,36 @@ def from_keras(model, inputs: Optional[list[InputDecl]] = None,
     def call(*args):
         return model(args[0] if single else list(args), training=False)
 
-    return _framework_model(call, inputs, example_sizes, names)
+    return _framework_model(call, inputs, example_sizes, names, _weights_as_inputs(model, single))
+
+
+# tf2onnx holds ~25 copies of the weights it freezes into the graph (TF's frozen functions, grappler's graph, its
+# own graph and the copies each optimizer rolls back to): a Keras model of 285 MB of weights peaked at 8 GB, VGG16
+# (550 MB) past 10 GiB. Above this size the weights go in as graph inputs instead, and become initializers after.
+WEIGHTS_AS_INPUTS_BYTES = 192 << 20
+
+
+@dataclass(frozen=True)
+class _WeightsAsInputs:
+    """A Keras 3 model called with its variables' values as arguments after the data (`stateless_call`)."""
+
+    call: Callable
+    values: list[np.ndarray]
+
+
+def _weights_as_inputs(model, single: bool) -> Optional[_WeightsAsInputs]:
+    trainable, rest = list(model.trainable_variables), list(model.non_trainable_variables)
+    values = [np.asarray(v.numpy() if hasattr(v, "numpy") else v) for v in trainable + rest]
+    if not hasattr(model, "stateless_call") or sum(v.nbytes for v in values) < WEIGHTS_AS_INPUTS_BYTES:
+        return None
+
+    def call(*args):
+        data, weights = args[:len(args) - len(values)], list(args[len(args) - len(values):])
+        outputs, _ = model.stateless_call(weights[:len(trainable)], weights[len(trainable):],
+                                          data[0] if single else list(data), training=False)
+        return outputs
+
+    return _WeightsAsInputs(call, values)
 
 
 def _open_saved_model(path: Path) -> FrameworkModel:
@@ -229,7 +259,7 @@ def _tf2onnx_conversion(tf, tf2onnx):
 
 
 def _framework_model(call: Callable, inputs: list[InputDecl], example_sizes: Optional[dict[str, int]],
-                     output_names: Sequence[str]) -> FrameworkModel:
+                     output_names: Sequence[str], weights: Optional[_WeightsAsInputs] = None) -> FrameworkModel:
     tf = import_tensorflow()
     sizes = example_sizes_for(inputs, example_sizes)
 
@@ -242,7 +272,10 @@ def _framework_model(call: Callable, inputs: list[InputDecl], example_sizes: Opt
         signature = [
             tf.TensorSpec(trace_shape(decl, dynamic, sizes), tf.as_dtype(decl.dtype), name=decl.name) for decl in inputs
         ]
-        function = tf.function(lambda *args: call(*args), input_signature=signature)
+        values = weights.values if weights is not None else []
+        signature += [tf.TensorSpec(v.shape, v.dtype, name=f"mlc_weight_{i}") for i, v in enumerate(values)]
+        traced = weights.call if weights is not None else call
+        function = tf.function(lambda *args: traced(*args), input_signature=signature)
         try:
             with _tf2onnx_conversion(tf, tf2onnx):
                 tf2onnx.convert.from_function(function, input_signature=signature, opset=OPSET,
@@ -251,8 +284,10 @@ def _framework_model(call: Callable, inputs: list[InputDecl], example_sizes: Opt
             raise UnsupportedModelError(f"tf2onnx cannot convert the model: {_first_line(e)}") from None
         # tf2onnx traced the same (cached) concrete function: its captured values are the extra graph inputs.
         constants = _captured_constants(tf, function.get_concrete_function(*signature))
+        constants.update({f"mlc_weight_{i}": v for i, v in enumerate(values)})
         finalize(Path(onnx_path), inputs, dynamic, sizes, output_names, constants)
-        return f"tf2onnx {tf2onnx.__version__} (tf.function, opset {OPSET})"
+        how = ", the weights as inputs, then initializers" if values else ""
+        return f"tf2onnx {tf2onnx.__version__} (tf.function{how}, opset {OPSET})"
 
     def eager(values: list[np.ndarray]) -> list[np.ndarray]:
         tensors = [tf.constant(np.asarray(v, dtype=decl.dtype)) for v, decl in zip(values, inputs)]
