@@ -175,6 +175,9 @@ def _onnxruntime(onnx_path: Path, threads: int, feeds: dict):
 
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    # ORT's idle workers spin after each run by default, on the cores the next backend in the round needs: at 2
+    # threads mlc's fp32 calls that followed ORT's took 3-10x their time
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
     wanted = {i.name for i in session.get_inputs()}
     return functools.partial(session.run, None, {k: v for k, v in feeds.items() if k in wanted})
