@@ -32,6 +32,8 @@ def _args():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--ov-precision", default="f32", help="OpenVINO's inference precision for --profile (bf16: "
+                                                              "its default on CPUs that have it)")
     parser.add_argument("-o", "--output", type=Path, required=True)
     return parser.parse_args()
 
@@ -72,11 +74,11 @@ def _timers(args):
     return timers, runners, feeds, (args.onnx, args.threads)
 
 
-def _profile(runners, feeds, ov_model) -> dict:
+def _profile(runners, feeds, ov_model, precision: str) -> dict:
     import openvino as ov
 
     compiled = ov.Core().compile_model(str(ov_model[0]), "CPU", {
-        "INFERENCE_NUM_THREADS": ov_model[1], "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32",
+        "INFERENCE_NUM_THREADS": ov_model[1], "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": precision,
         "PERF_COUNT": True})
     request = compiled.create_infer_request()
     for _ in range(5):
@@ -89,7 +91,7 @@ def _profile(runners, feeds, ov_model) -> dict:
             totals[key] = totals.get(key, 0.0) + info.real_time.total_seconds() * 1e3 / 10
     ov_rows = sorted(({"name": k[0], "type": k[1], "exec": k[2], "ms": round(v, 4)} for k, v in totals.items()
                       if v > 0), key=lambda r: -r["ms"])
-    return {"openvino_fp32": ov_rows,
+    return {f"openvino_{precision}": ov_rows,
             **{name: [dict(r, ms=round(r["ms"], 4)) for r in runner.profile(feeds, runs=10)]
                for name, runner in runners.items()}}
 
@@ -103,7 +105,7 @@ def main() -> None:
     timers, runners, feeds, ov_model = _timers(args)
     if args.profile:
         doc = {"machine": machine_info(), "load_average": load_average(), "threads": args.threads,
-               "onnx": args.onnx.name, "profiles": _profile(runners, feeds, ov_model)}
+               "onnx": args.onnx.name, "profiles": _profile(runners, feeds, ov_model, args.ov_precision)}
         args.output.write_text(json.dumps(doc, indent=1) + "\n")
         return
     names = list(timers)

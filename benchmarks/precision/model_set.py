@@ -224,7 +224,8 @@ def _row(r: dict, ratios: dict[str, list[float]]) -> str:
     if "mlc bf16" in p50:
         b = r["over_openvino_default_median"]["mlc bf16"]
         ratios["bf16"].append(b)
-        cells["bf16"] = (f"{p50['mlc bf16']:.1f} | {p50['openvino default']:.1f} | {_bold(b)} | "
+        gate = " (gate missed: built with --no-check)" if "bf16_gate" in r else ""
+        cells["bf16"] = (f"{p50['mlc bf16']:.1f} | {p50['openvino default']:.1f} | {_bold(b)}{gate} | "
                          f"{_shares(r, 'mlc bf16', 'openvino default')}")
     else:
         cells["bf16"] = f"miss | {p50['openvino default']:.1f} | | "
