@@ -407,7 +407,6 @@ def passes_cmd(as_json: bool = typer.Option(False, "--json", help="Print the reg
     out.print(table)
 
 
-
 @app.command("run")
 @_declared_options(declared.RunOptions)
 def run_cmd(
