@@ -66,18 +66,10 @@ def mobilenet_v2():
 def _timm(name: str):
     import timm
     import torch
+    from cnn_models import normalised
 
     torch.manual_seed(0)
-    model = timm.create_model(name, pretrained=False)
-    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
-    if norms:  # as cnn_models._build: one seeded batch's statistics
-        for norm in norms:
-            norm.reset_running_stats()
-            norm.momentum = None
-        model.train()
-        with torch.no_grad():
-            model(torch.randn(4, 3, 224, 224))
-    return model.eval(), {"images": torch.randn(1, 3, 224, 224)}
+    return normalised(timm.create_model(name, pretrained=False)), {"images": torch.randn(1, 3, 224, 224)}
 
 
 def resnext50_32x4d():

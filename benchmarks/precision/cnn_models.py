@@ -15,15 +15,20 @@ def _build(name: str, size: int = 224, calibrate: bool = True, **kwargs):
 
     torch.manual_seed(0)
     model = getattr(torchvision.models, name)(weights=None, **kwargs)
+    return normalised(model, size) if calibrate else model.eval(), {"images": torch.randn(1, 3, size, size)}
+
+
+def normalised(model, size: int = 224):
+    """`model` in eval mode, each batch norm's running statistics set from one seeded batch of `size` images."""
     norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
-    if norms and calibrate:
+    if norms:
         for norm in norms:
             norm.reset_running_stats()
             norm.momentum = None  # a cumulative average: after one batch, that batch's statistics
         model.train()
         with torch.no_grad():
             model(torch.randn(4, 3, size, size))
-    return model.eval(), {"images": torch.randn(1, 3, size, size)}
+    return model.eval()
 
 
 def squeezenet1_0():

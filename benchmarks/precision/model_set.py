@@ -69,7 +69,7 @@ def main() -> None:
                 continue
             for threads in args.threads.split(","):
                 if "fp32" in missing or "model.onnx" in missing:
-                    _record_miss(args.output, label, int(threads), missing)
+                    _annotate(args.output, label, int(threads), "missing", missing)
                     continue
                 error = _run([sys.executable, str(HERE / "precision.py"), "--fp32", str(folder / "fp32"),
                               *([] if "bf16" in missing else ["--bf16", str(folder / "bf16")]),
@@ -79,7 +79,7 @@ def main() -> None:
                 if error:
                     missing = {**missing, "timing": error}
                 if missing:
-                    _record_miss(args.output, label, int(threads), missing)
+                    _annotate(args.output, label, int(threads), "missing", missing)
                 if (folder / "bf16.gate").exists():
                     _annotate(args.output, label, int(threads), "bf16_gate", (folder / "bf16.gate").read_text())
     if args.build_only:
@@ -123,14 +123,9 @@ def _build(model: tuple, folder: Path, timeout: int) -> dict[str, str]:
     return missing
 
 
-def _record_miss(output: Path, label: str, threads: int, missing: dict[str, str]) -> None:
-    """What a model could not build goes in the results as its row's `missing` (a row of its own where no fp32
-    artifact was made): the summary counts it as a miss."""
-    _annotate(output, label, threads, "missing", missing)
-
-
 def _annotate(output: Path, label: str, threads: int, key: str, value) -> None:
-    """`key`: `value` on the model's row at `threads` in the results (a row of its own where it has none)."""
+    """`key`: `value` on the model's row at `threads` in the results (a row of its own where it has none): what a
+    model could not build goes in as `missing`, which the summary counts as a miss."""
     doc = json.loads(output.read_text()) if output.exists() else {"benchmark": "precision", "rows": []}
     rows = [r for r in doc["rows"] if (r["label"], r.get("threads", 1)) == (label, threads)]
     if rows:

@@ -171,14 +171,11 @@ def _summary(per_input: list) -> dict:
 
 
 def _onnxruntime(onnx_path: Path, threads: int, feeds: dict):
-    import onnxruntime as ort
+    """One ORT call on `feeds` (its inputs only), its idle workers not spinning: at 2 threads they took the cores of
+    the backend timed next (mlc fp32 ran 3-10x slower)."""
+    from mlc.bench.baselines import ort_session
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-    # ORT's idle workers spin after each run by default, on the cores the next backend in the round needs: at 2
-    # threads mlc's fp32 calls that followed ORT's took 3-10x their time
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    session = ort_session(onnx_path, threads, spinning=False)
     wanted = {i.name for i in session.get_inputs()}
     return functools.partial(session.run, None, {k: v for k, v in feeds.items() if k in wanted})
 

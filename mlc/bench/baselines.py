@@ -153,8 +153,10 @@ def torchscript(ctx: Context):
 
 # ONNX Runtime ------------------------------------------------------------------------------------
 
-def ort_session(path: Path, threads: int):
-    """An ONNX Runtime CPU session with all graph optimisations and `threads` intra-op threads."""
+def ort_session(path: Path, threads: int, spinning: bool = True):
+    """An ONNX Runtime CPU session with all graph optimisations and `threads` intra-op threads. `spinning` False:
+    its idle workers sleep after each run instead of spinning, for timing it beside other engines in one process
+    (spinning, they took the cores of the engine timed next)."""
     import onnxruntime as ort
 
     ort.set_default_logger_severity(3)
@@ -163,6 +165,8 @@ def ort_session(path: Path, threads: int):
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

@@ -125,9 +125,11 @@ class _WeightsAsInputs:
 
 def _weights_as_inputs(model, single: bool) -> Optional[_WeightsAsInputs]:
     trainable, rest = list(model.trainable_variables), list(model.non_trainable_variables)
+    tf = import_tensorflow()
+    size = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in trainable + rest)
+    if not hasattr(model, "stateless_call") or size < WEIGHTS_AS_INPUTS_BYTES:
+        return None  # (before copying the values: every Keras model comes through here)
     values = [np.asarray(v.numpy() if hasattr(v, "numpy") else v) for v in trainable + rest]
-    if not hasattr(model, "stateless_call") or sum(v.nbytes for v in values) < WEIGHTS_AS_INPUTS_BYTES:
-        return None
 
     def call(*args):
         data, weights = args[:len(args) - len(values)], list(args[len(args) - len(values):])
