@@ -34,10 +34,11 @@ def writes_over(func, source, output) -> bool:
         return False
     try:
         sch = s_tir.Schedule(func)
-    except Exception:  # TVM finds the kernel ill-formed (schedule_rules.well_formed): an optimisation
-        return False
+        blocks = all_blocks(sch, sch.get_sblock("root"), [])[1:]
+    except Exception:  # ill-formed (schedule_rules.well_formed), or one opaque block not named "root" (TVM's
+        return False   # generic cumsum): nothing this pass can read
     reads_source = False
-    for block in all_blocks(sch, sch.get_sblock("root"), [])[1:]:
+    for block in blocks:
         stmt = sch.get(block)
         if any(r.source.same_as(output) for r in stmt.reads):
             return False
