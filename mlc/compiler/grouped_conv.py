@@ -42,10 +42,10 @@ def _merge_axis(expr, axis: int):
     return relax.op.reshape(expr, shape[:axis] + [merged] + shape[axis + 2:])
 
 
-def _float32(expr, static_axis: int) -> bool:
-    """A float32 tensor of known rank whose dim `static_axis` is static (a batch may be symbolic)."""
+def _float(expr, static_axis: int, dtypes=("float32",)) -> bool:
+    """A tensor of one of `dtypes`, of known rank, whose dim `static_axis` is static (a batch may be symbolic)."""
     shape = getattr(expr.ty, "shape", None)
-    return getattr(expr.ty, "dtype", None) == "float32" and shape is not None and isinstance(
+    return getattr(expr.ty, "dtype", None) in dtypes and shape is not None and isinstance(
         getattr(shape[static_axis], "value", None), int)
 
 
@@ -58,8 +58,9 @@ def _padded_conv(bb, call, lanes: int):
     if groups == 1 or not str(attrs.out_layout).endswith("C"):
         return None
     o_axis, c_axis = str(attrs.kernel_layout).index("O"), str(attrs.out_layout).index("C")
-    if not (_float32(x, str(attrs.data_layout).index("C")) and _float32(call, c_axis)
-            and all(_float32(weight, axis) for axis in range(len(str(attrs.kernel_layout))))):
+    operands = ("float32", "bfloat16")  # bf16 operands: relax_passes.bf16_matmul's convs (a float32 result)
+    if not (_float(x, str(attrs.data_layout).index("C"), operands) and _float(call, c_axis)
+            and all(_float(weight, axis, operands) for axis in range(len(str(attrs.kernel_layout))))):
         return None
     channels = int(weight.ty.shape[o_axis])
     padded = padded_group_width(channels // groups, lanes) if channels % groups == 0 else None
@@ -94,9 +95,10 @@ def _drop_padding(y, axis: int, width: int, padded: int):
 
 
 def pad_group_channels(mod, target):
-    """`mod` with every float32 grouped conv2d (static channels, channels last, not depthwise) whose groups are no
-    multiple of the target's vector padded per group (`padded_group_width`); `mod` itself where PAD_GROUPS is off
-    or none is. Channels first (where ConvertLayout failed) vectorizes the width: padding would only add work."""
+    """`mod` with every float32 (or bf16-operand) grouped conv2d (static channels, channels last, not depthwise)
+    whose groups are no multiple of the target's vector padded per group (`padded_group_width`); `mod` itself where
+    PAD_GROUPS is off or none is. Channels first (where ConvertLayout failed) vectorizes the width: padding would
+    only add work."""
     import tvm
     from tvm.relax.expr_functor import PyExprMutator, mutator
 

@@ -117,12 +117,13 @@ def mixed_precision(mod, config: dict, target):
 
 
 def bf16_matmul(mod):
-    """matmul (dense, batch matmul) and conv2d (groups 1) with a constant weight on float32 -> bf16 inputs and
-    weights with a float32 result: the kernels accumulate in float32 (mlc's CPU schedule runs them on
-    AVX512-BF16's vdpbf16ps), and everything else (normalisations, softmax, reductions, elementwise, and matmuls
-    of two activations, such as attention's, which have no weight to pack) stays float32. Constant weights are
-    cast at compile time (FoldConstant). A conv is shaped for the bf16 register tile: an even depth
-    (`_shallow_input`), and output channels and a row count the tile fits (`_conv_tile_padding`)."""
+    """matmul (dense, batch matmul) and conv2d (groups 1, or groups of whole vectors: `_bf16_groups`) with a
+    constant weight on float32 -> bf16 inputs and weights with a float32 result: the kernels accumulate in float32
+    (mlc's CPU schedule runs them on AVX512-BF16's vdpbf16ps), and everything else (normalisations, softmax,
+    reductions, elementwise, and matmuls of two activations, such as attention's, which have no weight to pack)
+    stays float32. Constant weights are cast at compile time (FoldConstant). A conv is shaped for the bf16 register
+    tile: an even depth (`_shallow_input`), and output channels and a row count the tile fits
+    (`_conv_tile_padding`)."""
     import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
@@ -136,7 +137,7 @@ def bf16_matmul(mod):
     class Rewrite(PyExprMutator):
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            is_conv = call.op.same_as(conv2d) and int(call.attrs.groups) == 1
+            is_conv = call.op.same_as(conv2d) and (int(call.attrs.groups) == 1 or _bf16_groups(call))
             if not (call.op.same_as(matmul) or is_conv) or not all(f32(a) for a in call.args[:2]):
                 return call
             if not isinstance(call.args[1], tvm.ir.GenericConst):  # activation x activation (attention): stays fp32
@@ -145,13 +146,15 @@ def bf16_matmul(mod):
                 return relax.op.matmul(*(relax.op.astype(v, "bfloat16") for v in call.args[:2]), out_dtype="float32")
             at = call.attrs
             (width, extra_rows), (channels, extra_channels) = _conv_tile_padding(call)
+            if int(at.groups) > 1:  # per group, by grouped_conv.pad_group_channels
+                extra_channels = 0
             padding = [int(p) for p in at.padding]
             padding[3] += extra_rows * int(at.strides[1])
             x, weight, padding = _shallow_input(*call.args[:2], at, padding)
             if extra_channels:
                 weight = _pad_axis(weight, str(at.kernel_layout).index("O"), extra_channels)
             conv = relax.op.nn.conv2d(relax.op.astype(x, "bfloat16"), relax.op.astype(weight, "bfloat16"),
-                                      strides=at.strides, padding=padding, dilation=at.dilation, groups=1,
+                                      strides=at.strides, padding=padding, dilation=at.dilation, groups=at.groups,
                                       data_layout=at.data_layout, kernel_layout=at.kernel_layout,
                                       out_layout=at.out_layout, out_dtype="float32")
             sliced = [(str(at.out_layout).index(axis), end) for axis, end, extra in
@@ -219,6 +222,27 @@ def _conv_inputs_in_bf16(mod):
             self.set_var_remap(binding.var, self.builder_.emit(relax.op.astype(narrow[binding.var], "float32")))
 
     return rewrite_functions(Store(mod), mod)
+
+
+def _bf16_groups(call) -> bool:
+    """A grouped conv the bf16 register tile runs per group (schedule_rules `_split_groups`): an even depth per
+    group (vdpbf16ps's pairs) and a group of whole vectors, or one grouped_conv pads to them; not depthwise-like
+    convs (a few channels a group), whose narrow tile has no bf16 instruction."""
+    import tvm
+
+    from mlc.compiler.grouped_conv import padded_group_width
+    from mlc.compiler.schedule_rules import vector_lanes
+
+    weight, at = call.args[1], call.attrs
+    layout, groups = str(at.kernel_layout), int(at.groups)
+    try:
+        depth, channels = int(weight.ty.shape[layout.index("I")]), int(weight.ty.shape[layout.index("O")])
+    except (TypeError, ValueError, AttributeError):
+        return False
+    target = tvm.target.Target.current(allow_none=True)
+    lanes = vector_lanes(target) if target is not None else 16
+    width = channels // groups
+    return depth % 2 == 0 and channels % groups == 0 and (width % lanes == 0 or padded_group_width(width, lanes))
 
 
 def _conv_tile_padding(call) -> tuple[tuple[int, int], tuple[int, int]]:

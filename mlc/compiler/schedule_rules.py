@@ -1064,13 +1064,17 @@ def _finish_partial_sums(sch, block, rows: int, lanes: int) -> None:
 
 # A depthwise conv reads its padding inline (a select on h/w, uniform across the channel vector) instead of from a
 # padded copy: mobilenetv2's and ghostnet's depthwise convs (with the layout transposes around them) 0.85-0.91x the
-# time. A module flag so a benchmark can build both.
+# time. So does a grouped conv of narrow groups (resnext's 4 or 8 channels a group: 0.94-0.95x). A module flag so a
+# benchmark can build both.
 INLINE_DEPTHWISE_PAD = True
 
 
-def _feeds_depthwise(sch, pad) -> bool:
-    """Whether padding `pad` feeds only a conv that reads it with its output channel in the last index (a
-    depthwise conv: 9 multiply-adds per element, so a padded copy of its input cost as much as the conv)."""
+def _feeds_depthwise(sch, pad, lanes: int) -> bool:
+    """Whether padding `pad` feeds only a conv that reads it with its output channel in the last index: a depthwise
+    conv (no reduction var there: 9 multiply-adds per element, so a padded copy of its input cost as much as the
+    conv), or a grouped one whose groups are half a vector or narrower (`ff // width * depth + rc`). Wider groups
+    read the copy: their register tile runs on vdpbf16ps only over plain loads (tensorize), and the copy is read
+    once per group's every output channel."""
     consumers = sch.get_consumers(pad)
     if len(consumers) != 1:
         return False
@@ -1079,11 +1083,16 @@ def _feeds_depthwise(sch, pad) -> bool:
     if not stmt.iter_vars or not any(str(v.iter_type) in ("2", "CommReduce") for v in stmt.iter_vars):
         return False
     spatial = [v.var for v in stmt.iter_vars if str(v.iter_type) in ("0", "DataPar")]
+    reduction = [v.var for v in stmt.iter_vars if str(v.iter_type) in ("2", "CommReduce")]
     if not spatial:
         return False
     for region in stmt.reads:
         if region.source.same_as(written):
-            return spatial[-1] in _vars_in(region.region[-1].min)
+            used = _vars_in(region.region[-1].min)
+            if spatial[-1] not in used:
+                return False
+            width = _group_width(stmt, len(spatial))
+            return not any(r in used for r in reduction) or (width is not None and width <= lanes // 2)
     return False
 
 
@@ -1143,7 +1152,7 @@ def _rule():
             # vectorized inner loop.
             pads = [i for i in infos if i.is_injective() and i.is_data_pad(sch)]
             if INLINE_DEPTHWISE_PAD:
-                inlined = [i for i in pads if _feeds_depthwise(sch, i.block_rv)]
+                inlined = [i for i in pads if _feeds_depthwise(sch, i.block_rv, vector_lanes(target))]
                 for info in inlined:
                     sch.compute_inline(info.block_rv)
                 pads = [i for i in pads if i not in inlined]
