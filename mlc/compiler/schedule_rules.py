@@ -170,10 +170,41 @@ def _elementwise(stmt) -> bool:
     return True
 
 
+def _split_at_index_period(sch, block, loops):
+    """`block`'s loops with the innermost split at a period `w` its reads index it by (`v // w * p + v % w`: a grouped
+    conv's output with each group's padding dropped, grouped_conv), so each vector lies in one period and reads
+    contiguous addresses; fused or split by the vector alone, its lanes' addresses took a div/mod each and LLVM
+    gathered them (regnety_016's 24-of-32 groups: 0.18 ms a call at 28 x 28 x 120). `loops` where no read does."""
+    from tvm import tirx
+
+    stmt = sch.get(block)
+    extent = _extent(sch, loops[-1])
+    if extent is None or not stmt.iter_vars:
+        return loops
+    last, periods = stmt.iter_vars[-1].var, set()
+
+    def visit(expr):
+        if isinstance(expr, tirx.FloorMod) and expr.a.same_as(last) and isinstance(expr.b, tirx.IntImm):
+            periods.add(int(expr.b.value))
+        for part in ("a", "b"):
+            if hasattr(expr, part):
+                visit(getattr(expr, part))
+
+    for region in stmt.reads:
+        for r in region.region:
+            visit(r.min)
+    period = max((w for w in periods if w % 4 == 0 and w < extent and extent % w == 0), default=None)
+    if period is None:
+        return loops
+    sch.split(loops[-1], factors=[None, period])
+    return sch.get_loops(block)
+
+
 def _schedule_spatial(sch, block, lanes: int) -> None:
     loops = sch.get_loops(block)
     if not loops:
         return
+    loops = _split_at_index_period(sch, block, loops)
     if any(_extent(sch, loop) is None for loop in loops):
         _schedule_symbolic_spatial(sch, loops, lanes)
         return
