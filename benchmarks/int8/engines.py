@@ -13,6 +13,11 @@ Two phases, one process each (TVM's thread pool takes its size when it starts):
 
     .venv/bin/python benchmarks/int8/engines.py --phase latency -o benchmarks/int8/results/engines.json
     .venv/bin/python benchmarks/int8/engines.py --phase throughput -o benchmarks/int8/results/engines.json
+
+`--broad DIR` runs the latency phase on issue #39's list instead (`benchmarks/precision/broad_models.py`): each
+model's ONNX from DIR/<label>/model.onnx (`model_set.py --set broad --build-only --work DIR` makes them), compiled
+with its list flags, calibrated on 8 seeded inputs (mlc's own, seeds 0-7) and judged on 16 others (random weights:
+cosine and error only; `--models` takes the list's labels). A model whose build fails is a miss, recorded.
 """
 
 from __future__ import annotations
@@ -70,11 +75,36 @@ def zoo_onnx(name: str, folder: Path, batch: int) -> Path:
     return path
 
 
+class Miss(Exception):
+    """A model the broad list counts as a miss: its build failed (the message is recorded)."""
+
+
 def mlc(args: list[str]) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # the mlc of this tree, not another checkout's editable install
     done = subprocess.run([sys.executable, "-m", "mlc", *args], text=True, capture_output=True, env=env)
     if done.returncode not in (0, 3):  # 3: the gate failed; the artifact is there and its figures are recorded
-        sys.exit(f"mlc {' '.join(args)} failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
+        raise Miss(f"mlc {args[0]} exit {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1]}")
+
+
+def broad_model(label: str, work: Path):
+    """Issue #39's list: the ONNX file model_set.py built for `label`, its compile flags, 8 seeded calibration
+    feeds and 16 seeded held-out ones (as `mlc compile` seeds its inputs: masks of ones, indices in range)."""
+    import onnx
+
+    sys.path.insert(0, str(ROOT / "benchmarks" / "precision"))
+    from broad_models import MODELS as BROAD
+
+    from mlc.frontends import onnx as onnx_frontend
+
+    path = work / label.split(" (")[0].replace(" ", "-") / "model.onnx"
+    if not path.exists():
+        raise Miss(f"{path} is missing: run benchmarks/precision/model_set.py --set broad --build-only first")
+    flags = BROAD[label][2]
+    specs = onnx_frontend.input_specs(onnx.load(str(path), load_external_data=False))
+    shapes = onnx_frontend.concrete_shapes(
+        specs, onnx_frontend.resolve_input_shapes(specs, [f.split("=", 1)[1] for f in flags]))
+    feeds = [onnx_frontend.make_inputs(specs, shapes, seed=k) for k in range(8 + 16)]
+    return path, flags, feeds[:8], feeds[8:]
 
 
 def save_calibration(feeds: list[dict], folder: Path) -> list[str]:
@@ -138,52 +168,63 @@ def latency_phase(args, folder: Path) -> list[dict]:
 
     rows = []
     for name in args.models:
-        if name == "cnn-digits":
-            onnx_path, calibration, held_out, labels = digits_cnn(folder)
-            shape = "input:1x3x8x8"
-        else:
-            onnx_path = zoo_onnx(name, folder, 1)
-            rng = np.random.default_rng(SEED + 1)
-            calibration = [{"images": rng.standard_normal((1, 3, 224, 224)).astype(np.float32)} for _ in range(8)]
-            held_out = rng.standard_normal((16, 3, 224, 224)).astype(np.float32)  # seeded: cosine only
-            labels, shape = None, "images:1x3x224x224"
-        input_name = next(iter(calibration[0]))
-        artifact = folder / f"{name}-int8"
-        start = time.perf_counter()
-        mlc(["compile", str(onnx_path), "--input-shape", shape, "--quantize", "int8",
-             *save_calibration(calibration, folder), "-o", str(artifact)])
-        compile_s = time.perf_counter() - start
-        runner = Runner(artifact)
-        buffer = held_out[:1].copy()  # refilled with each held-out input below
-        feed = {input_name: buffer}
-        ctx = baselines.Context(None, onnx_path, [input_name], [buffer], 1, folder / f"scratch-{name}",
-                                calibration=calibration)
-        calls = {"mlc int8": lambda runner=runner, feed=feed: list(runner.run(feed).values()),
-                 "openvino-int8": baselines.get("openvino-int8").setup(ctx),
-                 "ort-int8": baselines.get("ort-int8").setup(ctx),
-                 "openvino fp32": baselines.get("openvino").setup(ctx),
-                 "ort fp32": baselines.get("ort").setup(ctx)}
-        ov_int8 = calls["openvino-int8"]
-        precisions = baselines.runtime_precisions(ov_int8.compiled)
-        # Accuracy: every held-out input through each engine (batch 1), against ONNX Runtime fp32.
-        outputs = {k: [] for k in calls}
-        for x in held_out:
-            buffer[...] = x  # every engine's feeds hold this array
-            for k, call in calls.items():
-                outputs[k].append(np.asarray(call()[0]))
-        fp32 = np.concatenate(outputs["ort fp32"])
-        accuracy = {k: agreement(fp32, np.concatenate(v), labels) for k, v in outputs.items() if k != "ort fp32"}
-        load_start = os.getloadavg()
-        times = interleave({k: timer(c) for k, c in calls.items()}, args.rounds, args.warmup)
-        rows.append({"phase": "latency", "model": name, "batch": 1, "threads": args.threads,
-                     "rounds": args.rounds, "mlc_compile_s": round(compile_s, 1),
-                     "openvino_int8_runtime_precisions": precisions,
-                     "engines": summary(times, {k: 1 for k in calls}, "mlc int8"),
-                     "accuracy_vs_ort_fp32": accuracy,
-                     "accuracy_inputs": "held-out digits" if labels is not None else "seeded random inputs",
-                     "load_average": [load_start, os.getloadavg()]})
+        try:
+            rows.append(_latency_row(args, folder, name, baselines, Runner))
+        except Miss as miss:
+            rows.append({"phase": "latency", "model": name, "batch": 1, "threads": args.threads, "miss": str(miss)})
         print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def _latency_row(args, folder: Path, name: str, baselines, Runner) -> dict:
+    labels = None
+    if args.broad:
+        onnx_path, flags, calibration, held_out = broad_model(name, args.broad)
+    elif name == "cnn-digits":
+        onnx_path, calibration, digits, labels = digits_cnn(folder)
+        held_out, flags = [{"input": x[None]} for x in digits], ["--input-shape=input:1x3x8x8"]
+    else:
+        onnx_path = zoo_onnx(name, folder, 1)
+        rng = np.random.default_rng(SEED + 1)
+        calibration = [{"images": rng.standard_normal((1, 3, 224, 224)).astype(np.float32)} for _ in range(8)]
+        held_out = [{"images": rng.standard_normal((1, 3, 224, 224)).astype(np.float32)} for _ in range(16)]
+        flags = ["--input-shape=images:1x3x224x224"]  # seeded inputs: cosine only
+    slug = name.replace(" ", "-")
+    artifact = folder / f"{slug}-int8"
+    start = time.perf_counter()
+    mlc(["compile", str(onnx_path), *flags, "--quantize", "int8", *save_calibration(calibration, folder),
+         "-o", str(artifact)])
+    compile_s = time.perf_counter() - start
+    runner = Runner(artifact)
+    feed = {k: v.copy() for k, v in held_out[0].items()}  # refilled with each held-out input below
+    ctx = baselines.Context(None, onnx_path, list(feed), list(feed.values()), 1, folder / f"scratch-{slug}",
+                            calibration=calibration)
+    calls = {"mlc int8": lambda runner=runner, feed=feed: list(runner.run(feed).values()),
+             "openvino-int8": baselines.get("openvino-int8").setup(ctx),
+             "ort-int8": baselines.get("ort-int8").setup(ctx),
+             "openvino fp32": baselines.get("openvino").setup(ctx),
+             "ort fp32": baselines.get("ort").setup(ctx)}
+    precisions = baselines.runtime_precisions(calls["openvino-int8"].compiled)
+    # Accuracy: every held-out input through each engine (batch 1), against ONNX Runtime fp32; the first output,
+    # as rows of its last axis (a classifier's logits; a hidden state's tokens, where top-1 says little).
+    outputs = {k: [] for k in calls}
+    for x in held_out:
+        for key, value in x.items():
+            feed[key][...] = value  # every engine's feeds hold these arrays
+        for k, call in calls.items():
+            first = np.asarray(call()[0])
+            outputs[k].append(first.reshape(-1, first.shape[-1]))
+    fp32 = np.concatenate(outputs["ort fp32"])
+    accuracy = {k: agreement(fp32, np.concatenate(v), labels) for k, v in outputs.items() if k != "ort fp32"}
+    load_start = os.getloadavg()
+    times = interleave({k: timer(c) for k, c in calls.items()}, args.rounds, args.warmup)
+    return {"phase": "latency", "model": name, "batch": 1, "threads": args.threads,
+            "rounds": args.rounds, "mlc_compile_s": round(compile_s, 1),
+            "openvino_int8_runtime_precisions": precisions,
+            "engines": summary(times, {k: 1 for k in calls}, "mlc int8"),
+            "accuracy_vs_ort_fp32": accuracy,
+            "accuracy_inputs": "held-out digits" if labels is not None else "seeded random inputs",
+            "load_average": [load_start, os.getloadavg()]}
 
 
 def throughput_phase(args, folder: Path) -> list[dict]:
@@ -225,11 +266,23 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=8, help="throughput phase: the batch")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--broad", type=Path, metavar="DIR",
+                        help="latency phase on issue #39's list, its ONNX files from model_set.py's --work DIR")
     parser.add_argument("-o", "--output", type=Path, required=True)
     args = parser.parse_args(argv)
+    known = MODELS
+    if args.broad:
+        sys.path.insert(0, str(ROOT / "benchmarks" / "precision"))
+        from broad_models import MODELS as BROAD
+
+        known = tuple(BROAD)
+        if args.models == ",".join(MODELS):
+            args.models = ",".join(known)
+        if args.phase != "latency":
+            parser.error("--broad runs the latency phase")
     args.models = [m for m in args.models.split(",") if m]
-    if unknown := set(args.models) - set(MODELS):
-        parser.error(f"unknown models {sorted(unknown)}; choose from {', '.join(MODELS)}")
+    if unknown := set(args.models) - set(known):
+        parser.error(f"unknown models {sorted(unknown)}; choose from {', '.join(known)}")
     if args.threads is None:
         args.threads = 1 if args.phase == "latency" else len(os.sched_getaffinity(0))
     for variable in ("OMP_NUM_THREADS", "TVM_NUM_THREADS"):  # before TVM's and ORT's pools start

@@ -208,7 +208,12 @@ def ort_int8_model(path: Path, calibration: list[dict[str, np.ndarray]], folder:
     logging.getLogger().setLevel(logging.ERROR)  # its "consider pre-processing" advice, twice per model
     model = onnx.load(str(path))
     folder.mkdir(parents=True, exist_ok=True)
-    if not all(n.name for n in model.graph.node):  # nodes_to_quantize needs names
+    old_opset = quantize.opset(model) < 13
+    if old_opset:  # per-channel QDQ (DequantizeLinear's axis) is opset 13's: ORT wrote invalid opset-9 models
+        from onnx import version_converter
+
+        model = version_converter.convert_version(model, 13)
+    if old_opset or not all(n.name for n in model.graph.node):  # nodes_to_quantize needs names
         for k, node in enumerate(model.graph.node):
             node.name = node.name or f"mlc_node_{k}"
         path = folder / "named.onnx"
