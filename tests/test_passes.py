@@ -251,6 +251,28 @@ def test_eliminate_dead_nodes():
     _same_under_ort(model, out, {"x": RNG.standard_normal((3, 4)).astype(np.float32)})
 
 
+def test_values_read_two_subgraphs_deep_are_kept():
+    """An If inside an If's branch reads an outer weight and an outer node's output: eliminate_dead_nodes keeps the
+    node and prune_initializers the weight (both looked one subgraph deep: the model lost them and ORT refused
+    it)."""
+    def branch(name: str, nodes: list, out: str) -> onnx.GraphProto:
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)])
+
+    inner = helper.make_node("If", ["c"], ["i"],
+                             then_branch=branch("t2", [helper.make_node("MatMul", ["h", "w"], ["m"])], "m"),
+                             else_branch=branch("e2", [helper.make_node("Identity", ["h"], ["e"])], "e"))
+    outer = helper.make_node("If", ["c"], ["y"], then_branch=branch("t1", [inner], "i"),
+                             else_branch=branch("e1", [helper.make_node("Neg", ["x"], ["n"])], "n"))
+    nodes = [helper.make_node("Relu", ["x"], ["h"]), outer]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
+                           helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [_init("w", 4, 4)])
+    out = onnx_passes.prune_initializers(onnx_passes.eliminate_dead_nodes(model, {}))
+    assert _ops(out) == {"Relu", "If"} and [t.name for t in out.graph.initializer] == ["w"]
+    for c in (True, False):
+        _same_under_ort(model, out, {"x": RNG.standard_normal((2, 4)).astype(np.float32), "c": np.array(c)})
+
+
 def _bn_inits(prefix, channels):
     return [numpy_helper.from_array(RNG.uniform(0.5, 1.5, channels).astype(np.float32), f"{prefix}{k}")
             for k in ("scale", "bias", "mean", "var")]

@@ -18,6 +18,7 @@ from onnx import helper
 from mlc.child_process import WorkerResult
 from mlc.compiler.contract import REPRODUCER_BUDGET_S as BUDGET_S
 from mlc.compiler.contract import CompileFailure, CompileRequest, FailureKind
+from mlc.frontends.onnx_weights import subgraphs
 
 STAGES = ("import", "build", "export")  # the worker stages a subgraph can reproduce
 
@@ -25,11 +26,10 @@ STAGES = ("import", "build", "export")  # the worker stages a subgraph can repro
 def _names_in_subgraphs(node: onnx.NodeProto) -> set[str]:
     """Outer-scope names a node's subgraphs (If/Loop bodies) read."""
     names: set[str] = set()
-    for attr in node.attribute:
-        for graph in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-            local = {v.name for v in graph.input} | {t.name for t in graph.initializer}
-            local |= {o for inner in graph.node for o in inner.output}
-            names |= set().union(*(_consumed(inner) for inner in graph.node)) - local if graph.node else set()
+    for graph in subgraphs(node):
+        local = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+        local |= {o for inner in graph.node for o in inner.output}
+        names |= set().union(*(_consumed(inner) for inner in graph.node)) - local if graph.node else set()
     return names
 
 

@@ -11,6 +11,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from mlc.frontends.base import InputDecl
+from mlc.frontends.onnx_weights import names_read
 from mlc.errors import UnsupportedModelError
 
 OPSET = 17
@@ -104,23 +105,12 @@ def add_dropped_inputs(model: onnx.ModelProto, inputs: Sequence[InputDecl], dyna
 def inputs_to_initializers(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> None:
     """The graph inputs named in `values` become initializers holding those values (dropped where no node reads
     them: a Keras dropout layer's seed state)."""
-    used = _names_read(model.graph)
+    used = names_read(model.graph)
     folded = [v.name for v in model.graph.input if v.name in values and v.name in used]
     model.graph.initializer.extend(numpy_helper.from_array(np.asarray(values[n]), n) for n in folded)
     kept = [v for v in model.graph.input if v.name not in values]
     del model.graph.input[:]
     model.graph.input.extend(kept)
-
-
-def _names_read(graph: onnx.GraphProto) -> set[str]:
-    """Every name a node of `graph` or of its subgraphs (If/Loop bodies, which read outer names) takes as input."""
-    names = set()
-    for node in graph.node:
-        names.update(node.input)
-        for attr in node.attribute:
-            for body in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
-                names |= _names_read(body)
-    return names
 
 
 def _constants_to_initializers(model: onnx.ModelProto) -> None:

@@ -102,14 +102,29 @@ def changed_files(workdir: Path) -> list[str]:
     return changed
 
 
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs a node's attributes hold (If's branches, Loop's and Scan's bodies)."""
+    return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
+
+
+def names_read(graph: onnx.GraphProto) -> set[str]:
+    """Every name a node of `graph`, or of a subgraph at any depth (bodies read outer names), takes as input."""
+    names = set()
+    for node in graph.node:
+        names.update(node.input)
+        for body in subgraphs(node):
+            names |= names_read(body)
+    return names
+
+
 def _attribute_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
     """The tensors of the nodes' attributes, and of subgraphs (their initializers too)."""
     for node in graph.node:
         for a in node.attribute:
             yield from ([a.t] if a.HasField("t") else []) + list(a.tensors)
-            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                yield from g.initializer
-                yield from _attribute_tensors(g)
+        for g in subgraphs(node):
+            yield from g.initializer
+            yield from _attribute_tensors(g)
 
 
 def _set_location(tensor: TensorProto, location: str) -> None:

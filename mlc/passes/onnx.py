@@ -41,11 +41,7 @@ def _copy_with_nodes(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto]) ->
 
 def prune_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     """Drop initializers no node or graph output reads (e.g. weights a pass rewrote)."""
-    used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
-    for n in model.graph.node:  # subgraphs (If/Loop/Scan) may read outer initializers
-        for a in n.attribute:
-            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                used |= {i for sub in g.node for i in sub.input}
+    used = onnx_weights.names_read(model.graph) | {o.name for o in model.graph.output}  # subgraphs' too
     keep = [t for t in model.graph.initializer if t.name in used]
     if len(keep) != len(model.graph.initializer):
         dropped = {t.name for t in model.graph.initializer} - {t.name for t in keep}
@@ -143,9 +139,8 @@ def _eliminate_dead_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
         if any(o in needed for o in node.output if o):
             kept.append(node)
             needed.update(node.input)
-            for a in node.attribute:  # values read inside subgraphs
-                for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                    needed.update(i for sub in g.node for i in sub.input)
+            for body in onnx_weights.subgraphs(node):  # values read inside subgraphs, at any depth
+                needed |= onnx_weights.names_read(body)
     return _copy_with_nodes(model, list(reversed(kept)))
 
 
@@ -871,11 +866,7 @@ def _weights_back(model: onnx.ModelProto, weights: dict) -> onnx.ModelProto:
     """Undo `_weights_as_inputs` for the weights the graph still reads."""
     if not weights:
         return model
-    used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
-    for n in model.graph.node:  # subgraphs (If/Loop/Scan) may read outer initializers
-        for a in n.attribute:
-            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                used |= {i for sub in g.node for i in sub.input}
+    used = onnx_weights.names_read(model.graph) | {o.name for o in model.graph.output}  # subgraphs' too
     inputs = [i for i in model.graph.input if i.name not in weights or weights[i.name][1]]
     del model.graph.input[:]
     model.graph.input.extend(inputs)
