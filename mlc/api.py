@@ -16,18 +16,18 @@ from mlc.pipeline import run as running
 from mlc.pipeline.compile import CompileResult, precision_supported, prepare_target, quantize_supported
 from mlc.pipeline.debug import DebugReport
 from mlc.pipeline.export import ExportResult
-from mlc.pipeline.options import CompileOptions, ModelSpec, RunOptions, check_precision
+from mlc.pipeline.options import CompileOptions, ModelSpec, RunOptions, TuneOptions, check_precision
 from mlc.pipeline.package import DEFAULT_OUTPUT_ROOT, default_output
 from mlc.pipeline.run import Inputs, RunResult, check, open_runner, read_npz, require_pass, save_outputs
 from mlc.pipeline.source import model_name, resolve_framework, source_sha256
 from mlc.pipeline.steps import StepReporter, quiet_step
-from mlc.tuning import TuneResult, tune
+from mlc.tuning import TuneResult
 
 __all__ = ["CompileOptions", "CompileResult", "DEFAULT_OUTPUT_ROOT", "DebugReport", "ExportResult", "ModelSpec",
-           "RunOptions", "RunResult", "StepReporter", "TuneResult", "check", "check_precision", "compile",
-           "compile_targets", "debug", "default_output", "export", "model_name", "open_runner", "precision_supported",
-           "prepare_target", "quantize_supported", "quiet_step", "read_npz", "require_pass", "resolve_framework",
-           "run", "save_outputs", "source_sha256", "tune"]
+           "RunOptions", "RunResult", "StepReporter", "TuneOptions", "TuneResult", "check", "check_precision",
+           "compile", "compile_targets", "debug", "default_output", "export", "model_name", "open_runner",
+           "precision_supported", "prepare_target", "quantize_supported", "quiet_step", "read_npz", "require_pass",
+           "resolve_framework", "run", "save_outputs", "source_sha256", "tune"]
 
 
 def _declared(*owners: type, only: Optional[Sequence[str]] = None):
@@ -82,6 +82,20 @@ def run(artifact: str | Path, inputs: Inputs = None, **options: Any) -> RunResul
     """Run an artifact on inputs (an .npz path, a dict, or None for its reference inputs) and time it."""
     declared.accept(options, declared.names(RunOptions), "run")
     return running.run(artifact, inputs, RunOptions(**options))
+
+
+@_declared(ModelSpec, TuneOptions, only=(*declared.TUNE_MODEL_OPTIONS, *declared.names(TuneOptions)))
+def tune(source: str, *, on_event: Callable[[dict, list], None] = lambda event, tasks: None,
+         seed: Optional[int] = None, **options: Any) -> TuneResult:
+    """Tune `source`'s kernels with MetaSchedule into a resumable database folder (see mlc.tuning.tune;
+    `on_event(event, tasks)` is called as the search goes)."""
+    from mlc import tuning
+
+    declared.accept(options, [*declared.TUNE_MODEL_OPTIONS, *declared.names(TuneOptions)], "tune")
+    model = {k: v for k, v in options.items() if k in declared.TUNE_MODEL_OPTIONS}
+    how = TuneOptions(**{k: v for k, v in options.items() if k not in declared.TUNE_MODEL_OPTIONS})
+    return tuning.tune(source, **model, **{f: getattr(how, f) for f in declared.names(TuneOptions)},
+                       on_event=on_event, seed=seed)
 
 
 @_declared(ModelSpec, only=declared.EXPORT_OPTIONS)

@@ -302,38 +302,25 @@ def _report_compile(result, as_json: bool) -> None:
 
 
 @app.command("tune")
-@_declared_options(declared.ModelSpec, only=("framework", "input_shapes"))
+@_declared_options(declared.ModelSpec, declared.TuneOptions,
+                   only=(*declared.TUNE_MODEL_OPTIONS, *declared.names(declared.TuneOptions)))
 def tune_cmd(
     model: str = typer.Argument(..., help=_MODEL_HELP),
-    target: str = typer.Option("x86", "--target", "-t",
-                               help="CPU target preset (see `mlc targets`) or TVM target JSON."),
-    db: Path = typer.Option(..., "--db", help="Tuning database folder (created; a rerun continues it)."),
-    trials: Optional[int] = typer.Option(None, "--trials",
-                                         help="Trials per kernel the database should hold (default: 64)."),
-    budget: Optional[str] = typer.Option(None, "--budget", help="Wall-time limit for this run, e.g. 90s, 20m, 1h30m."),
-    rpc_tracker: Optional[str] = typer.Option(None, "--rpc-tracker",
-                                              help="HOST:PORT of a TVM RPC tracker: measure on its devices."),
-    rpc_key: Optional[str] = typer.Option(None, "--rpc-key", help="Device key registered with the tracker."),
-    threads: Optional[int] = typer.Option(None, "--threads",
-                                          help="Threads to measure with: the count the model will run with "
-                                               "(default: TVM's own choice, as at run time)."),
-    dynamic: List[str] = typer.Option([], "--dynamic", help="Dims a --dynamic build keeps symbolic (seq or "
-                                      "seq=1..512): tune at one length of each (the reference's or --input-shape's) "
-                                      "and record it, so that build finds its kernels' static twins."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     **options,
 ) -> None:
-    """Autotune the model's kernels with MetaSchedule into a resumable database (Ctrl-C keeps every record)."""
-    from mlc import tuning
+    """Autotune the model's kernels with MetaSchedule into a resumable database (Ctrl-C keeps every record). With
+    --dynamic, each kernel is tuned at one length of each dim (the reference's or --input-shape's), which the database
+    records, so that the --dynamic build finds its kernels' static twins."""
+    from mlc import api, tuning
     from mlc.tuning.progress import TuneProgress
 
+    trials, budget = options["trials"], options["budget"]
     per_task = trials if trials is not None else (None if budget else tuning.DEFAULT_TRIALS_PER_TASK)
     budget_s = tuning.parse_budget(budget) if budget is not None else None
     display = contextlib.nullcontext() if as_json else TuneProgress(err, per_task, budget_s)
     with display as progress:
-        result = tuning.tune(model, target=target, db=db, trials=trials, budget=budget, rpc_tracker=rpc_tracker,
-                             rpc_key=rpc_key, threads=threads, dynamic=dynamic,
-                             on_event=progress.update if progress else (lambda e, t: None), **options)
+        result = api.tune(model, on_event=progress.update if progress else (lambda e, t: None), **options)
     for note in result.notes:
         err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     summary = {"db": str(result.db), "tasks": len(result.tasks), "trials": result.trials,
@@ -349,9 +336,9 @@ def tune_cmd(
     measured = f", measured with {result.threads} thread(s)" if result.threads else ""
     out.print(f"tuned {len(result.tasks)} kernels: {result.trials} trials this run ({result.errors} failed) in "
               f"{result.seconds:.0f} s{measured}, stopped by {result.reason}; {result.records} records in {result.db}")
-    framework = options["framework"]
-    out.print(f"use them: mlc compile {model} --target {target} --db {db}" + (f" -f {framework}" if framework else "")
-              + (f" --dynamic {','.join(dynamic)}" if dynamic else ""))
+    framework, dynamic = options["framework"], options["dynamic"]
+    out.print(f"use them: mlc compile {model} --target {options['target']} --db {options['db']}"
+              + (f" -f {framework}" if framework else "") + (f" --dynamic {','.join(dynamic)}" if dynamic else ""))
 
 
 @app.command("rpc-server")

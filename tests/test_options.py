@@ -145,6 +145,18 @@ def test_run_and_check_options_are_declared_once():
         api.run("art", repeats=1)
 
 
+def test_tune_options_are_declared_once():
+    """`mlc tune`'s options come from the declarations (TuneOptions, and the ModelSpec options a tune reads), and
+    `mlc.api.tune` takes the same names."""
+    model = {f for field, opt in declared.declared(declared.ModelSpec) if field.name in declared.TUNE_MODEL_OPTIONS
+             for f in opt.flags}
+    assert _cli_flags("tune") == _declared_flags(declared.TuneOptions) | model | {"--json"}
+    names = set(declared.names(declared.TuneOptions)) | set(declared.TUNE_MODEL_OPTIONS)
+    assert names <= set(inspect.signature(api.tune).parameters)
+    with pytest.raises(TypeError, match="trails"):
+        api.tune("m.onnx", trails=3)
+
+
 @pytest.mark.parametrize("flags, message", [(["--warmup", "-1"], "--warmup must be at least 0, not -1"),
                                             (["--threads", "0"], "--threads must be at least 1, not 0")])
 def test_run_option_values_are_checked_before_the_artifact_is_opened(tmp_path, flags, message):

@@ -1,4 +1,5 @@
-"""Typed options: what model to read and how (ModelSpec), and how to compile it (CompileOptions).
+"""Typed options: what model to read and how (ModelSpec), how to compile it (CompileOptions), run an artifact
+(RunOptions) and tune a model's kernels (TuneOptions).
 
 Each option is declared once, on its field (`option(...)`): its name is the API keyword, its metadata the CLI flags
 and help, the parser that turns what a user gives (CLI text, or values from Python) into the field's value type,
@@ -321,6 +322,27 @@ class RunOptions:
     __post_init__ = _parse_fields
 
 
+@dataclass(frozen=True)
+class TuneOptions:
+    """How `mlc tune` (`mlc.api.tune`) searches a model's kernels; mlc.tuning checks how they go together."""
+
+    target: str = option("x86", "--target", "-t", help="CPU target preset (see `mlc targets`) or TVM target JSON.")
+    db: Path = option(Path("tuning"), "--db", parse=Path, cli_type=Path, cli_default=...,
+                      help="Tuning database folder (created; a rerun continues it).")
+    trials: Optional[int] = option(None, "--trials", help="Trials per kernel the database should hold (default: 64).")
+    budget: Optional[str] = option(None, "--budget", help="Wall-time limit for this run, e.g. 90s, 20m, 1h30m.")
+    rpc_tracker: Optional[str] = option(None, "--rpc-tracker",
+                                        help="HOST:PORT of a TVM RPC tracker: measure on its devices.")
+    rpc_key: Optional[str] = option(None, "--rpc-key", help="Device key registered with the tracker.")
+    threads: Optional[int] = option(None, "--threads", help="Threads to measure with: the count the model will run "
+                                                            "with (default: TVM's own choice, as at run time).")
+
+    __post_init__ = _parse_fields
+
+
+# The ModelSpec options `mlc tune` takes: with `dynamic`, each kernel is tuned at one length of each symbolic dim
+# (the reference's or --input-shape's), and the database records it for the --dynamic build.
+TUNE_MODEL_OPTIONS = ("framework", "input_shapes", "dynamic")
 # The ModelSpec options `mlc export` takes (the rest shape a compiled artifact).
 EXPORT_OPTIONS = ("framework", "input_shapes", "dynamic", "exporter", "inputs")
 
