@@ -51,12 +51,43 @@ def applications() -> list[str]:
     return [n for n in sorted(dir(apps)) if not n.startswith("_") and inspect.isfunction(getattr(apps, n))]
 
 
-def build(name: str):
+def build(name: str, normalised: bool = False):
     tf = _quiet_tf()
     import keras
 
     keras.utils.set_random_seed(0)
-    return getattr(tf.keras.applications, name)(weights=None)
+    model = getattr(tf.keras.applications, name)(weights=None)
+    if normalised:
+        _normalise_batch_norms(model)
+    return model
+
+
+def _normalise_batch_norms(model) -> None:
+    """`--normalised`: every BatchNormalization's moving statistics set from one seeded batch (2 images, as mlc
+    seeds its reference inputs), so each normalises its input as a trained model's would
+    (`benchmarks/precision/cnn_models.normalised` does this for torch models). With weights=None EfficientNetV2M/L's
+    activations grow through the network (logits ~3e5 and ~2e9), where fp32 rounding order decides the output."""
+    import keras
+    import numpy as np
+
+    def walk(layer):
+        yield layer
+        for sub in getattr(layer, "layers", None) or []:
+            yield from walk(sub)
+
+    layers = list(walk(model))
+    norms = [(layer, layer.momentum) for layer in layers if isinstance(layer, keras.layers.BatchNormalization)]
+    drops = [(layer, layer.rate) for layer in layers if isinstance(layer, keras.layers.Dropout)]
+    for layer, _ in norms:
+        layer.momentum = 0.0  # moving = momentum * moving + (1 - momentum) * the batch's
+    for layer, _ in drops:
+        layer.rate = 0.0
+    batch = np.random.default_rng(0).standard_normal((2, *model.input_shape[1:])).astype(np.float32)
+    model(batch, training=True)
+    for layer, momentum in norms:
+        layer.momentum = momentum
+    for layer, rate in drops:
+        layer.rate = rate
 
 
 def list_models() -> None:
@@ -79,9 +110,9 @@ def list_models() -> None:
                                 "order": "parameters, smallest first", "models": rows}, indent=1) + "\n")
 
 
-def save_model(name: str, path: str) -> None:
+def save_model(name: str, path: str, normalised: bool = False) -> None:
     """Child process: build `name` with seeded random weights and save it as a .keras file, as a user would."""
-    model = build(name)
+    model = build(name, normalised)
     model.save(path)
 
 
@@ -132,15 +163,16 @@ def time_model(path: str, artifact: str, rounds: int, out: str) -> None:
         "ratio_mlc_over_tf": statistics.median(times["mlc"]) / statistics.median(times["tf"])}))
 
 
-def run_one(row: dict, work: Path, compile_timeout: int, rounds: int, time_timeout: int) -> dict:
+def run_one(row: dict, work: Path, compile_timeout: int, rounds: int, time_timeout: int,
+            normalised: bool = False) -> dict:
     name = row["name"]
     record = {"model": name, "params": row["params"], "input": row["input_shape"], "started": now(),
-              "load_before": os.getloadavg()[0]}
+              "load_before": os.getloadavg()[0], **({"batch_norm_statistics": "normalised"} if normalised else {})}
     folder = work / name
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     path = str(folder / f"{name}.keras")
-    rc, out, err, secs = child([PY, __file__, "--save", name, path], 900)
+    rc, out, err, secs = child([PY, __file__, "--save", name, path, *(["--normalised"] if normalised else [])], 900)
     record["save_s"] = round(secs, 1)
     if rc != 0:
         record.update(stage="save", exit_code=rc, passed=False, error=one_line(err))
@@ -176,13 +208,16 @@ def main() -> None:
     parser.add_argument("--note", help="recorded with this run (e.g. where the script came from)")
     parser.add_argument("--work", help="scratch folder (default: a temporary one, removed per model)")
     parser.add_argument("--keep", action="store_true", help="keep each model's .keras file and artifact")
+    parser.add_argument("--normalised", action="store_true",
+                        help="set each batch norm's statistics from one seeded batch before saving (a trained "
+                             "model's conditioning; the default recipe keeps weights=None's)")
     parser.add_argument("--table", action="store_true", help="print the README table from the results file")
     parser.add_argument("--save", nargs=2, metavar=("NAME", "PATH"), help=argparse.SUPPRESS)
     parser.add_argument("--time", nargs=2, metavar=("PATH", "ARTIFACT"), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.save:
-        return save_model(*args.save)
+        return save_model(*args.save, normalised=args.normalised)
     if args.time:
         return time_model(args.time[0], args.time[1], args.rounds, args.out)
     if args.list:
@@ -205,7 +240,8 @@ def main() -> None:
 
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="mlc-keras-apps-"))
     run_list(rows, listing["models"], output, new_record,
-             lambda row, work: run_one(row, work, args.compile_timeout, args.rounds, args.time_timeout), work,
+             lambda row, work: run_one(row, work, args.compile_timeout, args.rounds, args.time_timeout,
+                                       args.normalised), work,
              args.keep, args.resume, bool(args.only), args.note, "tf", [Path(p) for p in args.skip_recorded_in])
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
