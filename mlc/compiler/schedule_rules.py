@@ -170,6 +170,14 @@ def _elementwise(stmt) -> bool:
     return True
 
 
+def _operands(expr):
+    """`expr` and, depth first, the operands of its binary operations (an index's `a // b`, `a % b`, `a + b`)."""
+    yield expr
+    for part in ("a", "b"):
+        if hasattr(expr, part):
+            yield from _operands(getattr(expr, part))
+
+
 def _split_at_index_period(sch, block, loops):
     """`block`'s loops with the innermost split at a period `w` its reads index it by (`v // w * p + v % w`: a grouped
     conv's output with each group's padding dropped, grouped_conv), so each vector lies in one period and reads
@@ -181,18 +189,9 @@ def _split_at_index_period(sch, block, loops):
     extent = _extent(sch, loops[-1])
     if extent is None or not stmt.iter_vars:
         return loops
-    last, periods = stmt.iter_vars[-1].var, set()
-
-    def visit(expr):
-        if isinstance(expr, tirx.FloorMod) and expr.a.same_as(last) and isinstance(expr.b, tirx.IntImm):
-            periods.add(int(expr.b.value))
-        for part in ("a", "b"):
-            if hasattr(expr, part):
-                visit(getattr(expr, part))
-
-    for region in stmt.reads:
-        for r in region.region:
-            visit(r.min)
+    last = stmt.iter_vars[-1].var
+    periods = {int(e.b.value) for region in stmt.reads for r in region.region for e in _operands(r.min)
+               if isinstance(e, tirx.FloorMod) and e.a.same_as(last) and isinstance(e.b, tirx.IntImm)}
     period = max((w for w in periods if w % 4 == 0 and w < extent and extent % w == 0), default=None)
     if period is None:
         return loops
@@ -942,19 +941,8 @@ def _group_width(stmt, n_spatial: int):
     from tvm import tirx
 
     last = stmt.iter_vars[n_spatial - 1].var
-    found = []
-
-    def visit(expr):
-        if isinstance(expr, tirx.FloorDiv) and expr.a.same_as(last) and isinstance(expr.b, tirx.IntImm):
-            found.append(int(expr.b.value))
-            return
-        for part in ("a", "b"):
-            if hasattr(expr, part):
-                visit(getattr(expr, part))
-
-    for region in stmt.reads:
-        if region.region:
-            visit(region.region[-1].min)
+    found = [int(e.b.value) for region in stmt.reads if region.region for e in _operands(region.region[-1].min)
+             if isinstance(e, tirx.FloorDiv) and e.a.same_as(last) and isinstance(e.b, tirx.IntImm)]
     return found[0] if len(set(found)) == 1 else None
 
 
