@@ -224,14 +224,21 @@ def _conv_inputs_in_bf16(mod):
     return rewrite_functions(Store(mod), mod)
 
 
+def _target_lanes() -> int:
+    """fp32 lanes of the current target's vector (x86's 16 where none is set)."""
+    import tvm
+
+    from mlc.compiler.schedule_rules import vector_lanes
+
+    target = tvm.target.Target.current(allow_none=True)
+    return vector_lanes(target) if target is not None else 16
+
+
 def _bf16_groups(call) -> bool:
     """A grouped conv the bf16 register tile runs per group (schedule_rules `_split_groups`): an even depth per
     group (vdpbf16ps's pairs) and a group of whole vectors, or one grouped_conv pads to them; not depthwise-like
     convs (a few channels a group), whose narrow tile has no bf16 instruction."""
-    import tvm
-
     from mlc.compiler.grouped_conv import padded_group_width
-    from mlc.compiler.schedule_rules import vector_lanes
 
     weight, at = call.args[1], call.attrs
     layout, groups = str(at.kernel_layout), int(at.groups)
@@ -239,8 +246,7 @@ def _bf16_groups(call) -> bool:
         depth, channels = int(weight.ty.shape[layout.index("I")]), int(weight.ty.shape[layout.index("O")])
     except (TypeError, ValueError, AttributeError):
         return False
-    target = tvm.target.Target.current(allow_none=True)
-    lanes = vector_lanes(target) if target is not None else 16
+    lanes = _target_lanes()
     width = channels // groups
     return depth % 2 == 0 and channels % groups == 0 and (width % lanes == 0 or padded_group_width(width, lanes))
 
@@ -254,9 +260,7 @@ def _conv_tile_padding(call) -> tuple[tuple[int, int], tuple[int, int]]:
     - output rows (the width) that the tile does not divide (71: inception_v3's 80 -> 192 3x3 conv; 17: its 1x7
       convs) ran without vdpbf16ps or on a narrower tile.
     The vector is the current target's (ARM's bfdot: 4 floats, whose tile has 6 rows at most)."""
-    import tvm
-
-    from mlc.compiler.schedule_rules import tile_row_padding, vector_lanes
+    from mlc.compiler.schedule_rules import tile_row_padding
 
     shape = getattr(call.ty, "shape", None)
     layout = str(call.attrs.out_layout)  # Relax fills it from data_layout when not given
@@ -266,8 +270,7 @@ def _conv_tile_padding(call) -> tuple[tuple[int, int], tuple[int, int]]:
         width, channels = int(shape[layout.index("W")]), int(shape[layout.index("C")])
     except (TypeError, ValueError):  # symbolic
         return (0, 0), (0, 0)
-    target = tvm.target.Target.current(allow_none=True)
-    lanes = vector_lanes(target) if target is not None else 16
+    lanes = _target_lanes()
     extra_channels = -channels % lanes
     if 16 * (-channels % (2 * lanes)) <= channels:  # two vectors for at most 1/16 more work
         extra_channels = -channels % (2 * lanes)
