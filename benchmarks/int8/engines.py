@@ -91,8 +91,7 @@ def broad_model(label: str, work: Path):
     feeds and 16 seeded held-out ones (as `mlc compile` seeds its inputs: masks of ones, indices in range)."""
     import onnx
 
-    sys.path.insert(0, str(ROOT / "benchmarks" / "precision"))
-    from broad_models import MODELS as BROAD
+    from broad_models import MODELS as BROAD  # main put benchmarks/precision on the path for --broad
 
     from mlc.frontends import onnx as onnx_frontend
 
