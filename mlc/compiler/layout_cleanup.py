@@ -2,9 +2,10 @@
 relax.clip, so it wraps every clip between two NHWC convs in permute_dims to NCHW and back (ReLU6, hard-sigmoid):
 each such clip became a transpose-clip-transpose kernel of its own instead of the conv's epilogue
 (mobilenetv2: 4 kernels, ~0.7 ms of 13). `cancel_transposes` rewrites permute_dims(op(permute_dims(x, p)), q)
-with q after p the identity to op(x), for elementwise ops of one tensor input. Before ConvertLayout,
-`channel_last_friendly` rewrites what it would otherwise leave in NCHW between transposes: ONNX LRN (a 3-d pool over
-channels) and binary ops with (C, 1, 1) constants (inception v1 / v2, #39; benchmarks/inception). Imports tvm."""
+with q after p the identity to op(x), for elementwise ops of one tensor input; `lrn_as_window_sum` rewrites ONNX LRN
+(a 3-d pool over channels) on the layout ConvertLayout chose. Before ConvertLayout, `full_rank_constants` rewrites
+binary ops with (C, 1, 1) constants, which it would otherwise leave in NCHW between transposes (inception v1 / v2,
+#39; benchmarks/inception). Imports tvm."""
 
 from __future__ import annotations
 
@@ -100,9 +101,10 @@ def full_rank_constants(mod):
 
 
 def _lrn_parts(lookup, call):
-    """(data, size, front padding, alpha, bias, beta) where `call` is TVM's ONNX LRN over 4-d data: divide(x,
-    power(add(multiply(squeeze(avg_pool3d(expand_dims(multiply(x, x), 1), (size, 1, 1))), alpha), bias), beta));
-    else None."""
+    """(data, channel axis, size, front padding, alpha, bias, beta) where `call` is TVM's ONNX LRN over 4-d data:
+    divide(x, power(add(multiply(squeeze(avg_pool3d(expand_dims(multiply(x, x), 1), (size, 1, 1))), alpha), bias),
+    beta)); else None. The pool's D axis is the channel axis: NCDHW as imported, NCHWD after ConvertLayout moved the
+    conv before it to NHWC."""
     import tvm
     from tvm import relax
 
@@ -124,15 +126,18 @@ def _lrn_parts(lookup, call):
         found.append(expr)
         expr = expr.args[arg]
     _, power, add, scale, squeeze, pool, expand, square = found
+    layout = str(pool.attrs.layout)
     if not square.args[0].same_as(square.args[1]) or not square.args[0].same_as(call.args[0]) \
             or _ndim(call.args[0]) != 4 or [int(a) for a in expand.attrs.axis] != [1] \
+            or [int(a) for a in squeeze.attrs.axis] != [1] or sorted(layout) != sorted("NCDHW") or layout[1] != "C" \
             or [int(p) for p in pool.attrs.pool_size][1:] != [1, 1] or not pool.attrs.count_include_pad:
         return None
     numbers = [scalar(scale.args[1]), scalar(add.args[1]), scalar(power.args[1])]
     if None in numbers:
         return None
     size = int(pool.attrs.pool_size[0])  # ONNX's window: (size - 1) // 2 channels before, the rest after (TVM's pool
-    return (call.args[0], size, (size - 1) // 2, *numbers)  # pads size // 2 before: one channel off for even sizes
+    axis = layout.index("D") - 1  # of the 4-d data: the 5-d pool's unit axis 1 squeezed away
+    return (call.args[0], axis, size, (size - 1) // 2, *numbers)  # pads size // 2 before: one off for even sizes
 
 
 def _denominator(t, beta: float):
@@ -149,27 +154,30 @@ def _denominator(t, beta: float):
     return {0.25: fourth, 0.5: root, 0.75: relax.op.multiply(root, fourth)}[beta]
 
 
-def _channel_window_sum(squares, channels: int, size: int, pad: int):
+def _channel_window_sum(squares, axis: int, channels: int, size: int, pad: int):
     """The sum over each channel's window (`pad` channels before it, size - 1 - pad after, zeros outside) as `size`
     shifted slices of the channel-padded squares: injective ops, which FuseOps puts into one kernel with the
-    epilogue and the transposes ConvertLayout leaves around them (pad and slices stay NCHW; the kernel reads and
-    writes the conv's NHWC tensors)."""
+    epilogue."""
     from tvm import relax
 
-    padded = relax.op.nn.pad(squares, [0, 0, pad, size - 1 - pad, 0, 0, 0, 0])
+    widths = [0] * 8
+    widths[2 * axis:2 * axis + 2] = [pad, size - 1 - pad]
+    padded = relax.op.nn.pad(squares, widths)
     total = None
     for k in range(size):
-        window = relax.op.strided_slice(padded, axes=[1], begin=[k], end=[k + channels])
+        window = relax.op.strided_slice(padded, axes=[axis], begin=[k], end=[k + channels])
         total = window if total is None else relax.op.add(total, window)
     return total
 
 
 def lrn_as_window_sum(mod):
-    """ONNX LRN (TVM imports it as a pool over channels: avg_pool3d on an expand_dims, NCDHW, then power) as the sum
-    of `size` shifted channel slices of the squares and its epilogue, t ** 0.75 as sqrt(t) * sqrt(sqrt(t)): one
-    injective kernel on the conv's NHWC output. Inception v1's two LRNs took 16.6 ms of 69 (OpenVINO: 0.64) as a
-    scalar 3-d pool in NCDHW between transposes and a powf per element. (A 1x1 conv with a band of alpha / size
-    also stays NHWC, but does C / size times the adds: v1 3 % slower, benchmarks/inception.)"""
+    """ONNX LRN (TVM imports it as a pool over channels: avg_pool3d on an expand_dims, then power) as the sum of
+    `size` shifted channel slices of the squares and its epilogue, t ** 0.75 as sqrt(t) * sqrt(sqrt(t)): one
+    injective kernel. Inception v1's two LRNs took 16.6 ms of 69 (OpenVINO: 0.64) as a scalar 3-d pool and a powf
+    per element. Runs after ConvertLayout, on the channel axis the conv before it left (NHWC: axis 3): TVM 0.27's
+    ConvertLayout has no rule for nn.pad, and the rewrite before it kept the padded squares NCHW between
+    transposes, a buffer written and read across the channel stride (zfnet512's first LRN 1.2 ms; 0.3 ms in NHWC).
+    (A 1x1 conv with a band of alpha / size does C / size times the adds: v1 3 % slower, benchmarks/inception.)"""
     import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
@@ -179,11 +187,11 @@ def lrn_as_window_sum(mod):
         def visit_call_(self, call):
             call = super().visit_call_(call)
             parts = _lrn_parts(self.lookup_binding, call) if getattr(call.op, "name", "") == "relax.divide" else None
-            channels = parts and call.args[0].ty.shape[1]
+            channels = parts and call.args[0].ty.shape[parts[1]]
             if not parts or not isinstance(channels, tvm.tirx.IntImm) or str(call.ty.dtype) != "float32":
                 return call
-            data, size, pad, alpha, bias, beta = parts
-            sums = _channel_window_sum(relax.op.multiply(data, data), int(channels), size, pad)
+            data, axis, size, pad, alpha, bias, beta = parts
+            sums = _channel_window_sum(relax.op.multiply(data, data), axis, int(channels), size, pad)
             scaled = relax.op.multiply(sums, relax.const(alpha / size, "float32"))
             t = relax.op.add(scaled, relax.const(bias, "float32"))
             return relax.op.divide(data, _denominator(t, beta))
@@ -191,12 +199,20 @@ def lrn_as_window_sum(mod):
     return relax.transform.DeadCodeElimination()(rewrite_functions(Rewrite(mod), mod))
 
 
-def channel_last_friendly(mod):
-    """Before ConvertLayout: `lrn_as_window_sum`, then `full_rank_constants`; each an optimisation, skipped (the module
-    as it was) where it fails."""
-    for rewrite in (lrn_as_window_sum, full_rank_constants):
+def _each_optional(mod, rewrites):
+    """Each rewrite in turn, an optimisation: skipped (the module as it was) where it fails."""
+    for rewrite in rewrites:
         try:
             mod = rewrite(mod)
         except Exception:  # an optimisation: the module as it was
             continue
     return mod
+
+
+def before_convert_layout(mod):
+    return _each_optional(mod, (full_rank_constants,))
+
+
+def after_convert_layout(mod):
+    """Also where ConvertLayout failed: the LRN rewrite pays in NCHW too."""
+    return _each_optional(mod, (cancel_transposes, lrn_as_window_sum))

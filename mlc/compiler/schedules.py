@@ -53,10 +53,10 @@ def _convert_layout(mod, notes: list[Note]):
     model builds in its own layout and a note says so."""
     from tvm import relax
 
-    from mlc.compiler.layout_cleanup import channel_last_friendly
+    from mlc.compiler.layout_cleanup import after_convert_layout, before_convert_layout
     from mlc.compiler.relax_passes import quantize_as_elementwise
 
-    mod = channel_last_friendly(mod)
+    mod = before_convert_layout(mod)
     try:
         converted = relax.transform.ConvertLayout(CONV_LAYOUT)(quantize_as_elementwise(_positive_squeeze_axes(mod)))
     except Exception as e:  # TVM raises InternalError/ValueError/bad_alloc; the step is optional
@@ -64,13 +64,8 @@ def _convert_layout(mod, notes: list[Note]):
 
         notes.append(Note(NoteKind.FALLBACK, f"layout conversion (conv2d to NHWC) skipped: TVM's ConvertLayout "
                                              f"failed on this model: {summarize(e)}"))
-        return mod
-    try:
-        from mlc.compiler.layout_cleanup import cancel_transposes
-
-        return cancel_transposes(converted)
-    except Exception:  # an optimisation: the converted module as it is
-        return converted
+        return after_convert_layout(mod)
+    return after_convert_layout(converted)
 
 
 def _legalize_and_fuse(mod, target, notes: Optional[list[Note]] = None):
