@@ -66,10 +66,12 @@ def _int8_operands(stmt) -> bool:
 def vnni_dot_block(sch, block, target, lanes: int) -> bool:
     """Whether a register-tile block can run on vpdpbusd: int32 output from uint8 activations and int8 weights,
     16 lanes, and a target with AVX512-VNNI. The depth is checked by the caller (`depth_padding`)."""
+    return lanes == 16 and _int8_operands(sch.get(block)) and has_vnni(target)
+
+
+def has_vnni(target) -> bool:
     from tvm.target import codegen
 
-    if lanes != 16 or not _int8_operands(sch.get(block)):
-        return False
     try:
         return bool(codegen.target_has_features("avx512vnni", target))
     except Exception:  # not an LLVM x86 target

@@ -277,6 +277,52 @@ def _conv_tile_padding(call) -> tuple[tuple[int, int], tuple[int, int]]:
     return (width, tile_row_padding(channels + extra_channels, width, lanes)), (channels, extra_channels)
 
 
+def int8_conv_rows(mod, target):
+    """uint8 x int8 convs (--quantize int8) whose output rows (the width) the register tile does not divide, computed
+    on extra columns of zero padding and sliced off: vpdpbusd's tile takes no predicated tail (tensorize), and such
+    a conv ran on int32 multiplies instead, no faster than fp32 (zfnet512's 5x5 conv at 25 x 25: 3.4 ms, fp32 3.3).
+    The rows are padded as `_conv_tile_padding` pads a bf16 conv's, for the J `_pad_width` pads int8 channels to.
+    `mod` itself on targets without AVX512-VNNI (the int32 tile takes a tail)."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    from mlc.compiler.int8_dot import has_vnni
+    from mlc.compiler.schedule_rules import tile_row_padding, vector_lanes
+
+    if target.kind.name != "llvm" or not has_vnni(target):
+        return mod
+    lanes = vector_lanes(target)
+    conv2d = tvm.ir.Op.get("relax.nn.conv2d")
+
+    def dtype(expr) -> str:
+        return str(getattr(expr.ty, "dtype", ""))
+
+    @mutator
+    class Rewrite(PyExprMutator):
+        def visit_call_(self, call):
+            call = self.builder_.normalize(super().visit_call_(call))
+            if not call.op.same_as(conv2d) or int(call.attrs.groups) != 1 \
+                    or (dtype(call.args[0]), dtype(call.args[1])) != ("uint8", "int8"):
+                return call
+            at, layout, shape = call.attrs, str(call.attrs.out_layout), call.ty.shape
+            try:
+                width, channels = int(shape[layout.index("W")]), int(shape[layout.index("C")])
+            except (TypeError, ValueError):  # symbolic
+                return call
+            extra = tile_row_padding(channels + -channels % lanes, width, lanes)
+            if not extra:
+                return call
+            padding = [int(p) for p in at.padding]
+            padding[3] += extra * int(at.strides[1])
+            conv = relax.op.nn.conv2d(*call.args[:2], strides=at.strides, padding=padding, dilation=at.dilation,
+                                      groups=1, data_layout=at.data_layout, kernel_layout=at.kernel_layout,
+                                      out_layout=at.out_layout, out_dtype=at.out_dtype)
+            return relax.op.strided_slice(conv, axes=[layout.index("W")], begin=[0], end=[width])
+
+    return rewrite_functions(Rewrite(mod), mod)
+
+
 def _pad_axis(weight, axis: int, extra: int):
     """The constant `weight` with `extra` zero entries appended along `axis`."""
     import numpy as np
