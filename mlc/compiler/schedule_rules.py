@@ -649,8 +649,8 @@ def _plan_tile(sch, spatial, reduction, lanes: int, bf16: bool, int8: bool, regi
     group = 2 if bf16 else int8_dot.QUAD if int8 else 0
     if group and row_extent is not None and row_extent % row_tile and row_extent <= (registers or _registers(lanes)):
         # A dot-product tile takes no row predicate (tensorize), and a conv's rows cannot be padded (not an
-        # einsum): one vector wide, every row of the tile, where no Relax pass padded the rows (bf16_matmul pads
-        # bf16 convs': relax_passes._conv_tile_padding)
+        # einsum): one vector wide, every row of the tile, where no Relax pass padded the rows (relax_passes pads
+        # bf16 convs' in bf16_matmul, int8 convs' in int8_conv_rows)
         vectors, row_tile = 1, row_extent
     return _TilePlan(lanes, vectors, row_tile, group, row_extent, j_extent, depths)
 
