@@ -113,6 +113,36 @@ def test_rewrite_keeps_fp32_outputs_in_onnxruntime_and_pads_with_the_zero_point(
         assert border < 1.5 * interior, (border, interior)
 
 
+def test_a_max_pool_before_a_quantised_conv_runs_on_uint8_and_changes_nothing(monkeypatch):
+    """conv -> ReLU -> MaxPool -> conv (squeezenet's stem): the pool's input is quantised and the pool runs on
+    uint8, so the first conv writes uint8; quantising is monotonic, so ONNX Runtime gives the same numbers as with
+    the quantise after the pool. A pool that a float op also reads stays where it was."""
+    rng = np.random.default_rng(3)
+    w = {"c1": rng.standard_normal((8, 4, 3, 3)) * 0.3, "c2": rng.standard_normal((16, 8, 3, 3)) * 0.2}
+    nodes = [helper.make_node("Conv", ["image", "c1"], ["h1"]), helper.make_node("Relu", ["h1"], ["r1"]),
+             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1]),
+             helper.make_node("Conv", ["p1", "c2"], ["y"], pads=[1, 1, 1, 1])]
+    model = _model(nodes, [helper.make_tensor_value_info("image", TensorProto.FLOAT, [2, 4, 17, 17])],
+                   ("y", TensorProto.FLOAT, [2, 16, 8, 8]), {k: v.astype(np.float32) for k, v in w.items()})
+    feeds = _feeds(model, range(1, 5))
+    moved, _ = quantize.quantize(model, "int8", feeds, "seeded")
+    onnx.checker.check_model(moved)
+    pools = [n for n in moved.graph.node if n.op_type == "MaxPool"]
+    producer = {o: n for n in moved.graph.node for o in n.output}
+    assert len(pools) == 1 and producer[pools[0].input[0]].op_type == "QuantizeLinear"
+    assert producer[pools[0].input[0]].input[0] == "r1"
+    monkeypatch.setattr(quantize, "_pools_to_quantize_first", lambda model, chosen: {})
+    after, _ = quantize.quantize(model, "int8", feeds, "seeded")
+    assert [n.input[0] for n in after.graph.node if n.op_type == "MaxPool"] == ["r1"]
+    test = _feeds(model, [100])[0]
+    np.testing.assert_array_equal(_ort(moved, test), _ort(after, test))
+    monkeypatch.undo()
+    model.graph.node.append(helper.make_node("Relu", ["p1"], ["side"]))  # a float reader of the pool
+    model.graph.output.append(helper.make_tensor_value_info("side", TensorProto.FLOAT, None))
+    kept, _ = quantize.quantize(model, "int8", feeds, "seeded")
+    assert [n.input[0] for n in kept.graph.node if n.op_type == "MaxPool"] == ["r1"]
+
+
 def test_attention_matmuls_are_quantised_and_activation_products_stay_fp32():
     model = attention_net()
     quantized, info = quantize.quantize(model, "int8", _feeds(model, range(1, 5)), "user")

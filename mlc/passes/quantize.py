@@ -264,12 +264,30 @@ def _correction_and_scale(e: _Emitter, mode: str, zp, colsum, s_x, s_w, bshape: 
     return correction, scale
 
 
+def _pools_to_quantize_first(model: onnx.ModelProto, chosen: dict) -> dict[str, onnx.NodeProto]:
+    """{activation: the MaxPool that makes it} where only quantised nodes read the pool's output: its input is
+    quantised instead and the pool runs on uint8. Exact (quantising is monotonic: the max of the quantised values
+    is the quantised max), and the conv before the pool then writes uint8, not float32, with its requantise as
+    its epilogue (squeezenet's stem: 111 x 111 x 64 values)."""
+    readers: dict[str, list] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    outputs = {o.name for o in model.graph.output}
+    return {node.output[0]: node for node in model.graph.node
+            if node.op_type == "MaxPool" and len([o for o in node.output if o]) == 1
+            and node.output[0] not in outputs
+            and all(id(r) in chosen and chosen[id(r)].activation == node.output[0] for r in readers[node.output[0]])}
+
+
 def rewrite(model: onnx.ModelProto, mode: str, ranges: Optional[dict] = None) -> tuple[onnx.ModelProto, Counter,
                                                                                       Counter]:
     """The model with its candidates quantised (`ranges`: calibration, for int8); returns it, the op types
     quantised and the ones kept fp32 by reason."""
     found, kept = candidates(model, mode)
     chosen = {id(c.node): c for c in found}
+    pools = _pools_to_quantize_first(model, chosen) if mode == "int8" else {}
+    moved = {id(pool) for pool in pools.values()}
     e = _Emitter(model)
     quantized_inputs: dict[str, tuple] = {}  # one quantise per activation (Q, K and V projections share it)
     done = Counter()
@@ -277,14 +295,21 @@ def rewrite(model: onnx.ModelProto, mode: str, ranges: Optional[dict] = None) ->
     for node in model.graph.node:
         c = chosen.get(id(node))
         if c is None:
-            new_nodes.append(node)
+            if id(node) not in moved:
+                new_nodes.append(node)
             continue
         e.nodes = []
         base, out = f"{node.output[0]}_int8", node.output[0]
         if c.activation not in quantized_inputs:
             if mode == "int8":
                 s_x, zp = activation_params(*ranges[c.activation])
-                quantized_inputs[c.activation] = (_quantize_static(e, c.activation, s_x, zp), s_x, zp)
+                pool = pools.get(c.activation)
+                if pool is None:
+                    x_u8 = _quantize_static(e, c.activation, s_x, zp)
+                else:
+                    x_u8 = e.op("MaxPool", [_quantize_static(e, pool.input[0], s_x, zp)], f"{c.activation}_q8",
+                                **_attrs(pool))
+                quantized_inputs[c.activation] = (x_u8, s_x, zp)
             else:
                 quantized_inputs[c.activation] = _quantize_dynamic(e, c.activation)
         x_u8, s_x, zp = quantized_inputs[c.activation]
