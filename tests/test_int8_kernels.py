@@ -5,6 +5,8 @@ builds once (a few seconds)."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -116,6 +118,12 @@ def test_int8_kernels_run_on_vpdpbusd_and_are_exact(case):
     int8 = {gv.name_hint: f.script() for gv, f in kernels.functions_items()
             if isinstance(f, tvm.tirx.PrimFunc) and ("matmul" in gv.name_hint or "conv2d" in gv.name_hint)}
     assert len(int8) == 6 and all("vpdpbusd" in text for text in int8.values()), list(int8)
+    # the padded inputs' copies (conv3's 16 channels, padding 1; conv5's 8, its extra columns) a pixel at a time,
+    # its channels one vector: fused whole, the condition's lanes were scalarized, a byte at a time
+    padded = [t for t in int8.values() if 'sblock("pad_temp")' in t]
+    per_pixel = [t for t in padded if re.search(r'for (ax\d+) in T\.vectorized\(T\.int64\((\d+)\)\):\s+with T\.sblock\('
+                                                r'"pad_temp"\):[^@]*?= T\.axis\.spatial\(T\.int64\(\2\), \1\)', t)]
+    assert len(padded) == 2 and len(per_pixel) == 2, (len(padded), len(per_pixel))
     executable, report = schedules.build(mod, target_json, None, True)
     assert not report["unscheduled"], report
     assert "vpdpbusd" in executable.mod.imports[0].inspect_source("asm")

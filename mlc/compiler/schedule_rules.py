@@ -199,6 +199,31 @@ def _split_at_index_period(sch, block, loops):
     return sch.get_loops(block)
 
 
+def _padding_copy(sch, block, loops):
+    """A padding copy whose condition leaves out the innermost axis (an int8 conv's input padded with the zero
+    point, channels last): each pixel's channels as one vector, the condition tested once a pixel. Fused whole and
+    cut into vectors, a vector straddled pixels, and TVM's vectorizer scalarized the condition's lanes: a byte at a
+    time with a div/mod each (squeezenet's 224 x 226 x 4 stem input: 0.2 ms, half its conv's time). Returns the
+    pixels' loop, None where this does not apply."""
+    import tvm
+
+    stmt = sch.get(block)
+    store = stmt.body
+    value = getattr(store, "value", None)
+    name = str(getattr(getattr(value, "op", None), "name", ""))  # "prim.if_then_else" in TVM 0.27
+    if len(loops) < 2 or not name.endswith("if_then_else") or stmt.iter_vars[-1].var in _vars_in(value.args[0]):
+        return None
+    bits, extent = tvm.DataType(str(store.buffer.dtype)).bits, _extent(sch, loops[-1])
+    width = max(d for d in range(1, extent + 1) if extent % d == 0 and d * bits <= 512)
+    if width * bits < 32 or width & (width - 1):  # (an image's 3 channels: `_short_rows`)
+        return None
+    if width < extent:
+        sch.vectorize(sch.split(loops[-1], factors=[None, width])[1])
+    else:
+        sch.vectorize(loops[-1])
+    return sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+
+
 def _schedule_spatial(sch, block, lanes: int) -> None:
     loops = sch.get_loops(block)
     if not loops:
@@ -208,7 +233,9 @@ def _schedule_spatial(sch, block, lanes: int) -> None:
         _schedule_symbolic_spatial(sch, loops, lanes)
         return
     total = math.prod(_extent(sch, loop) for loop in loops)
-    rows = _vector_rows(sch, loops, lanes)
+    rows = _padding_copy(sch, block, loops)
+    if rows is None:
+        rows = _vector_rows(sch, loops, lanes)
     if rows is None:
         rows = _short_rows(sch, block, loops, lanes)
     if rows is not None:
