@@ -15,7 +15,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import typer
 from rich.console import Console
@@ -25,9 +25,6 @@ from rich.table import Table
 from mlc import __version__
 from mlc.errors import ExitCode, MlcError
 from mlc.pipeline import options as declared  # light: the declarations, not the pipeline
-
-if TYPE_CHECKING:
-    from mlc.bench import BenchConfig
 
 # typer shows a flag's type as <bool>, which reads as if `--archive true` were accepted (it is a usage error).
 _option_type = typer.core.TyperOption.display_type_rich
@@ -578,42 +575,10 @@ def targets_cmd() -> None:
 
 
 @app.command("bench")
+@_declared_options(declared.BenchOptions)
 def bench_cmd(
-    models: Optional[str] = typer.Option(None, "--models", "-m",
-                                         help="Zoo models, comma-separated (see `mlc models`)."),
-    suite: Optional[str] = typer.Option(None, "--suite", help="Instead of --models: PyTorch's benchmark suite "
-                                        "huggingface or timm (models built from their configs, batch 1, 128 tokens)."),
-    suite_models: Optional[str] = typer.Option(None, "--suite-models", help="With --suite: these of its models only."),
     output: Path = typer.Option(..., "--output", "-o", help="The results JSON to write (rewritten after every cell)."),
-    targets: str = typer.Option("x86", "--targets", "-t",
-                                help="mlc targets, comma-separated; 'none' for baselines only."),
-    precision: str = typer.Option("fp32", "--precision",
-                                  help="mlc builds per target, comma-separated: fp32, bf16 (CPUs with AVX512-BF16), "
-                                       "fp16 (CUDA), int8 or int8-dynamic (`--quantize`, calibrated on seeded "
-                                       "inputs); all but fp32 are judged by the accuracy gate."),
-    batch: str = typer.Option("1", "--batch", help="Batch sizes, comma-separated."),
-    seq: str = typer.Option("128", "--seq", help="Sequence lengths, comma-separated (models without one ignore it)."),
-    threads: str = typer.Option("1", "--threads", help="CPU thread counts, comma-separated; all: every usable core."),
-    baselines: str = typer.Option("torch,ort", "--baselines", "-b",
-                                  help="Baselines, comma-separated: torch, torch-compile, torchscript, ort, ort-int8, "
-                                       "openvino, openvino-default, openvino-int8, openvino-throughput, tf, tf-graph, "
-                                       "paddle, paddle-static; 'none' for mlc only."),
-    warmup: int = typer.Option(3, help="Untimed runs per cell."),
-    repeat: int = typer.Option(20, help="Timed runs per cell."),
-    framework: Optional[str] = typer.Option(None, "--framework", "-f",
-                                            help="Framework mlc and ort take the model from "
-                                                 "(default: torch where the model has it)."),
-    db: Optional[str] = typer.Option(None, "--db", help="Tuning database for mlc's compiles (needs `mlc tune`)."),
-    cell_timeout: Optional[float] = typer.Option(None, "--cell-timeout",
-                                                 help="Seconds a cell may run; a slower one is stopped and recorded "
-                                                      "as failed."),
-    lengths: Optional[str] = typer.Option(None, "--lengths", help="Instead of the matrix: run one model over a "
-                                          "sentence-length distribution (cola-like), batch 1, comparing dynamic, "
-                                          "buckets, static, ort, openvino and torch (seed 002)."),
-    sentences: int = typer.Option(200, "--sentences", help="With --lengths: how many sentences."),
-    buckets: str = typer.Option("8,16,32,64", "--buckets", help="With --lengths: the buckets strategy's sizes."),
-    strategies: Optional[str] = typer.Option(None, "--strategies", help="With --lengths: which of dynamic, buckets, "
-                                             "static, ort, openvino, torch (default: all)."),
+    **options,
 ) -> None:
     """Benchmark zoo models: mlc per target side by side with framework baselines, per shape and thread count.
 
@@ -621,35 +586,21 @@ def bench_cmd(
     artifact size, peak memory and accuracy against the framework's eager outputs go to the JSON."""
     from mlc import bench
 
-    def listed(option: str, text: str) -> list[str]:
-        return [] if text.strip().lower() == "none" else bench.parse_list(option, text)
-
-    config = bench.BenchConfig(
-        models=bench.pick_models(models, suite, suite_models), suite=suite, targets=listed("--targets", targets),
-        precisions=bench.parse_list("--precision", precision),
-        batch=bench.parse_ints("--batch", batch), seq=bench.parse_ints("--seq", seq),
-        threads=bench.parse_ints("--threads", threads), baselines=listed("--baselines", baselines),
-        warmup=warmup, repeat=repeat, framework=framework, db=db, cell_timeout=cell_timeout,
-        command=bench.command_line(), lengths=lengths, sentences=sentences,
-        buckets=bench.parse_ints("--buckets", buckets),
-        strategies=bench.parse_list("--strategies", strategies) if strategies else [])
-    bench.validate(config)
-    doc = _run_bench(config, output)
-    _print_bench_summary(doc, output, lengths_mode=bool(lengths))
+    config = bench.config_from(declared.BenchOptions(**options), command=bench.command_line())
+    doc = _with_progress(lambda progress: bench.run(config, output=output, progress=progress))
+    _print_bench_summary(doc, output, lengths_mode=bool(options["lengths"]))
 
 
-def _run_bench(config: BenchConfig, output: Path) -> dict:
-    """Run the bench matrix, showing progress on stderr; return the results document."""
+def _with_progress(measure: Callable[[Callable[[int, int, str], None]], dict]) -> dict:
+    """`measure(progress)`, its progress shown on stderr: a bar, or one line per step in a log file."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from mlc import bench
 
     if not err.is_terminal:  # a log file: one line per step instead of a redrawn bar
         def log_line(done: int, total: int, what: str) -> None:
             if what:
                 err.print(f"[{done}/{total}] {escape(what)}", soft_wrap=True)
 
-        return bench.run(config, output=output, progress=log_line)
+        return measure(log_line)
     with Progress(TextColumn("[bold]bench[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), console=err, transient=False) as bar:
         task = bar.add_task("starting", total=None)
@@ -657,7 +608,7 @@ def _run_bench(config: BenchConfig, output: Path) -> dict:
         def progress(done: int, total: int, what: str) -> None:
             bar.update(task, completed=done, total=total, **({"description": escape(what)} if what else {}))
 
-        doc = bench.run(config, output=output, progress=progress)
+        doc = measure(progress)
         bar.update(task, description="done")
     return doc
 

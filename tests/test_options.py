@@ -157,6 +157,21 @@ def test_tune_options_are_declared_once():
         api.tune("m.onnx", trails=3)
 
 
+def test_bench_options_are_declared_once():
+    """`mlc bench`'s options come from BenchOptions, a list option takes the CLI's comma-separated text or a sequence
+    alike, and the matrix config is made from them."""
+    from mlc import bench
+
+    assert _cli_flags("bench") == _declared_flags(declared.BenchOptions) | {"--output", "-o"}
+    given = declared.BenchOptions(targets="none", threads=[2, "1"], batch="1,4,1", baselines="ort,openvino")
+    assert (given.targets, given.threads, given.batch, given.baselines) == ((), (2, 1), (1, 4), ("ort", "openvino"))
+    with pytest.raises(InputError, match="--seq '0': '0' is not a whole number >= 1"):
+        declared.BenchOptions(seq="0")
+    config = bench.config_from(declared.BenchOptions(models="mlp,mlp", precision="fp32,bf16"), "mlc bench")
+    assert (config.models, config.precisions, config.targets, config.strategies) == (["mlp"], ["fp32", "bf16"],
+                                                                                     ["x86"], [])
+
+
 @pytest.mark.parametrize("flags, message", [(["--warmup", "-1"], "--warmup must be at least 0, not -1"),
                                             (["--threads", "0"], "--threads must be at least 1, not 0")])
 def test_run_option_values_are_checked_before_the_artifact_is_opened(tmp_path, flags, message):

@@ -86,8 +86,10 @@ def test_big_models_are_cut_to_two_layers(monkeypatch):
 def test_suite_options_are_checked():
     assert matrix.pick_models(None, "huggingface", None) == []
     from mlc import targets
+    from mlc.pipeline.options import BenchOptions
 
-    assert matrix.parse_ints("--threads", "1,all") == [1, targets.usable_cores()]
+    assert BenchOptions(threads="1,all").threads == (1, targets.usable_cores())
+    assert BenchOptions(threads=[2, 1], targets="none", baselines="ort").targets == ()
     assert suites.select("huggingface", ["bertformaskedlm"]) == ["BertForMaskedLM"]
     assert len(suites.select("huggingface", [])) == len(suites.HUGGINGFACE) == 55
     assert len(suites.select("timm", [])) == 18

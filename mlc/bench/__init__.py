@@ -2,8 +2,7 @@
 experiment (lengths.py), baselines (baselines.py), the machine record (machine.py) and reports (report.py)."""
 
 from mlc.bench.cells import SCHEMA, CellError, write_json
-from mlc.bench.matrix import BenchConfig, command_line, parse_ints, parse_list, pick_models, run, validate
+from mlc.bench.matrix import BenchConfig, command_line, config_from, pick_models, run, validate
 
-__all__ = ["SCHEMA", "BenchConfig", "CellError", "command_line", "parse_ints", "parse_list", "pick_models", "run",
-           "validate",
+__all__ = ["SCHEMA", "BenchConfig", "CellError", "command_line", "config_from", "pick_models", "run", "validate",
            "write_json"]

@@ -27,6 +27,7 @@ from mlc.bench.contract import MeasureRequest, PrepareRequest
 from mlc.bench.machine import load_average, machine_info
 from mlc.check import PRECISIONS, QUANTIZED
 from mlc.errors import InputError, MlcError
+from mlc.pipeline.options import BenchOptions, parse_list
 
 MLC = "mlc"
 
@@ -59,13 +60,6 @@ class BenchConfig:
     suite: Optional[str] = None
 
 
-def parse_list(option: str, text: str) -> list[str]:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items:
-        raise InputError(f"{option} is empty; give a comma-separated list")
-    return list(dict.fromkeys(items))
-
-
 def pick_models(models: Optional[str], suite: Optional[str], suite_models: Optional[str]) -> list[str]:
     """--models, or --suite with --suite-models (none: the whole suite)."""
     if suite and models:
@@ -76,15 +70,15 @@ def pick_models(models: Optional[str], suite: Optional[str], suite_models: Optio
     return parse_list("--suite-models" if suite else "--models", text) if text else []
 
 
-def parse_ints(option: str, text: str) -> list[int]:
-    values = []
-    for item in parse_list(option, text):
-        if option == "--threads" and item == "all":  # every usable core
-            item = str(targets.usable_cores())
-        if not re.fullmatch(r"\d+", item) or int(item) < 1:
-            raise InputError(f"{option} {text!r}: {item!r} is not a whole number >= 1; write e.g. {option} 1,4")
-        values.append(int(item))
-    return list(dict.fromkeys(values))
+def config_from(options: BenchOptions, command: str = "") -> BenchConfig:
+    """The matrix `options` ask for (the models picked, each list as given); `validate` checks it."""
+    return BenchConfig(models=pick_models(options.models, options.suite, options.suite_models), suite=options.suite,
+                       targets=list(options.targets), precisions=list(options.precision), batch=list(options.batch),
+                       seq=list(options.seq), threads=list(options.threads), baselines=list(options.baselines),
+                       warmup=options.warmup, repeat=options.repeat, framework=options.framework, db=options.db,
+                       cell_timeout=options.cell_timeout, command=command, lengths=options.lengths,
+                       sentences=options.sentences, buckets=list(options.buckets),
+                       strategies=list(options.strategies or ()))
 
 
 def validate(config: BenchConfig) -> None:

@@ -340,6 +340,87 @@ class TuneOptions:
     __post_init__ = _parse_fields
 
 
+def parse_list(flag: str, text: str) -> list[str]:
+    """A comma-separated list, duplicates dropped in order."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise InputError(f"{flag} is empty; give a comma-separated list")
+    return list(dict.fromkeys(items))
+
+
+def parse_ints(flag: str, text: str) -> list[int]:
+    """Comma-separated whole numbers >= 1 (--threads also takes `all`: every usable core)."""
+    from mlc import targets
+
+    values = []
+    for item in parse_list(flag, text):
+        if flag == "--threads" and item == "all":
+            item = str(targets.usable_cores())
+        if not re.fullmatch(r"\d+", item) or int(item) < 1:
+            raise InputError(f"{flag} {text!r}: {item!r} is not a whole number >= 1; write e.g. {flag} 1,4")
+        values.append(int(item))
+    return list(dict.fromkeys(values))
+
+
+def _listed(flag: str, none: bool = False) -> Callable[[Any], tuple]:
+    """A comma-separated text (or a sequence, from Python) as a tuple; `none`: "none" is the empty list."""
+    def parse(value: str | Sequence[Any]) -> tuple:
+        text = value if isinstance(value, str) else ",".join(map(str, value))
+        if none and text.strip().lower() in ("none", ""):
+            return ()
+        return tuple(parse_ints(flag, text) if flag in _COUNTED else parse_list(flag, text))
+    return parse
+
+
+_COUNTED = ("--batch", "--seq", "--threads", "--buckets")
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What `mlc bench` measures: its models, builds, shapes and baselines, and how each cell runs; the matrix they
+    make is mlc.bench.config_from(options), which mlc.bench.validate checks."""
+
+    models: Optional[str] = option(None, "--models", "-m", help="Zoo models, comma-separated (see `mlc models`).")
+    suite: Optional[str] = option(None, "--suite", help="Instead of --models: PyTorch's benchmark suite huggingface or "
+                                                       "timm (models built from their configs, batch 1, 128 tokens).")
+    suite_models: Optional[str] = option(None, "--suite-models", help="With --suite: these of its models only.")
+    targets: tuple = option("x86", "--targets", "-t", parse=_listed("--targets", none=True), cli_type=str,
+                            help="mlc targets, comma-separated; 'none' for baselines only.")
+    precision: tuple = option("fp32", "--precision", parse=_listed("--precision"), cli_type=str,
+                              help="mlc builds per target, comma-separated: fp32, bf16 (CPUs with AVX512-BF16), "
+                                   "fp16 (CUDA), int8 or int8-dynamic (`--quantize`, calibrated on seeded inputs); "
+                                   "all but fp32 are judged by the accuracy gate.")
+    batch: tuple = option("1", "--batch", parse=_listed("--batch"), cli_type=str,
+                          help="Batch sizes, comma-separated.")
+    seq: tuple = option("128", "--seq", parse=_listed("--seq"), cli_type=str,
+                        help="Sequence lengths, comma-separated (models without one ignore it).")
+    threads: tuple = option("1", "--threads", parse=_listed("--threads"), cli_type=str,
+                            help="CPU thread counts, comma-separated; all: every usable core.")
+    baselines: tuple = option("torch,ort", "--baselines", "-b", parse=_listed("--baselines", none=True),
+                              cli_type=str,
+                              help="Baselines, comma-separated: torch, torch-compile, torchscript, ort, ort-int8, "
+                                   "openvino, openvino-default, openvino-int8, openvino-throughput, tf, tf-graph, "
+                                   "paddle, paddle-static; 'none' for mlc only.")
+    warmup: int = option(3, "--warmup", help="Untimed runs per cell.")
+    repeat: int = option(20, "--repeat", help="Timed runs per cell.")
+    framework: Optional[str] = option(None, "--framework", "-f", help="Framework mlc and ort take the model from "
+                                                                       "(default: torch where the model has it).")
+    db: Optional[str] = option(None, "--db", help="Tuning database for mlc's compiles (needs `mlc tune`).")
+    cell_timeout: Optional[float] = option(None, "--cell-timeout", help="Seconds a cell may run; a slower one is "
+                                                                        "stopped and recorded as failed.")
+    lengths: Optional[str] = option(None, "--lengths", help="Instead of the matrix: run one model over a "
+                                    "sentence-length distribution (cola-like), batch 1, comparing dynamic, buckets, "
+                                    "static, ort, openvino and torch (seed 002).")
+    sentences: int = option(200, "--sentences", help="With --lengths: how many sentences.")
+    buckets: tuple = option("8,16,32,64", "--buckets", parse=_listed("--buckets"), cli_type=str,
+                            help="With --lengths: the buckets strategy's sizes.")
+    strategies: tuple = option("", "--strategies", parse=_listed("--strategies", none=True), cli_type=str,
+                               cli_default=None, help="With --lengths: which of dynamic, buckets, static, ort, "
+                                                      "openvino, torch (default: all).")
+
+    __post_init__ = _parse_fields
+
+
 # The ModelSpec options `mlc tune` takes: with `dynamic`, each kernel is tuned at one length of each symbolic dim
 # (the reference's or --input-shape's), and the database records it for the --dynamic build.
 TUNE_MODEL_OPTIONS = ("framework", "input_shapes", "dynamic")
