@@ -1,4 +1,5 @@
-"""int8 top-1 agreement on a trained classifier: zoo:resnet50's network trained on real images, then quantised.
+"""int8 top-1 agreement on a trained classifier: zoo:resnet50's network trained on real images, then quantised by
+mlc, and by ONNX Runtime and OpenVINO (NNCF) from mlc's ONNX export, on the same calibration digits.
 
 A seeded random-weight resnet50 cannot measure top-1 agreement: its logits lie within ~1e-3 of each other (README:
 36 % exact for mlc int8, 0 % for ONNX Runtime's), and its pooled features hardly depend on the input (their spread
@@ -69,15 +70,19 @@ def trained_resnet50(train_x: np.ndarray, train_y: np.ndarray, epochs: int):
     return model.eval()
 
 
-def onnxruntime_int8(torchscript: Path, calibration: list[dict], folder: Path):
-    """ONNX Runtime's own int8 (the `ort-int8` baseline's quantize_static) of mlc's export, same nodes and inputs."""
+def other_int8(torchscript: Path, calibration: list[dict], folder: Path) -> dict:
+    """{label: run(batch of one) -> logits}: ONNX Runtime's own int8 (the `ort-int8` baseline's quantize_static) and
+    OpenVINO's (NNCF's quantize, the `openvino-int8` baseline's) of mlc's export, calibrated on the same inputs."""
     from accuracy import session
-    from mlc.bench.baselines import ort_int8_model
+    from mlc.bench.baselines import nncf_int8_model, openvino_model, ort_int8_model
 
     exported = folder / "model.onnx"
     subprocess.run([*MLC, "export", str(torchscript), "--input-shape",
                     f"input:1x3x{SIZE}x{SIZE}", "-o", str(exported)], check=True, capture_output=True)
-    return session(ort_int8_model(exported, calibration, folder))
+    ort_int8 = session(ort_int8_model(exported, calibration, folder))
+    openvino, _ = openvino_model(nncf_int8_model(exported, calibration), 1, "f32")
+    return {"onnxruntime int8 (QDQ)": lambda x: ort_int8.run(None, {"input": x})[0],
+            "openvino int8 (NNCF)": lambda x: openvino({"input": x})[openvino.outputs[0]]}
 
 
 def agreement(reference: np.ndarray, actual: np.ndarray, labels: np.ndarray | None = None) -> dict:
@@ -149,16 +154,13 @@ def main(argv=None) -> int:
         def int8(batch: np.ndarray) -> np.ndarray:
             return np.concatenate([runner.run({"input": x[None]})[output] for x in batch])
 
-        ort_int8 = onnxruntime_int8(saved, [{"input": images[k:k + 1]} for k in range(args.calibration)], folder)
-
-        def theirs(batch: np.ndarray) -> np.ndarray:
-            return np.concatenate([ort_int8.run(None, {"input": x[None]})[0] for x in batch])
-
+        others = other_int8(saved, [{"input": images[k:k + 1]} for k in range(args.calibration)], folder)
         rows = {}
         for name, x, y in (("held-out digits", images[test], labels[test]), ("seeded random inputs", seeded, None)):
             fp32 = in_batches(eager, x)
             rows[name] = {"mlc int8": agreement(fp32, int8(x), y),
-                          "onnxruntime int8 (QDQ)": agreement(fp32, theirs(x), y)}
+                          **{label: agreement(fp32, np.concatenate([np.asarray(run(row[None])) for row in x]), y)
+                             for label, run in others.items()}}
         gate = json.loads((artifact / "manifest.json").read_text()).get("gate")
     doc = {"machine": machine_info(), "model": f"zoo:resnet50's layers, a 10-class head, digits at {SIZE}x{SIZE}",
            "train_digits": args.train, "epochs": args.epochs, "calibration_digits": args.calibration,
