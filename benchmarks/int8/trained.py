@@ -53,7 +53,13 @@ def trained_resnet50(train_x: np.ndarray, train_y: np.ndarray, epochs: int):
 
     layers = list(torch_models.resnet50().native)
     model = torch.nn.Sequential(*layers[:-1], torch.nn.Linear(layers[-1].in_features, 10))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    return fit(model, torch.optim.Adam(model.parameters(), lr=1e-3), train_x, train_y, epochs)
+
+
+def fit(model, optimizer, train_x: np.ndarray, train_y: np.ndarray, epochs: int):
+    """`model` trained for `epochs` on shuffled batches of 32 (cross-entropy, seeded order); returned in eval mode."""
+    import torch
+
     x, y = torch.from_numpy(train_x), torch.from_numpy(train_y).long()
     generator = torch.Generator().manual_seed(SEED)
     model.train()
@@ -166,12 +172,17 @@ def main(argv=None) -> int:
            "train_digits": args.train, "epochs": args.epochs, "calibration_digits": args.calibration,
            "command": " ".join(["mlc", *command[len(MLC):]]), "compile_exit": compiled.returncode,
            "results": rows, "gate": gate}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(doc, indent=1) + "\n")
-    for name, row in rows.items():
+    write_record(args.output, doc)
+    return 0
+
+
+def write_record(path: Path, doc: dict) -> None:
+    """The record as JSON, and each of its results (inputs x engine) printed on a line."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    for name, row in doc["results"].items():
         for backend, figures in row.items():
             print(f"{name}, {backend}: {json.dumps(figures)}")
-    return 0
 
 
 if __name__ == "__main__":

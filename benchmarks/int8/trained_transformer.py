@@ -15,7 +15,6 @@ held-out digits (and on seeded random inputs) is what the goal compares: mlc's a
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[0] = str(ROOT)  # the repo root first: this folder's profile.py would shadow the stdlib's
 sys.path.append(str(Path(__file__).resolve().parent))
-from trained import MLC, SEED, agreement  # noqa: E402
+from trained import MLC, SEED, agreement, fit, write_record  # noqa: E402
 
 TOKENS, WIDTH, DIM, HEADS, LAYERS = 8, 8, 64, 4, 2
 
@@ -68,21 +67,7 @@ def trained(x: np.ndarray, y: np.ndarray, epochs: int):
 
     torch.manual_seed(SEED)
     model = classifier()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
-    x, y = torch.from_numpy(x), torch.from_numpy(y).long()
-    generator = torch.Generator().manual_seed(SEED)
-    model.train()
-    for epoch in range(epochs):
-        order, total = torch.randperm(len(x), generator=generator), 0.0
-        for i in range(0, len(x), 32):
-            batch = order[i:i + 32]
-            loss = torch.nn.functional.cross_entropy(model(x[batch]), y[batch])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            total += loss.item() * len(batch)
-        print(f"epoch {epoch + 1}/{epochs}: training loss {total / len(x):.4f}", flush=True)
-    return model.eval()
+    return fit(model, torch.optim.AdamW(model.parameters(), lr=2e-3), x, y, epochs)
 
 
 def main(argv=None) -> int:
@@ -142,11 +127,7 @@ def main(argv=None) -> int:
                                                f"digits as {TOKENS} tokens of {WIDTH}",
            "train_digits": args.train, "epochs": args.epochs, "calibration_digits": args.calibration,
            "command": " ".join(["mlc", *command[len(MLC):]]), "compile_exit": compiled.returncode, "results": rows}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(doc, indent=1) + "\n")
-    for name, row in rows.items():
-        for backend, figures in row.items():
-            print(f"{name}, {backend}: {json.dumps(figures)}")
+    write_record(args.output, doc)
     return 0
 
 
