@@ -262,19 +262,27 @@ def _conv_tile_padding(call) -> tuple[tuple[int, int], tuple[int, int]]:
     The vector is the current target's (ARM's bfdot: 4 floats, whose tile has 6 rows at most)."""
     from mlc.compiler.schedule_rules import tile_row_padding
 
-    shape = getattr(call.ty, "shape", None)
-    layout = str(call.attrs.out_layout)  # Relax fills it from data_layout when not given
-    if shape is None or "W" not in layout or "C" not in layout:
+    sizes = _out_width_channels(call)
+    if sizes is None:
         return (0, 0), (0, 0)
-    try:
-        width, channels = int(shape[layout.index("W")]), int(shape[layout.index("C")])
-    except (TypeError, ValueError):  # symbolic
-        return (0, 0), (0, 0)
+    width, channels = sizes
     lanes = _target_lanes()
     extra_channels = -channels % lanes
     if 16 * (-channels % (2 * lanes)) <= channels:  # two vectors for at most 1/16 more work
         extra_channels = -channels % (2 * lanes)
     return (width, tile_row_padding(channels + extra_channels, width, lanes)), (channels, extra_channels)
+
+
+def _out_width_channels(call) -> Optional[tuple[int, int]]:
+    """A conv's static output width and channels, from its out_layout; None where either is symbolic or absent."""
+    shape = getattr(call.ty, "shape", None)
+    layout = str(call.attrs.out_layout)  # Relax fills it from data_layout when not given
+    if shape is None or "W" not in layout or "C" not in layout:
+        return None
+    try:
+        return int(shape[layout.index("W")]), int(shape[layout.index("C")])
+    except (TypeError, ValueError):  # symbolic
+        return None
 
 
 def int8_conv_rows(mod, target):
@@ -305,11 +313,10 @@ def int8_conv_rows(mod, target):
             if not call.op.same_as(conv2d) or int(call.attrs.groups) != 1 \
                     or (dtype(call.args[0]), dtype(call.args[1])) != ("uint8", "int8"):
                 return call
-            at, layout, shape = call.attrs, str(call.attrs.out_layout), call.ty.shape
-            try:
-                width, channels = int(shape[layout.index("W")]), int(shape[layout.index("C")])
-            except (TypeError, ValueError):  # symbolic
+            sizes = _out_width_channels(call)
+            if sizes is None:
                 return call
+            (width, channels), at = sizes, call.attrs
             extra = tile_row_padding(channels + -channels % lanes, width, lanes)
             if not extra:
                 return call
@@ -318,7 +325,7 @@ def int8_conv_rows(mod, target):
             conv = relax.op.nn.conv2d(*call.args[:2], strides=at.strides, padding=padding, dilation=at.dilation,
                                       groups=1, data_layout=at.data_layout, kernel_layout=at.kernel_layout,
                                       out_layout=at.out_layout, out_dtype=at.out_dtype)
-            return relax.op.strided_slice(conv, axes=[layout.index("W")], begin=[0], end=[width])
+            return relax.op.strided_slice(conv, axes=[str(at.out_layout).index("W")], begin=[0], end=[width])
 
     return rewrite_functions(Rewrite(mod), mod)
 

@@ -362,17 +362,15 @@ def parse_ints(flag: str, text: str) -> list[int]:
     return list(dict.fromkeys(values))
 
 
-def _listed(flag: str, none: bool = False) -> Callable[[Any], tuple]:
-    """A comma-separated text (or a sequence, from Python) as a tuple; `none`: "none" is the empty list."""
+def _listed(flag: str, items: Callable[[str, str], list] = parse_list, none: bool = False) -> Callable[[Any], tuple]:
+    """A comma-separated text (or a sequence, from Python) as a tuple of `items(flag, text)`; `none`: "none" is the
+    empty list."""
     def parse(value: str | Sequence[Any]) -> tuple:
         text = value if isinstance(value, str) else ",".join(map(str, value))
         if none and text.strip().lower() in ("none", ""):
             return ()
-        return tuple(parse_ints(flag, text) if flag in _COUNTED else parse_list(flag, text))
+        return tuple(items(flag, text))
     return parse
-
-
-_COUNTED = ("--batch", "--seq", "--threads", "--buckets")
 
 
 @dataclass(frozen=True)
@@ -390,11 +388,11 @@ class BenchOptions:
                               help="mlc builds per target, comma-separated: fp32, bf16 (CPUs with AVX512-BF16), "
                                    "fp16 (CUDA), int8 or int8-dynamic (`--quantize`, calibrated on seeded inputs); "
                                    "all but fp32 are judged by the accuracy gate.")
-    batch: tuple = option("1", "--batch", parse=_listed("--batch"), cli_type=str,
+    batch: tuple = option("1", "--batch", parse=_listed("--batch", parse_ints), cli_type=str,
                           help="Batch sizes, comma-separated.")
-    seq: tuple = option("128", "--seq", parse=_listed("--seq"), cli_type=str,
+    seq: tuple = option("128", "--seq", parse=_listed("--seq", parse_ints), cli_type=str,
                         help="Sequence lengths, comma-separated (models without one ignore it).")
-    threads: tuple = option("1", "--threads", parse=_listed("--threads"), cli_type=str,
+    threads: tuple = option("1", "--threads", parse=_listed("--threads", parse_ints), cli_type=str,
                             help="CPU thread counts, comma-separated; all: every usable core.")
     baselines: tuple = option("torch,ort", "--baselines", "-b", parse=_listed("--baselines", none=True),
                               cli_type=str,
@@ -412,7 +410,7 @@ class BenchOptions:
                                     "sentence-length distribution (cola-like), batch 1, comparing dynamic, buckets, "
                                     "static, ort, openvino and torch (seed 002).")
     sentences: int = option(200, "--sentences", help="With --lengths: how many sentences.")
-    buckets: tuple = option("8,16,32,64", "--buckets", parse=_listed("--buckets"), cli_type=str,
+    buckets: tuple = option("8,16,32,64", "--buckets", parse=_listed("--buckets", parse_ints), cli_type=str,
                             help="With --lengths: the buckets strategy's sizes.")
     strategies: tuple = option("", "--strategies", parse=_listed("--strategies", none=True), cli_type=str,
                                cli_default=None, help="With --lengths: which of dynamic, buckets, static, ort, "
