@@ -322,3 +322,30 @@ def test_export_onto_its_own_source(mlp_model, tmp_path):
     shutil.copy(mlp_model, model)
     assert_clean_error(run_mlc("export", model, "-o", model), 1, "is the model being exported")
     assert model.read_bytes() == mlp_model.read_bytes()
+
+
+def test_export_keeps_weights_kept_beside_the_model(tmp_path):
+    """A model whose weights are ONNX external data (any export over 2 GB: Llama-3.2-1B's) was written without
+    them: `-o out.onnx` named weight files that were left behind in a deleted scratch folder. Now they go with it,
+    into OUT.data, and the export computes what the source does."""
+    weight = np.arange(6000, dtype=np.float32).reshape(100, 60) / 6000
+    bias = np.full(60, 3, dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "b"], ["z"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 100])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 60])],
+        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])
+    source = tmp_path / "src" / "model.onnx"
+    source.parent.mkdir()
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(source),
+              save_as_external_data=True, all_tensors_to_one_file=False, size_threshold=0)  # two weight files
+    out = tmp_path / "out" / "exported.onnx"
+    proc = run_mlc("export", source, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    shutil.rmtree(source.parent)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["exported.onnx", "exported.onnx.data"]
+    import onnxruntime as ort
+
+    x = np.random.default_rng(0).normal(size=(2, 100)).astype(np.float32)
+    (z,) = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(z, x @ weight + bias, rtol=1e-5)

@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import mmap
 import os
+import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Optional
@@ -219,6 +220,46 @@ def point_at(tensor: TensorProto, location: str, offset: int, length: int) -> Te
     for key, value in (("location", location), ("offset", offset), ("length", length)):
         tensor.external_data.add(key=key, value=str(value))
     return tensor
+
+
+def copy_model(source: Path, target: Path) -> list[Path]:
+    """The ONNX file `source` written as `target` with the weights it keeps in files beside it (however many)
+    copied into one file, TARGET.data, which target's references name; the files written. A model with no external
+    data is copied as it is. Weights stream from file to file a block at a time: a 5 GB model is never in memory."""
+    model = onnx.load(str(source), load_external_data=False)
+    external = [t for t in model.graph.initializer if is_external(t)]
+    inlined = [t for t in _attribute_tensors(model.graph) if is_external(t)]
+    for tensor in inlined:  # Constant nodes' and subgraphs' tensors: small, put in the message
+        tensor.CopyFrom(loaded(tensor, Path(source).parent))
+    if not external and not inlined:
+        shutil.copyfile(source, target)
+        return [Path(target)]
+    data_path = Path(target).with_name(Path(target).name + ".data")
+    with open(data_path, "wb") as data:
+        for tensor in external:
+            info = onnx.external_data_helper.ExternalDataInfo(tensor)
+            with open(Path(source).parent / info.location, "rb") as weights:
+                weights.seek(int(info.offset or 0))
+                offset = data.tell()
+                length = _copy_bytes(weights, data, None if info.length is None else int(info.length))
+            del tensor.external_data[:]
+            point_at(tensor, data_path.name, offset, length)
+    onnx.save(model, str(target))
+    return [data_path, Path(target)]
+
+
+def _copy_bytes(source, target, length: Optional[int], block: int = 64 << 20) -> int:
+    """Copies `length` bytes (None: to the end) from file `source` to file `target`; the count copied."""
+    copied = 0
+    while length is None or copied < length:
+        chunk = source.read(block if length is None else min(block, length - copied))
+        if not chunk:
+            break
+        target.write(chunk)
+        copied += len(chunk)
+    if length is not None and copied < length:
+        raise ValueError(f"a weight file ends {length - copied} bytes early")
+    return copied
 
 
 # --- reading the weights

@@ -14,6 +14,7 @@ from mlc.artifacts.manifest import SourceInfo
 from mlc.check import CheckResult, compare
 from mlc.errors import InputError
 from mlc.frontends import onnx as onnx_frontend
+from mlc.frontends import onnx_weights
 from mlc.pipeline import source as sources
 from mlc.pipeline.options import ModelSpec, check_tolerances
 from mlc.pipeline.steps import StepReporter, Timer, quiet_step
@@ -54,9 +55,13 @@ def export(model: ModelSpec, output: str | Path, *, atol: Optional[float] = None
                 except InputError as e:
                     error = str(e)
         output.parent.mkdir(parents=True, exist_ok=True)
-        staged = output.with_name(f".{output.name}.{os.getpid()}.tmp")
-        shutil.copyfile(source.path, staged)
-        staged.replace(output)
+        staging = output.with_name(f".{output.name}.{os.getpid()}.tmp")  # beside it: the moves below are renames
+        staging.mkdir()
+        try:  # weights over 2 GB are external data (OUTPUT.data), moved in before the model that names them
+            for written in onnx_weights.copy_model(source.path, staging / output.name):
+                written.replace(output.with_name(written.name))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     info = source.info
     if not info.sha256:
         info.sha256 = thin_runtime.sha256_file(output)
