@@ -69,6 +69,16 @@ def measure(tree: Path, model: str, extra: list[str], out: Path) -> dict:
             "processes": [p for p in procs.values() if p["peak_mb"] >= 50]}
 
 
+def _model_bytes(path: Path) -> int:
+    """The ONNX file's size plus its weight files' (external data), each counted once."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo
+
+    model = onnx.load(str(path), load_external_data=False)
+    files = {ExternalDataInfo(t).location for t in model.graph.initializer if t.external_data}
+    return path.stat().st_size + sum((path.parent / f).stat().st_size for f in files)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
@@ -98,7 +108,7 @@ def main() -> None:
                       "min_peak_sum_rss_mb": min(r["peak_sum_rss_mb"] for r in runs)} for name, runs in results.items()}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({
-        "benchmark": "compile-time", "model": args.model, "model_mb": round(Path(args.model).stat().st_size / 2**20, 1),
+        "benchmark": "compile-time", "model": args.model, "model_mb": round(_model_bytes(Path(args.model)) / 2**20, 1),
         "command": f"mlc compile {Path(args.model).name} {' '.join(args.extra)}", "trees": trees,
         "summary": summary, "runs": results, "machine": machine_info()}, indent=1))
     print(json.dumps(summary, indent=1))

@@ -44,6 +44,7 @@ def main() -> None:
     parser.add_argument("--per-round", type=int, default=2, help="batches each engine runs per round")
     parser.add_argument("--compile-timeout", type=int, default=1800)
     parser.add_argument("--build-only", action="store_true")
+    parser.add_argument("--summary-only", action="store_true", help="only render the record's table")
     parser.add_argument("-o", "--output", type=Path, default=HERE / "results" / "throughput.json")
     parser.add_argument("--row", nargs=3, metavar=("LABEL", "BATCH", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -52,7 +53,7 @@ def main() -> None:
         _time_row(label, int(batch), Path(folder), int(args.threads), args.rounds, args.per_round, args.output)
         return
     labels = args.models.split(",") if args.models else list(broad_models.MODELS)
-    for label in labels:
+    for label in [] if args.summary_only else labels:
         for batch in (int(b) for b in args.batches.split(",")):
             folder = args.work / f"{label.replace(' ', '-')}-b{batch}"
             error = _build(label, batch, folder, args.compile_timeout)
@@ -198,12 +199,12 @@ def render(doc: dict, order: list[str]) -> str:
         for r in group:
             if "missing" in r:
                 misses.append(f"{r['label']} ({r['missing']})")
-                lines.append(f"| {r['label']} | miss | | | | | | |")
+                lines.append(f"| {r['label'].replace(' b1', '')} | miss | | | | | | |")
                 continue
             rate, ov, ort = r["samples_per_s_median"], r["mlc_over_openvino_throughput"], r["mlc_over_onnxruntime"]
             over_ov.append(ov["median"])
             over_ort.append(ort["median"])
-            lines.append(f"| {r['label']} | {rate['mlc fp32']:.1f} | {rate['openvino fp32 THROUGHPUT']:.1f} | "
+            lines.append(f"| {r['label'].replace(' b1', '')} | {rate['mlc fp32']:.1f} | {rate['openvino fp32 THROUGHPUT']:.1f} | "
                          f"{rate['onnxruntime fp32']:.1f} | {_cell(ov)} | {_cell(ort)} | "
                          f"{r['openvino']['streams']} x {r['openvino']['infer_requests']} | "
                          f"{r['unscheduled_kernels']} |")
