@@ -307,6 +307,29 @@ def test_constant_folding_keeps_an_nd_matmul_add_as_is():
     _same_under_ort(model, out, {"x": RNG.standard_normal((2, 3, 4)).astype(np.float32)})
 
 
+def test_equal_folded_values_are_one_weight_in_the_artifact(tmp_path):
+    """Each layer folding its own copy of a shared value (AllenaiLongformerBase's sliding-window ScatterND indices,
+    12 copies of each: 1.5 GB of its 2.1 GB of weights) is stored once, read by every layer; a different value of
+    the same shape stays apart. The artifact still computes the model."""
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    shape = [64, 64, 64]  # 1 MB of float32
+    nodes = []
+    for layer, fill in enumerate((1.5, 1.5, 2.5)):
+        nodes += [helper.make_node("ConstantOfShape", [f"shape{layer}"], [f"c{layer}"],
+                                   value=numpy_helper.from_array(np.array([fill], np.float32))),
+                  helper.make_node("Mul", ["x" if layer == 0 else f"y{layer - 1}", f"c{layer}"], [f"m{layer}"]),
+                  helper.make_node("Add", [f"m{layer}", f"c{layer}"], [f"y{layer}"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                   [helper.make_tensor_value_info("y2", TensorProto.FLOAT, shape)],
+                   [i64(f"shape{layer}", shape) for layer in range(3)])
+    path = tmp_path / "layers.onnx"
+    onnx.save(model, str(path))
+    run_mlc("compile", path, "-o", tmp_path / "art", check=True)  # checked against ONNX Runtime
+    manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
+    stored = [t for t in manifest["weights"]["model.so"]["tensors"] if t["shape"] == shape]
+    assert len(stored) == 2, stored  # 1.5 once, 2.5 once
+
+
 def _shape_chain_model() -> onnx.ModelProto:
     """x [batch, seq, 8] -> Reshape(x, [batch, seq, 2, 4]) -> Reshape(., [batch, seq*2, 4]) with both
     targets computed from Shape(x), as torch exports them with dynamic axes."""
@@ -567,6 +590,10 @@ def test_cli_passes_and_compile_options(tmp_path):
                    "canonicalize_shapes", "reduce_empty_sets", "shape_inference", "fold_constant",
                    "dead_code_elimination", "fuse_ops"]
     assert (dump / "onnx_02_eliminate_dead_nodes.onnx").is_file() and (dump / "relax_00_import.py").is_file()
+    # Weights beside each dumped graph (a graph over 2 GB is no protobuf message); it loads with them
+    assert (dump / "onnx_02_eliminate_dead_nodes.onnx.data").is_file()
+    dumped = onnx.load(str(dump / "onnx_02_eliminate_dead_nodes.onnx"))
+    assert all(t.HasField("raw_data") or t.float_data for t in dumped.graph.initializer)
     assert "R.matmul" in (dump / "relax_02_dead_code_elimination.py").read_text()
     manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
     assert [p["name"] for p in manifest["compile"]["passes"]] == ran

@@ -36,6 +36,7 @@ def lift_constants(collected: list, mark_weights: bool = False) -> Any:
             super().__init__(mod)
             self.params: list = []
             self.seen: dict[int, Any] = {}
+            self.same_bytes = _EqualTensors()
 
         def visit_generic_const_(self, const):  # TVM 0.27's relax.Constant; dtype literals are ones too
             data = const.value
@@ -43,9 +44,14 @@ def lift_constants(collected: list, mark_weights: bool = False) -> Any:
                 return const
             key = data.__chandle__()  # the same tensor in several places: one parameter
             if key not in self.seen:
+                # Equal values in different tensors too: the importer and FoldConstant make one per use
+                # (AllenaiLongformerBase's attention indices, folded from the same ONNX initializer: 12 copies each)
+                self.seen[key] = self.same_bytes.find(data)
+            if self.seen[key] is None:
                 self.seen[key] = relax.Var(f"weight{len(self.params)}", const.ty)
                 self.params.append(self.seen[key])
                 collected.append(data)
+                self.same_bytes.add(data, self.seen[key])
             return self.seen[key]
 
     @tvm.transform.module_pass(opt_level=0, name="mlc.LiftConstants")
@@ -72,6 +78,41 @@ def lift_constants(collected: list, mark_weights: bool = False) -> Any:
         return mod
 
     return lift
+
+
+class _EqualTensors:
+    """Tensors by content: `find` gives the value added with the same dtype, shape and bytes. A sample of each
+    tensor's bytes picks the candidates, which are then compared whole (random weights never get that far)."""
+
+    SAMPLES = 64
+
+    def __init__(self):
+        self.groups: dict[tuple, list] = {}
+
+    def _key_and_bytes(self, tensor):
+        import numpy as np
+
+        try:
+            raw = np.from_dlpack(tensor).reshape(-1).view(np.uint8)  # a view: no copy of the weights
+        except (BufferError, TypeError, RuntimeError, ValueError):  # dtypes numpy lacks (bfloat16): not merged
+            return None, None
+        step = max(raw.size // self.SAMPLES, 1)
+        sample = b"".join(raw[i:i + 64].tobytes() for i in range(0, raw.size, step))
+        return (str(tensor.dtype), tuple(int(d) for d in tensor.shape), sample), raw
+
+    def find(self, tensor):
+        import numpy as np
+
+        key, raw = self._key_and_bytes(tensor)
+        for other, value in self.groups.get(key, []) if key is not None else []:
+            if np.array_equal(raw, other):
+                return value
+        return None
+
+    def add(self, tensor, value) -> None:
+        key, raw = self._key_and_bytes(tensor)
+        if key is not None:
+            self.groups.setdefault(key, []).append((raw, value))
 
 
 def _nbytes(tensor) -> int:

@@ -950,4 +950,6 @@ def _with_inputs_of(before: onnx.ModelProto, after: onnx.ModelProto) -> onnx.Mod
 
 
 def _dump(model: onnx.ModelProto, path: Path) -> None:
-    onnx.save(materialized(model), str(path))  # whole: the dump folder has no links to the weights' files
+    # With its weights (the dump folder has no links to the weights' files), those over 4 KB in PATH.data beside
+    # it: a graph whose folded constants pass 2 GB (AllenaiLongformerBase's) cannot be one protobuf message.
+    save(materialized(model), path)
