@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -204,8 +203,9 @@ def render(doc: dict, order: list[str]) -> str:
             rate, ov, ort = r["samples_per_s_median"], r["mlc_over_openvino_throughput"], r["mlc_over_onnxruntime"]
             over_ov.append(ov["median"])
             over_ort.append(ort["median"])
-            lines.append(f"| {r['label'].replace(' b1', '')} | {rate['mlc fp32']:.1f} | {rate['openvino fp32 THROUGHPUT']:.1f} | "
-                         f"{rate['onnxruntime fp32']:.1f} | {_cell(ov)} | {_cell(ort)} | "
+            lines.append(f"| {r['label'].replace(' b1', '')} | {rate['mlc fp32']:.1f} | "
+                         f"{rate['openvino fp32 THROUGHPUT']:.1f} | {rate['onnxruntime fp32']:.1f} | {_cell(ov)} | "
+                         f"{_cell(ort)} | "
                          f"{r['openvino']['streams']} x {r['openvino']['infer_requests']} | "
                          f"{r['unscheduled_kernels']} |")
         behind = sum(v < 1 for v in over_ov)
