@@ -46,13 +46,14 @@ def lift_constants(collected: list, mark_weights: bool = False) -> Any:
             if key not in self.seen:
                 # Equal values in different tensors too: the importer and FoldConstant make one per use
                 # (AllenaiLongformerBase's attention indices, folded from the same ONNX initializer: 12 copies each)
-                self.seen[key] = self.same_bytes.find(data)
-            if self.seen[key] is None:
-                self.seen[key] = relax.Var(f"weight{len(self.params)}", const.ty)
-                self.params.append(self.seen[key])
-                collected.append(data)
-                self.same_bytes.add(data, self.seen[key])
+                self.seen[key] = self.same_bytes.find_or_add(data, lambda: self.new_param(const, data))
             return self.seen[key]
+
+        def new_param(self, const, data):
+            param = relax.Var(f"weight{len(self.params)}", const.ty)
+            self.params.append(param)
+            collected.append(data)
+            return param
 
     @tvm.transform.module_pass(opt_level=0, name="mlc.LiftConstants")
     def lift(mod, _ctx):
@@ -81,38 +82,31 @@ def lift_constants(collected: list, mark_weights: bool = False) -> Any:
 
 
 class _EqualTensors:
-    """Tensors by content: `find` gives the value added with the same dtype, shape and bytes. A sample of each
-    tensor's bytes picks the candidates, which are then compared whole (random weights never get that far)."""
+    """Tensors by content: one value per dtype, shape and bytes. A sample of each tensor's bytes picks the
+    candidates, which are then compared whole (random weights never get that far)."""
 
     SAMPLES = 64
 
     def __init__(self):
         self.groups: dict[tuple, list] = {}
 
-    def _key_and_bytes(self, tensor):
+    def find_or_add(self, tensor, make):
+        """The value added for a tensor equal to `tensor`, else make()'s, added for it."""
         import numpy as np
 
         try:
             raw = np.from_dlpack(tensor).reshape(-1).view(np.uint8)  # a view: no copy of the weights
         except (BufferError, TypeError, RuntimeError, ValueError):  # dtypes numpy lacks (bfloat16): not merged
-            return None, None
+            return make()
         step = max(raw.size // self.SAMPLES, 1)
         sample = b"".join(raw[i:i + 64].tobytes() for i in range(0, raw.size, step))
-        return (str(tensor.dtype), tuple(int(d) for d in tensor.shape), sample), raw
-
-    def find(self, tensor):
-        import numpy as np
-
-        key, raw = self._key_and_bytes(tensor)
-        for other, value in self.groups.get(key, []) if key is not None else []:
+        group = self.groups.setdefault((str(tensor.dtype), tuple(int(d) for d in tensor.shape), sample), [])
+        for other, value in group:
             if np.array_equal(raw, other):
                 return value
-        return None
-
-    def add(self, tensor, value) -> None:
-        key, raw = self._key_and_bytes(tensor)
-        if key is not None:
-            self.groups.setdefault(key, []).append((raw, value))
+        value = make()
+        group.append((raw, value))
+        return value
 
 
 def _nbytes(tensor) -> int:
