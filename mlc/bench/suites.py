@@ -197,7 +197,7 @@ def framework_model(spec: str):
     suite, _, name = spec[len(PREFIX):].partition("/")
     if name not in names(suite):
         raise InputError(f"{spec}: no model {name!r} in the {suite} suite")
-    return _huggingface(HUGGINGFACE[name]) if suite == "huggingface" else _timm(name)
+    return _huggingface(name) if suite == "huggingface" else _timm(name)
 
 
 def _count(module) -> int:
@@ -219,14 +219,26 @@ def _hf_config(entry: HFModel, transformers, extra: dict):
     return cls(**{**kwargs, **present})
 
 
-def _huggingface(entry: HFModel):
+def _huggingface(name: str):
+    from mlc.frontends.torch import from_module
+
+    wrapped, inputs, notes = hf_module(name)
+    fm = from_module(wrapped, tuple(inputs.values()), list(inputs),
+                     dims={k: list(v.shape) for k, v in inputs.items()})
+    fm.notes = notes + fm.notes
+    return fm
+
+
+def hf_module(name: str):
+    """The HuggingFace suite's model `name` as the suite runs it: (a module taking the inputs positionally and
+    returning its logits, the example inputs by name, notes on how it was built). Also an `mlc export
+    file.py:factory` source (benchmarks/compile-time/hf_models.py)."""
     import torch
     import transformers
     from transformers.utils import logging as hf_logging
 
-    from mlc.frontends.torch import from_module
-
     hf_logging.set_verbosity_error()
+    entry = HUGGINGFACE[name]
     model_cls = getattr(transformers, entry.model)
     notes = []
     extra = dict(TINY) if tiny() else {}
@@ -275,10 +287,7 @@ def _huggingface(entry: HFModel):
                              **({"use_cache": False} if "use_cache" in _forward_args(self.model) else {}))
             return tuple(v for k, v in out.items() if k.endswith("logits"))
 
-    wrapped = Suite().eval()
-    fm = from_module(wrapped, tuple(inputs.values()), keys, dims={k: list(v.shape) for k, v in inputs.items()})
-    fm.notes = notes + fm.notes
-    return fm
+    return Suite().eval(), inputs, notes
 
 
 def _longformer_chunks(transformers) -> None:
