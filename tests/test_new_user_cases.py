@@ -322,6 +322,8 @@ def test_export_onto_its_own_source(mlp_model, tmp_path):
     shutil.copy(mlp_model, model)
     assert_clean_error(run_mlc("export", model, "-o", model), 1, "is the model being exported")
     assert model.read_bytes() == mlp_model.read_bytes()
+    # Somewhere nothing can be written: one line naming it, not an internal error (exit 70)
+    assert_clean_error(run_mlc("export", model, "-o", "/proc/mlc-export.onnx"), 1, "cannot write to /proc")
 
 
 def test_export_keeps_weights_kept_beside_the_model(tmp_path):

@@ -54,12 +54,15 @@ def export(model: ModelSpec, output: str | Path, *, atol: Optional[float] = None
                     conversion.reference = f"{converted.framework} {converted.framework_version} eager"
                 except InputError as e:
                     error = str(e)
-        output.parent.mkdir(parents=True, exist_ok=True)
         staging = output.with_name(f".{output.name}.{os.getpid()}.tmp")  # beside it: the moves below are renames
-        staging.mkdir()
-        try:  # weights over 2 GB are external data (OUTPUT.data), moved in before the model that names them
+        try:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            staging.mkdir()
+            # weights over 2 GB are external data (OUTPUT.data), moved in before the model that names them
             for written in onnx_weights.copy_model(source.path, staging / output.name):
                 written.replace(output.with_name(written.name))
+        except OSError as e:  # as the artifact store says it
+            raise InputError(f"cannot write to {output.parent}: {e.strerror or e}") from None
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     info = source.info
