@@ -15,6 +15,7 @@ from mlc import passes
 from mlc.passes import onnx as onnx_passes
 from mlc.passes import rnn
 from mlc.errors import InputError, UnsupportedModelError
+from mlc.runtime import runner as thin_runtime
 from helpers import assert_clean_error, run_mlc
 
 RNG = np.random.default_rng(0)
@@ -328,6 +329,31 @@ def test_equal_folded_values_are_one_weight_in_the_artifact(tmp_path):
     manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
     stored = [t for t in manifest["weights"]["model.so"]["tensors"] if t["shape"] == shape]
     assert len(stored) == 2, stored  # 1.5 once, 2.5 once
+
+
+def test_a_tied_token_table_is_stored_once(tmp_path):
+    """A language model's tied head (Gather(E, ids) ... MatMul(h, Transpose(E)), as torch exports Llama's): the
+    artifact stores only the head's prepacked weight, and the lookup reads its rows there. Run on every token of
+    the vocabulary, the artifact gives ONNX Runtime's logits."""
+    vocab, width = 512, 64
+    table = np.random.default_rng(0).standard_normal((vocab, width)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["E", "ids"], ["emb"], axis=0),
+             helper.make_node("Mul", ["emb", "two"], ["h"]),
+             helper.make_node("Transpose", ["E"], ["ET"], perm=[1, 0]),
+             helper.make_node("MatMul", ["h", "ET"], ["logits"])]
+    model = _model(nodes, [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, vocab])],
+                   [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, vocab, vocab])],
+                   [numpy_helper.from_array(table, "E"), numpy_helper.from_array(np.array(2, np.float32), "two")])
+    path = tmp_path / "tied.onnx"
+    onnx.save(model, str(path))
+    run_mlc("compile", path, "-o", tmp_path / "art", check=True)
+    manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
+    stored = [t["shape"] for t in manifest["weights"]["model.so"]["tensors"]]
+    assert len(stored) == 1 and int(np.prod(stored[0])) == table.size, stored  # the packed head, no table
+    ids = np.random.default_rng(1).permutation(vocab).reshape(1, vocab)
+    with thin_runtime.Runner(tmp_path / "art") as runner:
+        got = runner.run({"ids": ids})["logits"]
+    np.testing.assert_allclose(got, _ort(model, {"ids": ids})[0], rtol=1e-5, atol=1e-4)
 
 
 def _shape_chain_model() -> onnx.ModelProto:

@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from mlc.compiler import int8_dot
+from mlc.compiler import int8_dot, shared_tables
+from mlc.compiler.contract import Note, NoteKind
 from mlc.compiler.concat import schedule_concatenated_axis, schedule_concatenation
 from mlc.targets import cpu_features
 
@@ -1365,14 +1366,15 @@ def _has_layout_rewrite(func) -> bool:
     return False
 
 
-def fold_weight_packing(mod, target):
+def fold_weight_packing(mod, target, notes: list):
     """Move the repacking blocks out of the kernels and evaluate them on the constant weights now
     (MetaSchedule's layout-rewrite path), so no repacking runs at inference.
 
     TVM's SplitLayoutRewritePreproc visits every PrimFunc and asserts that its root block holds
     compute blocks; TVM's generic cumsum, topk and sort kernels are one opaque block of loops
     (IR-builder code), so it failed on them ("There should be a compute block ..."). Only the
-    kernels with a repacking block go through it; the others are put back unchanged."""
+    kernels with a repacking block go through it; the others are put back unchanged. A token lookup whose table
+    is a prepacked weight reads it there (shared_tables); where that fails, a note in `notes` says so."""
     import tvm
     from tvm import relax
 
@@ -1385,6 +1387,11 @@ def fold_weight_packing(mod, target):
         split = relax.transform.SplitLayoutRewritePreproc()(split)
     for gv, f in aside.items():
         split[gv] = f
+    try:
+        split = shared_tables.read_lookups_from_packed(split)
+    except Exception as e:  # an optional saving: the artifact then stores the table and its packed copy
+        notes.append(Note(NoteKind.FALLBACK, f"built without reading token lookups from the prepacked LM head "
+                                             f"(the table is stored twice): {type(e).__name__}: {e}"))
     # DeadCodeElimination: the pass's own skipped the split kernels while calls lacked callees. EliminateCommonSubexpr:
     # a weight that several layers share (ALBERT's 12) is repacked once, not once per layer (12 copies: a 0.8 GB
     # model's compile passed 9 GB).

@@ -169,7 +169,7 @@ def build(mod, target_json: dict[str, Any], db_dir: Optional[str], default: bool
             for name, scheduled in sorted(after.items()):
                 kind = "tuned" if name in tuned else ("default" if scheduled else "unscheduled")
                 report[kind].append(name)
-            mod = rules.fold_weight_packing(mod, target)
+            mod = rules.fold_weight_packing(mod, target, notes)
             mod = inplace.write_over_dead_inputs(mod)
             lift = [weights.lift_constants(lifted)] if lifted is not None else []
             return tvm.transform.Sequential(cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target)
