@@ -12,6 +12,25 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+# An x86 target with every ISA extension mlc's kernels choose by but AMX (AVX-512, VNNI, BF16): kernels whose shape is
+# asserted are built for it whatever the host is; they run only where `host_runs` says so.
+ZNVER4 = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4", "num-cores": 1}
+
+
+def host_runs(target_json: dict) -> bool:
+    """Whether code built for an x86 LLVM target runs on this machine: each feature mlc's CPU table knows (AVX-512,
+    VNNI, BF16, AMX) that the target has, the host has too. (Code with an instruction the host lacks dies of SIGILL,
+    and takes the whole pytest run with it.)"""
+    from mlc import targets
+    from mlc.targets import cpu_features
+
+    if targets.HOST_ARCH != "x86_64" or "x86_64" not in target_json.get("mtriple", "x86_64"):
+        return False
+    host = targets.resolve("x86").tvm
+    return all(cpu_features.has(host["mcpu"], list(host.get("mattr", [])), feature, False)
+               for feature in cpu_features.FEATURES["x86_64"]
+               if cpu_features.has(target_json["mcpu"], list(target_json.get("mattr", [])), feature, False))
+
 
 
 

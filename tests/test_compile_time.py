@@ -113,6 +113,7 @@ def test_a_weight_shared_by_layers_is_lifted_once_and_runs():
     tvm = pytest.importorskip("tvm")
     from tvm import relax
 
+    from mlc import targets
     from mlc.compiler import schedules
 
     rng = np.random.default_rng(0)
@@ -127,8 +128,8 @@ def test_a_weight_shared_by_layers_is_lifted_once_and_runs():
             out = bb.emit_output(h)
         bb.emit_func_output(out)
     lifted: list = []
-    target = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4", "num-cores": 1}
-    executable, report = schedules.build(bb.get(), target, None, True, lifted=lifted)
+    executable, report = schedules.build(bb.get(), {**targets.resolve("x86").tvm, "num-cores": 1}, None, True,
+                                         lifted=lifted)
     assert report["default"] == ["fused_matmul_relu"]
     assert len(lifted) == 1 and np.prod(lifted[0].shape) >= weight.size  # one repacked copy
     data = rng.standard_normal((4, 256)).astype(np.float32)

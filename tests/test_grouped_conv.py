@@ -10,6 +10,7 @@ import re
 import numpy as np
 import onnx
 import pytest
+from helpers import ZNVER4
 from onnx import TensorProto, helper, numpy_helper
 
 # (channels in, channels out, size, kernel, groups): groups 2, 3 (ShuffleNet's 20 channels a group) and 4, and
@@ -37,10 +38,10 @@ def _model(cin: int, cout: int, size: int, kernel: int, groups: int, stride: int
 @pytest.fixture(scope="module")
 def tools():
     tvm = pytest.importorskip("tvm")
-    from mlc import targets
     from mlc.compiler import importer, schedule_rules, schedules
 
-    return tvm, importer, schedule_rules, schedules, tvm.target.Target(targets.resolve("x86").tvm)
+    # the kernels' shapes as on AVX-512 (16 lanes) whatever the host: these tests read them, never run them
+    return tvm, importer, schedule_rules, schedules, tvm.target.Target(ZNVER4)
 
 
 def _conv_kernel(tools, model):

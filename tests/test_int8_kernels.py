@@ -9,6 +9,7 @@ import re
 
 import numpy as np
 import pytest
+from helpers import ZNVER4, host_runs
 
 RNG = np.random.default_rng(0)
 ROWS = 13  # the symbolic row count at run time: no multiple of any row tile
@@ -87,12 +88,6 @@ def case():
     return tvm, relax, bb.get(), feeds, expected
 
 
-def _host_has_vnni(tvm) -> bool:
-    from mlc import targets
-
-    return bool(tvm.target.codegen.target_has_features("avx512vnni", tvm.target.Target(targets.resolve("x86").tvm)))
-
-
 def _check(tvm, relax, executable, feeds, expected):
     vm = relax.VirtualMachine(executable, tvm.cpu())
     outputs = vm["main"](*(tvm.runtime.tensor(feeds[name]) for name in expected))
@@ -112,7 +107,7 @@ def test_int8_kernels_run_on_vpdpbusd_and_are_exact(case):
     tvm, relax, mod, feeds, expected = case
     from mlc.compiler import schedule_rules as rules, schedules
 
-    target_json = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4", "num-cores": 1}
+    target_json = ZNVER4
     target = tvm.target.Target(target_json)
     kernels = rules.apply_default_schedules(schedules._legalize_and_fuse(mod, target), target)
     int8 = {gv.name_hint: f.script() for gv, f in kernels.functions_items()
@@ -127,7 +122,7 @@ def test_int8_kernels_run_on_vpdpbusd_and_are_exact(case):
     executable, report = schedules.build(mod, target_json, None, True)
     assert not report["unscheduled"], report
     assert "vpdpbusd" in executable.mod.imports[0].inspect_source("asm")
-    if not _host_has_vnni(tvm):
+    if not host_runs(target_json):
         pytest.skip("the host has no AVX512-VNNI: built, not run")
     _check(tvm, relax, executable, feeds, expected)
 
@@ -139,11 +134,11 @@ def test_int8_kernels_without_vnni_use_the_int32_tile(case):
     from mlc import targets
     from mlc.compiler import schedules
 
-    executable, report = schedules.build(mod, {"kind": "llvm", "mtriple": "x86_64-linux-gnu",
-                                               "mcpu": "skylake-avx512", "num-cores": 1}, None, True)
+    skylake = {**ZNVER4, "mcpu": "skylake-avx512"}
+    executable, report = schedules.build(mod, skylake, None, True)
     assert not report["unscheduled"], report
     assert "vpdpbusd" not in executable.mod.imports[0].inspect_source("asm")
-    if targets.HOST_ARCH == "x86_64" and "avx512bw" in open("/proc/cpuinfo").read():
+    if host_runs(skylake):
         _check(tvm, relax, executable, feeds, expected)
     _, report = schedules.build(mod, targets.resolve("graviton2").tvm, None, True)
     assert not report["unscheduled"], report

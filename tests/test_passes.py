@@ -378,6 +378,27 @@ def _shape_chain_model() -> onnx.ModelProto:
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq2", 4])], inits)
 
 
+def test_fold_small_constants_folds_static_shape_arithmetic_only():
+    """With static input dims the Reshape targets' Shape/Gather/Unsqueeze/Mul/Concat chains become initializers
+    and their nodes go; with a symbolic batch only what does not read it is folded. A float computation on
+    constants is left to onnxslim. Both graphs still give ONNX Runtime's outputs."""
+    from mlc.frontends.onnx import fix_input_shapes
+
+    chain = _shape_chain_model()
+    halves = [helper.make_node("Constant", [], ["half"], value=numpy_helper.from_array(np.float32(0.5))),
+              helper.make_node("Mul", ["half", "half"], ["quarter"]), helper.make_node("Mul", ["y", "quarter"], ["z"])]
+    chain.graph.node.extend(halves)
+    chain.graph.output[0].CopyFrom(helper.make_tensor_value_info("z", TensorProto.FLOAT, None))
+    x = np.random.default_rng(0).standard_normal((2, 3, 8)).astype(np.float32)
+    for shape, left in (([2, 3, 8], {"Reshape", "Mul"}), (["batch", 3, 8], {"Reshape", "Mul", "Shape", "Gather",
+                                                                             "Unsqueeze", "Concat"})):
+        model = fix_input_shapes(chain, {"x": shape})
+        out = onnx_passes.fold_small_constants(model, {})
+        assert _ops(out) == left, _ops(out)
+        assert [n.input[:] for n in out.graph.node if "half" in n.input] == [["half", "half"]]  # stays a node
+        np.testing.assert_array_equal(_ort(out, {"x": x})[0], _ort(model, {"x": x})[0])
+
+
 def test_canonicalize_shapes():
     model = _shape_chain_model()
     out = onnx_passes.canonicalize_shapes(model, {})
@@ -612,9 +633,9 @@ def test_cli_passes_and_compile_options(tmp_path):
                    "--pass-config", "fuse_ops.fuse_opt_level=2", "--dump-ir", dump, "--json", check=True)
     report = json.loads(proc.stdout)
     ran = [p["name"] for p in report["passes"]]
-    assert ran == ["lower_rnn", "eliminate_dead_nodes", "keep_symbolic_dims", "static_control_flow",
-                   "canonicalize_shapes", "reduce_empty_sets", "shape_inference", "fold_constant",
-                   "dead_code_elimination", "fuse_ops"]
+    assert ran == ["lower_rnn", "eliminate_dead_nodes", "fold_small_constants", "keep_symbolic_dims",
+                   "static_control_flow", "canonicalize_shapes", "reduce_empty_sets", "shape_inference",
+                   "fold_constant", "dead_code_elimination", "fuse_ops"]
     assert (dump / "onnx_02_eliminate_dead_nodes.onnx").is_file() and (dump / "relax_00_import.py").is_file()
     # Weights beside each dumped graph (a graph over 2 GB is no protobuf message); it loads with them
     assert (dump / "onnx_02_eliminate_dead_nodes.onnx.data").is_file()

@@ -1,8 +1,8 @@
 """A tied token table stored once. A language model's token lookup reads the embedding table E [V, K], and its LM
-head multiplies by E's transpose, which the schedules prepack ([K, V] -> [V/16, K, 16]); the artifact held both,
-1 GB of Llama-3.2-1B's 4.7 and 2.7 GB of gemma-3's. Here the lookup reads its rows from the prepacked head instead
-(a row is 16 floats apart there: one cache line per element read, for a few rows per call), so E is no longer
-stored. Runs on the module after TVM's SplitLayoutRewritePreproc, before its prepacking calls are folded. Imports
+head multiplies by E's transpose, which the schedules prepack ([K, V] -> [V/16, K, 16] on AVX-512); the artifact
+held both, 1 GB of Llama-3.2-1B's 4.7 and 2.7 GB of gemma-3's. Here the lookup reads its rows from the prepacked head
+instead (a row's elements are 16 floats apart there: one cache line each, for a few rows per call), so E is no
+longer stored. Runs on the module after TVM's SplitLayoutRewritePreproc, before its prepacking calls are folded. Imports
 tvm."""
 
 from __future__ import annotations

@@ -133,15 +133,7 @@ def _eliminate_dead_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
             rename[node.output[0]] = node.input[0]
             continue
         nodes.append(node)
-    needed = set(graph_outputs)
-    kept = []
-    for node in reversed(nodes):  # nodes are topologically sorted (checked on load)
-        if any(o in needed for o in node.output if o):
-            kept.append(node)
-            needed.update(node.input)
-            for body in onnx_weights.subgraphs(node):  # values read inside subgraphs, at any depth
-                needed |= onnx_weights.names_read(body)
-    return _copy_with_nodes(model, list(reversed(kept)))
+    return _eliminate_unread_nodes(_copy_with_nodes(model, nodes))
 
 
 def fold_batchnorm(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
@@ -218,6 +210,7 @@ def constant_folding(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
         # beside its activation) go in as graph inputs, so that its graph copies and ONNX Runtime session do not
         # hold them. Small ones stay: onnxslim removes an Add of zeros and merges equal initializers.
         model = _fold_weight_transposes(model)
+        model = _fold_known_values(model)
         for _ in range(_FOLDING_ROUNDS):
             small = {t.name for t in model.graph.initializer if nbytes(t) < _FOLDED_WEIGHT_BYTES}
             light, weights = _weights_as_inputs(model, _read_by_constant_nodes(model) | small)
@@ -232,6 +225,93 @@ def constant_folding(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
             if not shrunk or not any(n.op_type == "Shape" for n in model.graph.node):
                 break
     return model  # the inputs it drops (unread ones, e.g. CastLike's `like`) come back in run()
+
+
+_SMALL_VALUE = 1 << 16  # elements: values folded here are shapes, indices and masks, not tensors of data
+_NOT_FOLDED = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"}
+
+
+def fold_small_constants(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
+    return _fold_known_values(model)
+
+
+def _fold_known_values(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Constant nodes -> initializers, then each node whose inputs are known small values (initializers, folded
+    values, the Shape of a tensor whose shape inference knows it) and whose outputs are small integer or boolean
+    tensors -> initializers too, computed by onnx's reference evaluator; the nodes nothing reads then are dropped.
+    Repeated while shape inference learns more. onnxslim's graph surgery costs per node and per round: on a
+    TorchScript export of AllenaiLongformerBase (25,523 nodes: 10,598 Constant, 2,220 Shape, their arithmetic) it
+    took minutes; what is left for it is the folding of data (floats, large indices) through ONNX Runtime."""
+    model, weights = _weights_as_inputs(model)
+    for _ in range(_FOLDING_ROUNDS):
+        folded = _known_values(model)
+        if not folded:
+            break
+        nodes = [n for n in model.graph.node if not all(o in folded for o in n.output if o)]
+        read = {i for n in nodes for i in n.input} | onnx_weights.names_read(model.graph)
+        model = _copy_with_nodes(model, nodes)
+        model.graph.initializer.extend(t for name, t in folded.items() if name in read)
+        model = _eliminate_unread_nodes(model)
+    return _weights_back(model, weights)
+
+
+def _known_values(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    """{output: value} of every node `_fold_known_values` can fold, in one pass over the graph."""
+    from onnx.reference import ReferenceEvaluator
+
+    symbols = _dim_symbols(model)
+    known = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
+             if not onnx_weights.is_external(t) and np.prod(t.dims, dtype=np.int64) <= _SMALL_VALUE}
+    opsets = {o.domain or "": o.version for o in model.opset_import if o.domain in ("", "ai.onnx")}
+    # Values an If, Loop or Scan reads (its condition, or names its bodies read) stay nodes' outputs: a folded If
+    # condition made the onnx node test test_affine_grid_2d_expanded fail TVM's import of the nested Ifs left after
+    # static_control_flow; onnxslim and static_control_flow deal with them as before.
+    kept = {o.name for o in model.graph.output}
+    for node in model.graph.node:
+        for body in onnx_weights.subgraphs(node):
+            kept |= {*node.input, *onnx_weights.names_read(body)}
+    folded: dict[str, onnx.TensorProto] = {}
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx") or node.op_type in _NOT_FOLDED or any(o in kept for o in node.output) \
+                or onnx_weights.subgraphs(node):
+            continue
+        if node.op_type == "Constant" and len(node.attribute) == 1 and node.attribute[0].name == "value":
+            folded[node.output[0]] = tensor = onnx.TensorProto()  # any type or size: a copy, nothing computed
+            tensor.CopyFrom(node.attribute[0].t)
+            tensor.name = node.output[0]
+            if np.prod(tensor.dims, dtype=np.int64) <= _SMALL_VALUE:
+                known[node.output[0]] = numpy_helper.to_array(tensor)
+            continue
+        if node.op_type == "Shape" and all(isinstance(d, int) for d in symbols.get(node.input[0], [None])):
+            dims = symbols[node.input[0]]
+            attrs = {a.name: a.i for a in node.attribute}
+            values = [np.array(dims[attrs.get("start", 0):attrs.get("end", len(dims))], np.int64)]
+        elif all(i in known for i in node.input if i):
+            try:
+                values = ReferenceEvaluator(node, opsets=opsets).run(None, {i: known[i] for i in node.input if i})
+            except Exception:  # an op or a case the reference evaluator lacks: onnxslim's to fold
+                continue
+        else:
+            continue
+        values = [np.asarray(v) for v in values]
+        if all(v.dtype.kind in "biu" and v.size <= _SMALL_VALUE for v in values):
+            for name, value in zip(node.output, values):
+                known[name] = value
+                folded[name] = numpy_helper.from_array(value, name)
+    return folded
+
+
+def _eliminate_unread_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` without the nodes no graph output depends on (e.g. the Shape nodes a folded value read)."""
+    needed = {o.name for o in model.graph.output}
+    kept = []
+    for node in reversed(model.graph.node):  # topologically sorted (checked on load)
+        if any(o in needed for o in node.output if o):
+            kept.append(node)
+            needed.update(node.input)
+            for body in onnx_weights.subgraphs(node):  # values read inside subgraphs, at any depth
+                needed |= onnx_weights.names_read(body)
+    return _copy_with_nodes(model, list(reversed(kept)))
 
 
 def _fold_weight_transposes(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -310,7 +390,8 @@ def _dim_symbols(model: onnx.ModelProto) -> dict[str, list]:
 
 def _binary(op: str, a, b):
     if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
-        return {"Mul": a * b, "Add": a + b, "Sub": a - b, "Div": a // b if b else None}[op]
+        # (ONNX's integer Div truncates, Python's // floors: they agree on non-negative values only)
+        return {"Mul": a * b, "Add": a + b, "Sub": a - b, "Div": a // b if b > 0 and a >= 0 else None}[op]
     if a is None or b is None:
         return None
     if op == "Mul" and a == 1:
@@ -387,8 +468,8 @@ def _evaluate_node(node: onnx.NodeProto, ins: list, symbols: dict):
     return out
 
 
-def _evaluate(model: onnx.ModelProto) -> dict[str, object]:
-    symbols = _dim_symbols(model)
+def _evaluate(model: onnx.ModelProto, symbols: dict[str, list]) -> dict[str, object]:
+    """Each value the evaluator follows, by name (`symbols`: `_dim_symbols(model)`)."""
     values: dict[str, object] = {}
     for name, array in constant_values(model, max_bytes=_WEIGHT_BYTES).items():
         if array.dtype.kind == "i" and array.ndim <= 1 and array.size <= 16:
@@ -414,8 +495,8 @@ def canonicalize_shapes(model: onnx.ModelProto, config: dict) -> onnx.ModelProto
 
 def _canonicalize_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     constants = constant_values(model)
-    values = _evaluate(model)
     symbols = _dim_symbols(model)
+    values = _evaluate(model, symbols)
     new_inits = []
     for node in model.graph.node:
         if node.op_type != "Reshape" or node.input[1] in constants or not isinstance(values.get(node.input[1]), list):
@@ -582,7 +663,8 @@ def _ranges_over_dims(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """Range(start, <a dim of some tensor, computed>, delta) -> Range over Gather(Shape(t), k), int64
     (cast back after): TVM's Range keeps a symbolic length only for a scalar taken from a shape."""
     model = _clone(model)
-    constants, values, symbols = constant_values(model), _evaluate(model), _dim_symbols(model)
+    constants, symbols = constant_values(model), _dim_symbols(model)
+    values = _evaluate(model, symbols)
     producers = {o: n for n in model.graph.node for o in n.output}
     available = {i.name for i in model.graph.input} | set(constants)
     nodes, inits, changed = [], [], 0
@@ -675,7 +757,8 @@ def _without_shape_round_trips(model: onnx.ModelProto) -> tuple[onnx.ModelProto,
     Gathers are rebuilt from Shape(x, start, end) pieces, constants and int64 arithmetic on dims (TVM: a
     Cast makes a shape a runtime tensor), and a Reshape to its input's own dims (0 = keep) is removed."""
     model = _clone(model)
-    constants, values, symbols = constant_values(model), _evaluate(model), _dim_symbols(model)
+    constants, symbols = constant_values(model), _dim_symbols(model)
+    values = _evaluate(model, symbols)
     producers = {o: n for n in model.graph.node for o in n.output}
     graph_outputs = {o.name for o in model.graph.output}
     available = {i.name for i in model.graph.input} | set(constants)
@@ -730,7 +813,7 @@ def _dim_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """ReduceProd of dims -> Mul of scalar Gathers (TVM multiplies those symbolically, but has no
     ReduceProd of a shape); Max/Min of dims equal to one of its inputs -> that input."""
     model = _clone(model)
-    values, constants = _evaluate(model), constant_values(model)
+    values, constants = _evaluate(model, _dim_symbols(model)), constant_values(model)
     producers = {o: n for n in model.graph.node for o in n.output}
     graph_outputs = {o.name for o in model.graph.output}
     nodes, rename, inits, changed = [], {}, [], 0

@@ -77,6 +77,12 @@ PASSES: tuple[Pass, ...] = (
     Pass("eliminate_dead_nodes", "onnx",
          "drop Identity, inference Dropout, Casts to the same type and nodes no output depends on",
          1, f"{_ONNX}:eliminate_dead_nodes"),
+    Pass("fold_small_constants", "onnx",
+         "Constant nodes -> initializers; nodes whose inputs are known small values (initializers, folded values, "
+         "the Shape of a tensor of static shape) and whose outputs are small integer or boolean tensors (shapes, "
+         "indices, masks) -> initializers, computed by onnx's reference evaluator. Cheap per node, where onnxslim "
+         "(constant_folding) is not: it leaves onnxslim a smaller graph",
+         1, f"{_ONNX}:fold_small_constants"),
     Pass("keep_symbolic_dims", "onnx",
          "exporters' shape subgraphs (tf2onnx, paddle2onnx) onto paths TVM's importer follows symbolically: "
          "whole-axis Slices dropped, Slice+Squeeze of one index -> Gather, Gather from Shape -> Shape(start, end), "
