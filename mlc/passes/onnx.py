@@ -286,8 +286,8 @@ def _known_values(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
             dims = symbols[node.input[0]]
             attrs = {a.name: a.i for a in node.attribute}
             values = [np.array(dims[attrs.get("start", 0):attrs.get("end", len(dims))], np.int64)]
-        elif all(i in known for i in node.input if i):
-            try:
+        elif all(i in known for i in node.input if i) and all(_small(symbols.get(o)) for o in node.output if o):
+            try:  # (sized before: an Expand or ConstantOfShape of known inputs may be large)
                 values = ReferenceEvaluator(node, opsets=opsets).run(None, {i: known[i] for i in node.input if i})
             except Exception:  # an op or a case the reference evaluator lacks: onnxslim's to fold
                 continue
@@ -299,6 +299,11 @@ def _known_values(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
                 known[name] = value
                 folded[name] = numpy_helper.from_array(value, name)
     return folded
+
+
+def _small(dims: Optional[list]) -> bool:
+    """Whether inferred `dims` are all known and hold at most _SMALL_VALUE elements."""
+    return dims is not None and all(isinstance(d, int) for d in dims) and int(np.prod(dims)) <= _SMALL_VALUE
 
 
 def _eliminate_unread_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -390,8 +395,7 @@ def _dim_symbols(model: onnx.ModelProto) -> dict[str, list]:
 
 def _binary(op: str, a, b):
     if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
-        # (ONNX's integer Div truncates, Python's // floors: they agree on non-negative values only)
-        return {"Mul": a * b, "Add": a + b, "Sub": a - b, "Div": a // b if b > 0 and a >= 0 else None}[op]
+        return {"Mul": a * b, "Add": a + b, "Sub": a - b, "Div": a // b if b else None}[op]
     if a is None or b is None:
         return None
     if op == "Mul" and a == 1:
