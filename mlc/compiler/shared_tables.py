@@ -135,22 +135,22 @@ def _lookups_of_packed_tables(mod) -> dict:
     call_tir = tvm.ir.Op.get("relax.call_tir")
     packings = []  # (the prepacking call, its constant, (its block's iter vars, where it writes each element))
     lookups = []  # (call, argument index, its constant)
-    for func in mod.functions.values():
-        for binding in [b for block in getattr(func.body, "blocks", []) for b in block.bindings] \
-                if isinstance(func, relax.Function) else []:
-            call = binding.value
-            if not (isinstance(call, relax.Call) and call.op.same_as(call_tir)
-                    and isinstance(call.args[0], tvm.ir.GlobalVar) and isinstance(call.args[1], relax.Tuple)
-                    and isinstance(mod[call.args[0]], tvm.tirx.PrimFunc)):
-                continue
-            prim, args = mod[call.args[0]], list(call.args[1].fields)
-            found = _copy_map(prim) if len(args) == 1 and isinstance(args[0], tvm.ir.GenericConst) else None
-            if found:
-                packings.append((call, args[0], found))
-            tables = [i for i, a in enumerate(args) if isinstance(a, tvm.ir.GenericConst) and a.value.ndim == 2]
-            if tables:
-                sch = s_tir.Schedule(prim)
-                lookups += [(call, i, args[i]) for i in tables if _gathered(sch, prim.params[i])]
+    bindings = [b for func in mod.functions.values() if isinstance(func, relax.Function)
+                for block in getattr(func.body, "blocks", []) for b in block.bindings]
+    for binding in bindings:
+        call = binding.value
+        if not (isinstance(call, relax.Call) and call.op.same_as(call_tir)
+                and isinstance(call.args[0], tvm.ir.GlobalVar) and isinstance(call.args[1], relax.Tuple)
+                and isinstance(mod[call.args[0]], tvm.tirx.PrimFunc)):
+            continue
+        prim, args = mod[call.args[0]], list(call.args[1].fields)
+        found = _copy_map(prim) if len(args) == 1 and isinstance(args[0], tvm.ir.GenericConst) else None
+        if found:
+            packings.append((call, args[0], found))
+        tables = [i for i, a in enumerate(args) if isinstance(a, tvm.ir.GenericConst) and a.value.ndim == 2]
+        if tables:
+            sch = s_tir.Schedule(prim)
+            lookups += [(call, i, args[i]) for i in tables if _gathered(sch, prim.params[i])]
     rewrites = {}
     for call, index, table in lookups:
         for packing, source, (iters, places) in packings:

@@ -210,6 +210,8 @@ def constant_folding(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
         # beside its activation) go in as graph inputs, so that its graph copies and ONNX Runtime session do not
         # hold them. Small ones stay: onnxslim removes an Add of zeros and merges equal initializers.
         model = _fold_weight_transposes(model)
+        # again after fold_small_constants (or in its place where that pass is off): keep_symbolic_dims' rewrites may
+        # leave more shape arithmetic, cheaper to fold here than in onnxslim's rounds
         model = _fold_known_values(model)
         for _ in range(_FOLDING_ROUNDS):
             small = {t.name for t in model.graph.initializer if nbytes(t) < _FOLDED_WEIGHT_BYTES}
@@ -247,11 +249,9 @@ def _fold_known_values(model: onnx.ModelProto) -> onnx.ModelProto:
         folded = _known_values(model)
         if not folded:
             break
-        nodes = [n for n in model.graph.node if not all(o in folded for o in n.output if o)]
-        read = {i for n in nodes for i in n.input} | onnx_weights.names_read(model.graph)
-        model = _copy_with_nodes(model, nodes)
-        model.graph.initializer.extend(t for name, t in folded.items() if name in read)
-        model = _eliminate_unread_nodes(model)
+        model = _copy_with_nodes(model, [n for n in model.graph.node if not all(o in folded for o in n.output if o)])
+        model.graph.initializer.extend(folded.values())
+        model = _eliminate_unread_nodes(model)  # (and the folded values nothing reads now: it prunes initializers)
     return _weights_back(model, weights)
 
 
