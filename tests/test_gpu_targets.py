@@ -93,9 +93,8 @@ def test_cuda_artifact_ships_a_cubin_for_its_arch_and_ptx(cuda_artifact):
     assert gpu_code == {"format": "fatbin", "cubin": "sm_90", "ptx": "compute_90", "cuda": "13.0"}
 
 
-def test_fp16_matmuls_for_hopper_run_on_tensor_cores(tmp_path):
-    """cuda-h100 builds fp16 matmuls on tensor cores (wmma): its arch is sm_90, which TVM's dlight Matmul rule reads
-    as 90 (it read "sm_90a" as -1 and gave no tensor cores); NVRTC compiles the wmma kernels (crt/mma.h)."""
+def _matmul_onnx(folder: Path) -> Path:
+    """x[batch, 128, 256] @ w[256, 256], seeded."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -103,18 +102,46 @@ def test_fp16_matmuls_for_hopper_run_on_tensor_cores(tmp_path):
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "matmul",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 128, 256])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 128, 256])], [weight])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "matmul.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), folder / "matmul.onnx")
+    return folder / "matmul.onnx"
+
+
+def test_fp16_matmuls_for_hopper_run_on_tensor_cores(tmp_path):
+    """cuda-h100 builds fp16 matmuls on tensor cores (wmma): its arch is sm_90, which TVM's dlight Matmul rule reads
+    as 90 (it read "sm_90a" as -1 and gave no tensor cores); NVRTC compiles the wmma kernels (crt/mma.h)."""
     out = tmp_path / "matmul-cuda"
-    run_mlc("compile", tmp_path / "matmul.onnx", "--target", "cuda-h100", "--precision", "fp16", "-o", out,
-            check=True)
+    run_mlc("compile", _matmul_onnx(tmp_path), "--target", "cuda-h100", "--precision", "fp16", "-o", out, check=True)
     assert "wmma::mma_sync" in (out / "kernels/cuda.cu").read_text()
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["precision"] == "fp16" and manifest["runtime"]["gpu_code"]["cubin"] == "sm_90"
 
 
-def test_a_conv_dlight_cannot_tensorize_stays_fp16(tmp_path):
+def test_bf16_matmuls_for_ampere_run_on_bf16_tensor_cores(tmp_path):
+    """--precision bf16 on sm_80: the matmul reads bf16 operands into bf16 wmma fragments and accumulates in fp32
+    (TVM registers no bf16 wmma intrinsics and dlight tensorized fp16 only: mlc.compiler.tvm_patches); NVRTC compiles
+    them into the sm_80 cubin. Below sm_80 there are no bf16 tensor cores: one line, exit 1."""
+    out = tmp_path / "matmul-bf16"
+    proc = run_mlc("compile", _matmul_onnx(tmp_path), "--target", "cuda-a100", "--precision", "bf16", "-o", out,
+                   check=True)
+    assert "built without" not in proc.stderr
+    source = (out / "kernels/cuda.cu").read_text()
+    assert "wmma::mma_sync" in source
+    fragments = set(re.findall(r"wmma::fragment<nvcuda::wmma::(\w+), 16, 16, 16, (\w+)", source))
+    assert fragments == {("matrix_a", "nv_bfloat16"), ("matrix_b", "nv_bfloat16"), ("accumulator", "float")}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["precision"] == "bf16" and manifest["runtime"]["gpu_code"]["cubin"] == "sm_80"
+    assert manifest["compile"]["schedules"] == {"tensor_cores": ["matmul_kernel"], "cuda_cores": []}
+    assert "CUDA cores" not in proc.stderr
+    assert manifest["outputs"][0]["dtype"] == "float32"
+    for target in ("cuda-t4", "metal"):
+        assert_clean_error(run_mlc("compile", "zoo:mlp", "--target", target, "--precision", "bf16"), 1,
+                           "--precision bf16")
+
+
+def test_a_conv_dlight_cannot_tensorize_stays_fp16_and_is_named(tmp_path):
     """dlight's tensor-core schedule raises (compute-at) on a 3x3 conv with a dynamic batch at fp16: that kernel is
-    scheduled without tensor cores and the build stays fp16 (the whole build fell back to fp32, resnet18 among them)."""
+    scheduled without tensor cores and the build stays fp16 (the whole build fell back to fp32, resnet18 among them).
+    The compile says so, naming the kernel, and the manifest lists it."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -128,7 +155,11 @@ def test_a_conv_dlight_cannot_tensorize_stays_fp16(tmp_path):
     proc = run_mlc("compile", tmp_path / "conv.onnx", "--target", "cuda-h100", "--precision", "fp16", "--dynamic",
                    "batch", "-o", out, check=True)
     assert "built without" not in proc.stderr
-    assert json.loads((out / "manifest.json").read_text())["precision"] == "fp16"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["precision"] == "fp16"
+    (conv,) = manifest["compile"]["schedules"]["cuda_cores"]
+    assert "conv2d" in conv and not manifest["compile"]["schedules"]["tensor_cores"]
+    assert f"1 of 1 matmul/conv kernels run on CUDA cores, not tensor cores: {conv}" in proc.stderr
 
 
 def test_cuda_graphs_capture_the_static_kernels_and_keep_the_weights_beside(tmp_path):
@@ -217,6 +248,31 @@ def test_run_py_says_in_one_line_why_a_gpu_cannot_run_the_artifact(cuda_artifact
 ])
 def test_gpu_code_loads_where_its_cubin_or_ptx_fits(cubin, ptx, capability, loads):
     assert thin.gpu_code_loads({"cubin": cubin, "ptx": ptx}, *capability) is loads
+
+
+@pytest.mark.skipif(device_present("cuda"), reason="this machine has a real NVIDIA driver")
+def test_profile_times_calls_on_the_gpu_between_events_on_the_default_stream(fake_driver):
+    """`mlc run --profile` on a GPU: each call's device time is the time between CUDA events recorded before and
+    after it on the stream TVM launches on (the stand-in's clock moves 0.25 ms a record), for spans that nest (a
+    captured CUDA graph runs its kernels inside one call); the events are reused run after run."""
+    code = """if True:
+        from mlc.runtime.runner import CudaDriver, CudaEvents
+        events = CudaEvents(CudaDriver())
+        points = [events.record() for _ in range(4)]
+        print(points, events.elapsed_ms([(0, 3), (1, 2)]))
+        print(events.record(), events.elapsed_ms([]), len(events._events))
+        events.close()
+    """
+    env = {**os.environ, "LD_LIBRARY_PATH": str(fake_driver), "FAKE_CUDA": "13000,1,9.0"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert proc.stdout.splitlines() == ["[0, 1, 2, 3] [0.75, 0.25]", "0 [] 4"]
+
+
+def test_profile_rows_sum_each_callee_per_run_slowest_first():
+    rows = thin.per_callee(["matmul", "relu", "matmul", "matmul", "relu", "matmul"],
+                           [0.003, 0.001, 0.005, 0.003, 0.001, 0.005], runs=2)
+    assert [(r["name"], r["calls"], round(r["ms"], 6), round(r["share"], 6)) for r in rows] == \
+        [("matmul", 2, 8.0, 0.888889), ("relu", 1, 1.0, 0.111111)]
 
 
 def test_sync_waits_on_the_default_stream_through_tvms_device_api():

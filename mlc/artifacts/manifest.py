@@ -101,7 +101,7 @@ class CompileInfo(_Strict):
     recipe: str  # the command that rebuilds this artifact
     onnx_nodes: dict[str, int]  # node count before and after graph cleanup
     # CPU kernels by where their schedule came from: tuned (a --db record), default (mlc's rules),
-    # unscheduled (TVM's plain loop nest). None: a build without mlc.compiler.schedules (GPU).
+    # unscheduled (TVM's plain loop nest). CUDA: matmul/conv kernels on tensor_cores or cuda_cores.
     schedules: Optional[dict[str, list[str]]] = None
     passes: list[PassRecord] = Field(default_factory=list)  # in the order they ran
 

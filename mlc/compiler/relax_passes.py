@@ -116,6 +116,36 @@ def mixed_precision(mod, config: dict, target):
     return relax.transform.ToMixedPrecision(out_dtype=config.get("out_dtype", "float32"))(mod)
 
 
+def gpu_bf16(mod):
+    """GPU --precision bf16: what ToMixedPrecision does for fp16 (it knows no other type), with every float16 it
+    made as bfloat16: the same ops in reduced precision with float32 accumulation, at fp32's range. Raises where a
+    float16 is left (an op this rewrite does not know), so the build falls back to fp32 with a note."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    astype = tvm.ir.Op.get("relax.astype")
+
+    @mutator
+    class Retype(PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if call.op.same_as(astype) and str(call.attrs.dtype) == "float16":
+                return relax.op.astype(call.args[0], "bfloat16")
+            return call
+
+    mod = mixed_precision(mod, {"out_dtype": "float32"}, None)
+    mod = rewrite_functions(Retype(mod), mod)
+    left = []
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, lambda e: left.extend(
+                [e] if str(getattr(getattr(e, "ty", None), "dtype", "")) == "float16" else []))
+    if left:
+        raise ValueError(f"{len(left)} float16 values left after the bf16 rewrite")
+    return mod
+
+
 def bf16_matmul(mod):
     """matmul (dense, batch matmul) and conv2d (groups 1, or groups of whole vectors: `_bf16_groups`) with a
     constant weight on float32 -> bf16 inputs and weights with a float32 result: the kernels accumulate in float32
@@ -366,15 +396,17 @@ def _shallow_input(x, weight, attrs, padding: list[int]):
 
 
 def reduce_precision(mod, precision: str, target_json: dict):
-    """--precision: bf16 (CPU: bf16_matmul) or fp16 (TVM's ToMixedPrecision: fp16 compute, fp32 accumulation);
-    returns the module and its pass record."""
+    """--precision: bf16 (CPU: bf16_matmul; GPU: gpu_bf16) or fp16 (TVM's ToMixedPrecision: fp16 compute, fp32
+    accumulation); returns the module and its pass record."""
     import tvm
 
     before = op_counts(mod)
     start = time.perf_counter()
     with tvm.target.Target(target_json):
-        if precision == "bf16":
+        if precision == "bf16" and target_json["kind"] == "llvm":
             name, result = "bf16_matmul", bf16_matmul(mod)
+        elif precision == "bf16":
+            name, result = "mixed_precision", gpu_bf16(mod)
         else:
             name, result = "mixed_precision", mixed_precision(mod, {"out_dtype": "float32"}, None)
     after = op_counts(result)

@@ -30,7 +30,8 @@ benchmarks/onnx_node_tests):
   ReduceMax, ReduceMin                  of booleans (TVM has no bool max/min identity)
   Clip._impl_v1, _impl_v13              NaN kept (relax maximum/minimum); constant bounds as one fusable clip
   dlight gpu MatmulTensorization        a kernel it cannot tensorize is scheduled without tensor cores (its
-                                        schedule error failed the whole build, and fp16 fell back to fp32)
+                                        schedule error failed the whole build, and fp16 fell back to fp32); bf16
+                                        kernels are tensorized too, with bf16 wmma intrinsics registered here
   tvm_ffi global functions              the thin runtime's numpy functions for value-dependent ops
                                         (mlc.runtime.runner.register_host_functions), so a run here computes what
                                         the artifact will
@@ -43,6 +44,7 @@ package to load one architecture's intrinsics."""
 from __future__ import annotations
 
 import ast
+import contextvars
 import functools
 import math
 
@@ -973,8 +975,67 @@ def _tensorization_falls_back() -> None:
         rule.apply = apply
 
 
+# The input type of the kernel dlight's tensor-core rule is scheduling (float16 or bfloat16)
+_WMMA_INPUT = contextvars.ContextVar("mlc_wmma_input", default="float16")
+
+
+def _bf16_tensor_cores() -> None:
+    """dlight's GPU Matmul rule tensorizes float16 matmuls only, and TVM registers no bf16 wmma intrinsics, so a bf16
+    build ran its matmuls and convs on CUDA cores. The rule now takes bf16 x bf16 -> fp32 as it takes fp16, with bf16
+    intrinsics (nvcuda::wmma on nv_bfloat16 fragments, sm_80+) made by TVM's own generators on first use: importing
+    TVM's CUDA intrinsics takes ~30 s, which CPU builds do not pay."""
+    from tvm.s_tir import Schedule
+    from tvm.s_tir.dlight.gpu import matmul
+
+    in_out_dtypes, tensorize = matmul.get_in_out_dtypes, matmul.MatmulTensorization.apply
+
+    def dispatched_dtypes(block):
+        # the rule's dispatch: bf16 -> fp32 goes where fp16 does
+        read, written = in_out_dtypes(block)
+        return ("float16", written) if (read, written) == ("bfloat16", "float32") else (read, written)
+
+    def apply(self, func, target, tunable):
+        _register_bf16_wmma()
+        sch = Schedule(func)
+        blocks = matmul.get_reduction_blocks(sch, sch.get_child_blocks(matmul.get_root_block(sch))) or []
+        token = _WMMA_INPUT.set(in_out_dtypes(sch.get(blocks[0]))[0] if len(blocks) == 1 else "float16")
+        try:
+            return tensorize(self, func, target, tunable)
+        finally:
+            _WMMA_INPUT.reset(token)
+
+    matmul.get_in_out_dtypes = dispatched_dtypes
+    matmul.MatmulTensorization.apply = apply
+
+
+@functools.cache
+def _register_bf16_wmma() -> None:
+    """The bf16 wmma intrinsics, and TVM's intrinsic-group lookup giving them for a bf16 kernel (the rule asks for
+    the float16 group by name)."""
+    from tvm.s_tir.tensor_intrin import cuda as intrinsics
+
+    shape = "16x16x16"
+    for name, desc_impl in (
+            (f"wmma_load_{shape}_bf16_a_shared_dyn", intrinsics.get_wmma_load_intrin(
+                16, 16, 16, "bfloat16", "shared.dyn", False, False)),
+            (f"wmma_load_{shape}_bf16_b_trans_shared_dyn", intrinsics.get_wmma_load_intrin(
+                16, 16, 16, "bfloat16", "shared.dyn", True, True)),
+            (f"wmma_sync_{shape}_bf16bf16f32_trans", intrinsics.get_wmma_sync_intrin(
+                16, 16, 16, "bfloat16", "float32", True))):
+        intrinsics.TensorIntrin.register(name, *desc_impl, override=True)
+    intrin_group = intrinsics.get_wmma_intrin_group
+
+    def group(load_scope, store_scope, in_dtype, out_dtype, trans_b):
+        names = intrin_group(load_scope, store_scope, in_dtype, out_dtype, trans_b)
+        if _WMMA_INPUT.get() != "bfloat16" or (in_dtype, out_dtype) != ("float16", "float32"):
+            return names  # the rule's retry with an fp16 accumulator stays fp16: it fails on a bf16 kernel
+        return {role: name.replace("_f16_", "_bf16_").replace("f16f16", "bf16bf16") for role, name in names.items()}
+
+    intrinsics.get_wmma_intrin_group = group
+
+
 _PATCHES = (_read_external_weights, _bfloat16_as_bfloat16, _keep_symbolic_range_lengths, _shape_inputs_as_tensors,
             _split_with_empty_parts, _dropout_mask, _batch_norm_training, _conv_transpose_output_shape,
             _blocked_quantization, _cast_to_float8, _resize_through_mlc, _fold_variadic_pairwise,
             _add_loss_converters, _name_failing_converter, _layer_norm_statistics, _pow_mixed_types, _is_inf_signs,
-            _bool_extreme_reductions, _clip_keeps_nan, _mlc_converters, _tensorization_falls_back)
+            _bool_extreme_reductions, _clip_keeps_nan, _mlc_converters, _tensorization_falls_back, _bf16_tensor_cores)

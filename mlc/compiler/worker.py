@@ -204,7 +204,30 @@ def _build(mod, request: CompileRequest, default_schedules: bool, notes: list[No
         db = request.schedules.db if use_db else None
         executable, report = schedules.build(mod, request.target, db, default_schedules, notes, lifted)
         return executable, report, lifted
-    return build.build(mod, request.target, lifted, cuda_graphs=cuda_graphs), None, lifted
+    executable = build.build(mod, request.target, lifted, cuda_graphs=cuda_graphs)
+    return executable, _tensor_core_report(executable), lifted
+
+
+# TVM names a fused kernel after its ops; these are the ones tensor cores compute
+_TENSOR_CORE_OPS = re.compile(r"matmul|conv|dense")
+_TENSOR_CORE_CODE = re.compile(r"wmma::mma_sync|mma\.sync|ldmatrix")
+_CUDA_KERNEL = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\([^)]*\)\s*\{')
+
+
+def _tensor_core_report(executable) -> Optional[dict[str, list[str]]]:
+    """A CUDA build's matmul and conv kernels, by whether their code runs on tensor cores (wmma/mma) or not; None
+    for other builds."""
+    report: dict[str, list[str]] = {"tensor_cores": [], "cuda_cores": []}
+    for module in _modules(executable.mod):
+        if module.kind != "cuda":
+            continue
+        source = module.inspect_source()
+        kernels = list(_CUDA_KERNEL.finditer(source))
+        for kernel, following in zip(kernels, [*kernels[1:], None]):
+            if _TENSOR_CORE_OPS.search(kernel.group(1)):
+                body = source[kernel.end():following.start() if following else len(source)]
+                report["tensor_cores" if _TENSOR_CORE_CODE.search(body) else "cuda_cores"].append(kernel.group(1))
+    return report if any(report.values()) else None
 
 
 def _build_with_fallbacks(mod, passes_applied: bool, imported, request: CompileRequest, notes: list[Note],
@@ -386,7 +409,10 @@ def _run_passes(mod, request: CompileRequest) -> _Passed:
     from mlc.compiler import importer, relax_passes
 
     precision, precision_record, notes = request.precision, None, []
-    if precision == "fp16":  # before the passes: GPU builds fuse there, and ToMixedPrecision needs unfused ops
+    # GPU builds (fp16, and bf16 on a GPU) reduce before the passes: they fuse there, and ToMixedPrecision needs
+    # unfused ops; the CPU's bf16 after them (CPU builds fuse later)
+    before_passes = precision == "fp16" or (precision == "bf16" and request.target["kind"] != "llvm")
+    if before_passes:
         mod, precision_record = _reduce_precision(mod, precision, request.target, notes)
 
     def with_passes(again):
@@ -410,7 +436,7 @@ def _run_passes(mod, request: CompileRequest) -> _Passed:
     records = passes["records"]
     notes = passes["notes"] + notes  # the fp16 step's note after the passes' (as the user has read them)
     applied = any(r["status"] == "applied" for r in records)
-    if precision == "bf16":  # after the passes (CPU builds fuse later); the fallback without them keeps it too
+    if precision == "bf16" and not before_passes:  # the fallback without the passes keeps it too
         mod, precision_record = _reduce_precision(mod, precision, request.target, notes)
     if precision_record:
         records.append(precision_record)

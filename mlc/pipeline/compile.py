@@ -164,6 +164,9 @@ def plan_targets(model: ModelSpec, options: CompileOptions, target_list: Sequenc
 
 def precision_supported(preset: targets.Target, precision: str, emulated: bool) -> None:
     """A reduced precision needs the target's instructions for it; --emulated builds it anyway (slowly)."""
+    if precision == "bf16" and preset.device == "cuda" and targets.cuda_arch_number(preset) < 80:
+        raise TargetError(f"--precision bf16 on a GPU needs bf16 tensor cores (sm_80, Ampere, or newer); target "
+                          f"{preset.name} is {preset.tvm.get('arch', 'of no arch')}: use --precision fp16 there")
     if precision == "fp32" or emulated:
         return
     if precision == "bf16" and preset.device == "cpu" and not targets.has_bf16_dot(preset):
@@ -171,8 +174,8 @@ def precision_supported(preset: targets.Target, precision: str, emulated: bool) 
                           "has no bf16 dot-product instructions (x86 AVX512-BF16: cooperlake, sapphirerapids, znver4 "
                           "or newer; ARM BF16: graviton3, graviton4); --emulated builds it anyway, converting in "
                           "software (slow)")
-    if precision == "bf16" and preset.device != "cpu":
-        raise TargetError(f"--precision bf16 is for CPU targets; use --precision fp16 on {preset.name}")
+    if precision == "bf16" and preset.device not in ("cpu", "cuda"):
+        raise TargetError(f"--precision bf16 is for CPU and CUDA targets; use --precision fp32 on {preset.name}")
     if precision == "fp16" and preset.device != "cuda":
         raise TargetError(f"--precision fp16 needs a GPU with fp16 arithmetic (cuda); target {preset.name} has none "
                           "mlc uses (bf16 on CPUs with AVX512-BF16 or ARM BF16); --emulated builds it anyway (slow)")
@@ -326,6 +329,8 @@ def _schedule_notes(plan: CompilePlan, result: WorkerCompileResult) -> list[str]
     notes = list(plan.runtime.notes)
     notes += tuning_records.schedule_notes(result.schedules, plan.model.source, plan.options.target, db,
                                            plan.options.default_schedules)
+    tensor_cores = tuning_records.tensor_core_note(result.schedules, result.precision)
+    notes += [tensor_cores] if tensor_cores else []
     if db is not None and plan.dynamic and not (result.schedules or {}).get("tuned_at"):
         notes.append("tuning records match static kernels: the symbolic-shape kernels of --dynamic use "
                      "mlc's default schedules; for tuned kernels per length use --buckets with --db")

@@ -104,6 +104,19 @@ def unscheduled_note(names: list[str]) -> Optional[str]:
             "compile.schedules.unscheduled lists them all")
 
 
+def tensor_core_note(report: Optional[dict], precision: str) -> Optional[str]:
+    """The warning for a GPU build's fp16/bf16 matmul and conv kernels that do not run on tensor cores, naming a
+    few (mlc.compiler.worker reads it off their CUDA code)."""
+    slow = sorted((report or {}).get("cuda_cores", []))
+    if precision not in ("fp16", "bf16") or not slow:
+        return None
+    total = len(slow) + len((report or {}).get("tensor_cores", []))
+    listed = ", ".join(slow[:4]) + (f" and {len(slow) - 4} more" if len(slow) > 4 else "")
+    return (f"{len(slow)} of {total} matmul/conv kernels run on CUDA cores, not tensor cores: {listed} (TVM's dlight "
+            "rule tensorizes a kernel whose fixed dims all exceed 64, and fails on some convs over a symbolic "
+            "batch); the manifest's compile.schedules.cuda_cores lists them all")
+
+
 def schedule_notes(report: Optional[dict], source: str, target: str, db: Optional[str | Path],
                    default: bool = True) -> list[str]:
     """Tell the user whether the build is tuned and what to run if it is not, and which kernels are unscheduled

@@ -208,6 +208,45 @@ class CudaDriver:
         return name.value.decode(errors="replace"), major.value, minor.value
 
 
+class CudaEvents:
+    """Points recorded on the GPU's default stream (stream 0, where TVM launches kernels) with the driver's events:
+    the GPU time between two points is what the work queued between them took on the device, with no host sync in
+    between (a sync around each call adds its own latency to every kernel's time)."""
+
+    def __init__(self, driver: CudaDriver) -> None:
+        self.driver, self._events, self._recorded = driver, [], 0
+        # CUDA 12.8 made cuEventElapsedTime_v2 the header's name; older drivers export only the first
+        self._elapsed = "cuEventElapsedTime_v2" if hasattr(driver.lib, "cuEventElapsedTime_v2") else \
+            "cuEventElapsedTime"
+
+    def record(self) -> int:
+        """Record a point after the work queued so far; its number (from 0 since the last `elapsed_ms`)."""
+        if self._recorded == len(self._events):
+            event = ctypes.c_void_p()
+            self.driver._ask("cuEventCreate", ctypes.byref(event), 0)
+            self._events.append(event)
+        self.driver._ask("cuEventRecord", self._events[self._recorded], None)
+        self._recorded += 1
+        return self._recorded - 1
+
+    def elapsed_ms(self, spans: list[tuple[int, int]]) -> list[float]:
+        """Once the GPU has reached the last point: the milliseconds between the points of each (start, end) span.
+        Numbering starts over after it."""
+        if self._recorded:
+            self.driver._ask("cuEventSynchronize", self._events[self._recorded - 1])
+        ms, times = ctypes.c_float(), []
+        for start, end in spans:
+            self.driver._ask(self._elapsed, ctypes.byref(ms), self._events[start], self._events[end])
+            times.append(ms.value)
+        self._recorded = 0
+        return times
+
+    def close(self) -> None:
+        for event in self._events:
+            self.driver.lib.cuEventDestroy_v2(event)
+        self._events, self._recorded = [], 0
+
+
 def _release(version: str) -> int:
     major, _, minor = version.partition(".")
     return 1000 * int(major) + 10 * int(minor or 0)
@@ -607,6 +646,19 @@ def slice_outputs(dim: str, specs: list[dict[str, Any]], outputs: dict[str, np.n
     return sliced
 
 
+def per_callee(calls: list[str], seconds: list[float], runs: int) -> list[dict[str, Any]]:
+    """Rows of a profile: each callee's calls per run, milliseconds per run and share of the total, slowest first."""
+    totals: dict[str, list[float]] = {}
+    for name, spent in zip(calls, seconds, strict=True):
+        entry = totals.setdefault(name, [0, 0.0])
+        entry[0] += 1
+        entry[1] += spent
+    whole = sum(spent for _, spent in totals.values()) or 1.0
+    rows = [{"name": name, "calls": count // runs, "ms": spent * 1e3 / runs, "share": spent / whole}
+            for name, (count, spent) in totals.items()]
+    return sorted(rows, key=lambda row: -row["ms"])
+
+
 def sync(tvm_ffi: Any, device: Any) -> None:
     """Wait for the work queued on `device` on its default stream (0: where TVM launches kernels; the CPU's is a
     no-op)."""
@@ -791,8 +843,8 @@ class Runner(_ArtifactRunner):
 
     def profile(self, feeds: Mapping[str, np.ndarray], runs: int = 3) -> list[dict[str, Any]]:
         """Where the time goes: every call the model makes (kernels, the VM's allocations), timed
-        one by one over `runs` runs after a warm-up, summed per callee, slowest first. The device
-        is synchronised around each call, so GPU kernels are timed, not just launched."""
+        one by one over `runs` runs after a warm-up, summed per callee, slowest first. On a GPU each
+        call's time is the device's, between CUDA events recorded before and after it on the stream."""
         self._check_open()
         arrays, _ = self.prepare(feeds)
         bucket = None
@@ -801,29 +853,43 @@ class Runner(_ArtifactRunner):
         vm, main = self._vms[bucket], self._mains[bucket]
         tensors = [self._to_device(a) for a in arrays]
         main(*tensors)
-        totals: dict[str, list[float]] = {}
-        started = [0.0]
+        events = CudaEvents(CudaDriver()) if self.device_kind == "cuda" else None
+        clock: list[float] = []  # CPU: perf_counter at each point
+
+        def point() -> int:
+            if events:
+                return events.record()
+            clock.append(time.perf_counter())
+            return len(clock) - 1
+
+        open_calls: list[tuple[str, int]] = []  # a call can run others (a captured CUDA graph's): a stack
+        spans: list[tuple[str, int, int]] = []  # callee, its first point, its last point
 
         def instrument(_func, symbol, before, _result, *_args) -> int:
-            self._sync()
             if before:
-                started[0] = time.perf_counter()
+                open_calls.append((str(symbol), point()))
             else:
-                entry = totals.setdefault(str(symbol), [0, 0.0])
-                entry[0] += 1
-                entry[1] += time.perf_counter() - started[0]
+                name, start = open_calls.pop()
+                spans.append((name, start, point()))
             return 0  # VMInstrumentReturnKind.NoOp: run the call
 
+        calls: list[str] = []
+        seconds: list[float] = []
         vm["set_instrument"](instrument)
         try:
             for _ in range(runs):
                 main(*tensors)
+                pairs = [(start, end) for _, start, end in spans]
+                seconds += [ms / 1e3 for ms in events.elapsed_ms(pairs)] if events else \
+                    [clock[end] - clock[start] for start, end in pairs]
+                calls += [name for name, _, _ in spans]
+                spans.clear()
+                clock.clear()
         finally:
             vm["set_instrument"](None)  # a no-op Python callback cost ~3 us per VM call from then on
-        whole = sum(seconds for _, seconds in totals.values()) or 1.0
-        rows = [{"name": name, "calls": calls // runs, "ms": seconds * 1e3 / runs, "share": seconds / whole}
-                for name, (calls, seconds) in totals.items()]
-        return sorted(rows, key=lambda row: -row["ms"])
+            if events:
+                events.close()
+        return per_callee(calls, seconds, runs)
 
     def _release(self) -> None:
         # The entry points hold the weights (on the GPU: copies there), the VMs the loaded libraries and their

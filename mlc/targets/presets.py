@@ -352,6 +352,12 @@ def bf16_dot_feature(target: Target) -> str | None:
     return None
 
 
+def cuda_arch_number(target: Target) -> int:
+    """The compute capability of a CUDA target as a number (sm_90a -> 90); 0 where it names none."""
+    digits = re.match(r"sm_(\d+)", str(target.tvm.get("arch", "")))
+    return int(digits.group(1)) if digits else 0
+
+
 def has_bf16_dot(target: Target) -> bool:
     """Whether the target's CPU has the bf16 dot-product instructions mlc's bf16 kernels use (--precision bf16)."""
     return bf16_dot_feature(target) is not None

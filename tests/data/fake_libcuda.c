@@ -1,7 +1,8 @@
 /* A stand-in for the NVIDIA driver (libcuda.so.1) on machines with no GPU, for the tests of the thin runtime's
    driver checks (mlc.runtime.runner.CudaDriver) and of TVM's CUDA runtime reading an artifact's GPU code. It
    answers the queries from FAKE_CUDA="driver_version,gpu_count,major.minor" (e.g. "13000,1,9.0"); it loads no
-   module and launches nothing (CUDA_ERROR_NOT_SUPPORTED = 801). */
+   module and launches nothing (CUDA_ERROR_NOT_SUPPORTED = 801). Its events (the profile's device timing) read a
+   clock that each record on the default stream moves on by 0.25 ms; another stream is refused. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,3 +38,21 @@ int cuLaunchKernelEx(const void *config, void *f, void **params, void **extra) {
   (void)config; (void)f; (void)params; (void)extra; return 801;
 }
 int cuTensorMapEncodeTiled(void) { return 801; }
+
+typedef struct { float at; } fake_event;
+static float clock_ms = 0.0f;
+int cuEventCreate(void **event, unsigned flags) {
+  fake_event *made = malloc(sizeof *made);
+  (void)flags; made->at = -1.0f; *event = made; return 0;
+}
+int cuEventRecord(void *event, void *stream) {
+  if (stream) return 400; /* CUDA_ERROR_INVALID_HANDLE: TVM launches on the default stream only */
+  clock_ms += 0.25f; ((fake_event *)event)->at = clock_ms; return 0;
+}
+int cuEventSynchronize(void *event) { return ((fake_event *)event)->at < 0 ? 600 : 0; }
+int cuEventElapsedTime_v2(float *ms, void *start, void *end) {
+  float from = ((fake_event *)start)->at, to = ((fake_event *)end)->at;
+  if (from < 0 || to < 0) return 600; /* CUDA_ERROR_NOT_READY: never recorded */
+  *ms = to - from; return 0;
+}
+int cuEventDestroy_v2(void *event) { free(event); return 0; }
