@@ -52,6 +52,9 @@ BUNDLES = {
     "f": [("lstm-lm", ["zoo:lstm-lm", "--target", "cuda-h100", "--dynamic", "batch"])],
     # bert2 at (1, 128) with and without CUDA graphs, timed in one process (the two share their weights)
     "g": [("bert2-fp16-1x128-graphs", BERT2_1x128 + ["--cuda-graphs"]), ("bert2-fp16-1x128", BERT2_1x128)],
+    # bf16 (sm_80+, bf16 wmma): its gate in run.py --check; with --timing, beside torch's bf16 model, and the
+    # profile's device times from CUDA events
+    "h": [("bert2-bf16-1x128", BERT2_1x128[:4] + ["bf16"] + BERT2_1x128[5:])],
     "e": [("bert2-fp16-32x128-graphs", ["{work}/bert2.onnx", "--target", "cuda-h100", "--precision", "fp16",
                                         "--input-shape", "input_ids:32x128", "--input-shape", "attention_mask:32x128",
                                         "--cuda-graphs"])],

@@ -64,7 +64,7 @@ from mlc_gate import gate
 data = np.load(case)
 feeds = {k[3:]: data[k] for k in data.files if k.startswith("in:")}
 expected = {k[4:]: data[k] for k in data.files if k.startswith("out:")}
-result = gate(expected, Runner(artifact).run(feeds), "fp16")
+result = gate(expected, Runner(artifact).run(feeds), "bf16" if "bf16" in artifact else "fp16")
 print(json.dumps({"passed": result.passed, "outputs": [
     {"name": o.name, "cosine": o.cosine_similarity, "rel_error": o.rel_error, "problems": o.problems}
     for o in result.outputs]}))
@@ -125,7 +125,9 @@ def torch_models():
         return {"input_ids": torch.randint(0, 10001, shape, device=DEVICE)}
 
     bert = functools.cache(lambda: models.bert2().half().to(DEVICE).eval())
-    return {"lstm-lm": (lambda: models.lstm_lm().to(DEVICE), id_inputs, [(1, 50), (128, 50)]),
+    bert_bf16 = functools.cache(lambda: models.bert2().bfloat16().to(DEVICE).eval())
+    return {"bert2-bf16-1x128": (bert_bf16, bert_inputs, [(1, 128)]),
+            "lstm-lm": (lambda: models.lstm_lm().to(DEVICE), id_inputs, [(1, 50), (128, 50)]),
             "bert2-fp16": (bert, bert_inputs, [(1, 128), (32, 128)]),
             "bert2-fp16-1x128-graphs": (bert, bert_inputs, [(1, 128)]),
             "bert2-fp16-1x128": (bert, bert_inputs, [(1, 128)]),
@@ -158,20 +160,20 @@ def timing(bundle: Path, out: Path, record: dict) -> None:
             feeds = make_inputs(shape)  # torch's dtypes; the artifact's inputs keep the model's (fp32 images)
             mlc_feeds = {spec["name"]: feeds[spec["name"]].to(getattr(torch, spec["dtype"]))
                          for spec in runner.inputs}
-            fp16 = "fp16" in name  # else fp32 on both sides
-            torch_feeds = {k: v.half().contiguous(memory_format=torch.channels_last) if v.dim() == 4 and fp16
-                           else v.half() if v.is_floating_point() and fp16 else v for k, v in feeds.items()}
+            half = reduced(name)  # None: fp32 on both sides
+            torch_feeds = {k: v.to(half).contiguous(memory_format=torch.channels_last) if v.dim() == 4 and half
+                           else v.to(half) if v.is_floating_point() and half else v for k, v in feeds.items()}
             host_feeds = {k: v.cpu().numpy() for k, v in mlc_feeds.items()}
             torch_calls = {"torch eager": module,
                            "torch.compile": torch.compile(module, mode=COMPILE_MODE, dynamic=False)}
             if name.endswith("-graphs"):  # beside mlc's CUDA graphs, torch.compile's too
                 torch_calls["torch.compile max-autotune"] = torch.compile(module, mode="max-autotune", dynamic=False)
-            if not fp16:  # fp32: cuDNN may use TF32 tensor cores by default (mlc does not); timed both ways
+            if not half:  # fp32: cuDNN may use TF32 tensor cores by default (mlc does not); timed both ways
                 torch_calls["torch eager, no TF32"] = functools.partial(without_tf32, module)
             resident = {"mlc": functools.partial(runner.run, mlc_feeds, device_outputs=True),
                         **{k: functools.partial(m, *torch_feeds.values()) for k, m in torch_calls.items()}}
             end_to_end = {"mlc": functools.partial(runner.run, host_feeds),
-                          **{k: functools.partial(host_round_trip, m, host_feeds, fp16)
+                          **{k: functools.partial(host_round_trip, m, host_feeds, half)
                              for k, m in torch_calls.items()}}
             label = f"{name} {'x'.join(map(str, shape))}"
             figures[label] = {"device-resident": interleaved(resident), "end to end": interleaved(end_to_end),
@@ -209,12 +211,20 @@ def without_tf32(module, *args):
         torch.backends.cudnn.allow_tf32 = True
 
 
-def host_round_trip(module, host_feeds: dict, fp16: bool):
-    """torch end to end: numpy in, to the GPU (floats at fp16 for an fp16 model), the model, numpy out."""
+def reduced(artifact: str):
+    """The torch dtype an artifact's name says it computes in (fp16, bf16), None for fp32."""
+    import torch
+
+    return torch.float16 if "fp16" in artifact else torch.bfloat16 if "bf16" in artifact else None
+
+
+def host_round_trip(module, host_feeds: dict, half):
+    """torch end to end: numpy in, to the GPU (floats in `half` for a reduced-precision model), the model, numpy
+    out."""
     import torch
 
     tensors = [torch.from_numpy(v).to(DEVICE) for v in host_feeds.values()]
-    result = module(*[t.half() if t.is_floating_point() and fp16 else t for t in tensors])
+    result = module(*[t.to(half) if t.is_floating_point() and half else t for t in tensors])
     return result.float().cpu().numpy()
 
 

@@ -29,6 +29,8 @@ benchmarks/onnx_node_tests):
   IsInf._impl_v10                       detect_positive / detect_negative (TVM ignores them)
   ReduceMax, ReduceMin                  of booleans (TVM has no bool max/min identity)
   Clip._impl_v1, _impl_v13              NaN kept (relax maximum/minimum); constant bounds as one fusable clip
+  _normalize_negative_indices           constant indices with no negative entry are left as they are (FoldConstant
+                                        ran three TVM kernels on each to find nothing to change)
   dlight gpu MatmulTensorization        a kernel it cannot tensorize is scheduled without tensor cores (its
                                         schedule error failed the whole build, and fp16 fell back to fp32); bf16
                                         kernels are tensorized too, with bf16 wmma intrinsics registered here
@@ -276,6 +278,24 @@ def _clip_keeps_nan() -> None:
 
     clip._impl_v1 = classmethod(v1)
     clip._impl_v13 = classmethod(v13)
+
+
+def _constant_indices_as_given() -> None:
+    """Gather/ScatterND/... indices that are a constant with no negative entry go in as they are: the importer wrapped
+    every index tensor in where(less(i, 0), i + extent, i), and FoldConstant then compiled and ran those three
+    kernels on each constant (Longformer's folded sliding-window indices, 2.2 M entries each, 108 of them: 25 s of
+    its build)."""
+    import tvm
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    normalized = onnx_frontend._normalize_negative_indices
+
+    def normalize(bb, indices, axis_extent):
+        if isinstance(indices, tvm.ir.GenericConst) and (indices.value.numpy() >= 0).all():
+            return indices
+        return normalized(bb, indices, axis_extent)
+
+    onnx_frontend._normalize_negative_indices = normalize
 
 
 @functools.lru_cache(maxsize=1)
@@ -1038,4 +1058,5 @@ _PATCHES = (_read_external_weights, _bfloat16_as_bfloat16, _keep_symbolic_range_
             _split_with_empty_parts, _dropout_mask, _batch_norm_training, _conv_transpose_output_shape,
             _blocked_quantization, _cast_to_float8, _resize_through_mlc, _fold_variadic_pairwise,
             _add_loss_converters, _name_failing_converter, _layer_norm_statistics, _pow_mixed_types, _is_inf_signs,
-            _bool_extreme_reductions, _clip_keeps_nan, _mlc_converters, _tensorization_falls_back, _bf16_tensor_cores)
+            _bool_extreme_reductions, _clip_keeps_nan, _constant_indices_as_given, _mlc_converters,
+            _tensorization_falls_back, _bf16_tensor_cores)

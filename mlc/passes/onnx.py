@@ -217,8 +217,9 @@ def constant_folding(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
             small = {t.name for t in model.graph.initializer if nbytes(t) < _FOLDED_WEIGHT_BYTES}
             light, weights = _weights_as_inputs(model, _read_by_constant_nodes(model) | small)
             light = materialized(light)  # the weights it keeps, with their data
-            slimmed = onnxslim.slim(with_inferred_shapes(light), skip_fusion_patterns=["FusionGemm"],
-                                    no_shape_infer=True)
+            with _unoptimized_ort_sessions(light):
+                slimmed = onnxslim.slim(with_inferred_shapes(light), skip_fusion_patterns=["FusionGemm"],
+                                        no_shape_infer=True)
             del light
             if slimmed is None:
                 raise PassFailed("onnxslim returned no model")
@@ -227,6 +228,34 @@ def constant_folding(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
             if not shrunk or not any(n.op_type == "Shape" for n in model.graph.node):
                 break
     return model  # the inputs it drops (unread ones, e.g. CastLike's `like`) come back in run()
+
+
+@contextlib.contextmanager
+def _unoptimized_ort_sessions(model: onnx.ModelProto):
+    """onnxslim's folding runs the constant subgraph in an ONNX Runtime session it makes with ORT's default graph
+    optimizations, which fold the same constants at session start, then copy them out at the run
+    (AllenaiLongformerBase: 17 s to start, 21 s to run; without them 0.1 s and 8 s). Its sessions start without
+    them here, the same values computed once. Not for a graph with control flow: an If condition computed that way
+    got its branch inlined by onnxslim without a value the branch reads (test_affine_grid_2d_expanded, exit 70)."""
+    import onnxruntime
+
+    if any(node.op_type in ("If", "Loop", "Scan") for node in model.graph.node):
+        yield
+        return
+    session = onnxruntime.InferenceSession
+
+    class Unoptimized(session):
+        def __init__(self, path_or_bytes, sess_options=None, *args, **kwargs):
+            if sess_options is None:
+                sess_options = onnxruntime.SessionOptions()
+                sess_options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+            super().__init__(path_or_bytes, sess_options, *args, **kwargs)
+
+    onnxruntime.InferenceSession = Unoptimized
+    try:
+        yield
+    finally:
+        onnxruntime.InferenceSession = session
 
 
 _SMALL_VALUE = 1 << 16  # elements: values folded here are shapes, indices and masks, not tensors of data
