@@ -854,11 +854,12 @@ class Runner(_ArtifactRunner):
         tensors = [self._to_device(a) for a in arrays]
         main(*tensors)
         events = CudaEvents(CudaDriver()) if self.device_kind == "cuda" else None
-        clock: list[float] = []  # CPU: perf_counter at each point
+        clock: list[float] = []  # elsewhere: perf_counter at each point, the device synchronised first (Metal)
 
         def point() -> int:
             if events:
                 return events.record()
+            self._sync()
             clock.append(time.perf_counter())
             return len(clock) - 1
 
