@@ -118,14 +118,10 @@ def test_bf16_capability_from_the_target(tvm, expected):
     assert targets.bf16_dot_feature(target) == expected and targets.has_bf16_dot(target) is (expected is not None)
 
 
-def test_bf16_kernels_run_on_vdpbf16ps_and_match_fp32():
-    """A dense layer and a 3x3 conv in bf16: vdpbf16ps in the code for a target with AVX512-BF16 (none for one
-    without: the emulated build), results within bf16 rounding of fp32 (run only where the host has the
-    instructions)."""
-    tvm = pytest.importorskip("tvm")
+def _dense_and_conv(relu: bool = False):
+    """A Relax module of a dense layer (then a ReLU, with `relu`) and a 3x3 conv, both on seeded constant weights;
+    seeded inputs for it, and numpy's fp32 outputs for them."""
     from tvm import relax
-
-    from mlc.compiler import relax_passes, schedules
 
     rng = np.random.default_rng(0)
     bb = relax.BlockBuilder()
@@ -135,12 +131,31 @@ def test_bf16_kernels_run_on_vdpbf16ps_and_match_fp32():
     k = (rng.standard_normal((32, 16, 3, 3)) * 0.1).astype(np.float32)
     with bb.function("main", [x, image]):
         with bb.dataflow():
-            dense = bb.emit(relax.op.matmul(x, relax.const(w)))
+            dense = relax.op.matmul(x, relax.const(w))
+            dense = bb.emit(relax.op.nn.relu(dense) if relu else dense)
             conv = bb.emit(relax.op.nn.conv2d(image, relax.const(k), padding=1))
             out = bb.emit_output(relax.Tuple([dense, conv]))
         bb.emit_func_output(out)
-    mod = relax_passes.bf16_matmul(bb.get())
     feeds = [rng.standard_normal((8, 64)).astype(np.float32), rng.standard_normal((1, 16, 8, 8)).astype(np.float32)]
+    windows = np.lib.stride_tricks.sliding_window_view(np.pad(feeds[1], ((0, 0), (0, 0), (1, 1), (1, 1))),
+                                                       (3, 3), axis=(2, 3))  # [1, 16, 8, 8, 3, 3]
+    dense = feeds[0] @ w
+    expected = {"dense": np.maximum(dense, 0) if relu else dense,
+                "conv": np.einsum("nchwij,ocij->nohw", windows, k)}
+    return bb.get(), feeds, expected
+
+
+def test_bf16_kernels_run_on_vdpbf16ps_and_match_fp32():
+    """A dense layer and a 3x3 conv in bf16: vdpbf16ps in the code for a target with AVX512-BF16 (none for one
+    without: the emulated build), results within bf16 rounding of fp32 (run only where the host has the
+    instructions)."""
+    tvm = pytest.importorskip("tvm")
+    from tvm import relax
+
+    from mlc.compiler import relax_passes, schedules
+
+    module, feeds, expected = _dense_and_conv()
+    mod = relax_passes.bf16_matmul(module)
     for mcpu, dot in (("znver4", True), ("skylake-avx512", False)):
         target = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": mcpu, "num-cores": 1}
         executable, report = schedules.build(mod, target, None, True, [])
@@ -151,9 +166,6 @@ def test_bf16_kernels_run_on_vdpbf16ps_and_match_fp32():
             continue
         vm = relax.VirtualMachine(executable, tvm.cpu())
         dense, conv = (t.numpy() for t in vm["main"](*(tvm.runtime.tensor(f) for f in feeds)))
-        windows = np.lib.stride_tricks.sliding_window_view(np.pad(feeds[1], ((0, 0), (0, 0), (1, 1), (1, 1))),
-                                                           (3, 3), axis=(2, 3))  # [1, 16, 8, 8, 3, 3]
-        expected = {"dense": feeds[0] @ w, "conv": np.einsum("nchwij,ocij->nohw", windows, k)}
         result = gate(expected, {"dense": dense, "conv": conv}, "bf16")
         assert result.passed, result.to_json()
         assert all(o.max_abs_error > 1e-5 for o in result.outputs)  # bf16 rounding shows: not an fp32 build
@@ -380,30 +392,15 @@ def test_gpu_bf16_computes_what_fp16_would_in_bfloat16():
 
     from mlc.compiler import relax_passes, schedules
 
-    rng = np.random.default_rng(0)
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((8, 64), "float32"))
-    image = relax.Var("image", relax.TensorType((1, 16, 8, 8), "float32"))
-    w = (rng.standard_normal((64, 32)) * 0.1).astype(np.float32)
-    k = (rng.standard_normal((32, 16, 3, 3)) * 0.1).astype(np.float32)
-    with bb.function("main", [x, image]):
-        with bb.dataflow():
-            dense = bb.emit(relax.op.nn.relu(relax.op.matmul(x, relax.const(w))))
-            conv = bb.emit(relax.op.nn.conv2d(image, relax.const(k), padding=1))
-            out = bb.emit_output(relax.Tuple([dense, conv]))
-        bb.emit_func_output(out)
-    mod = relax_passes.gpu_bf16(bb.get())
+    module, feeds, expected = _dense_and_conv(relu=True)
+    mod = relax_passes.gpu_bf16(module)
     script = mod.script()
     assert "float16" not in script.replace("bfloat16", "") and 'R.astype(x, dtype="bfloat16")' in script
     assert script.count('out_dtype="float32"') == 2
-    feeds = [rng.standard_normal((8, 64)).astype(np.float32), rng.standard_normal((1, 16, 8, 8)).astype(np.float32)]
     executable, _ = schedules.build(mod, {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64",
                                           "num-cores": 1}, None, True, [])
     vm = relax.VirtualMachine(executable, tvm.cpu())
     dense, conv = (t.numpy().astype(np.float32) for t in vm["main"](*(tvm.runtime.tensor(f) for f in feeds)))
-    windows = np.lib.stride_tricks.sliding_window_view(np.pad(feeds[1], ((0, 0), (0, 0), (1, 1), (1, 1))),
-                                                       (3, 3), axis=(2, 3))
-    expected = {"dense": np.maximum(feeds[0] @ w, 0), "conv": np.einsum("nchwij,ocij->nohw", windows, k)}
     result = gate(expected, {"dense": dense, "conv": conv}, "bf16")
     assert result.passed, result.to_json()
     assert all(o.max_abs_error > 3e-3 for o in result.outputs)  # bf16 rounding: fp16 stays under 2e-3 here
