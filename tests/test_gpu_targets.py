@@ -41,6 +41,7 @@ def test_cuda_artifact_contains_its_kernels_and_runtime(cuda_artifact):
     assert manifest["target"]["device"] == "cuda"
     kernels = manifest["compile"]["kernels"]["cuda"]
     assert kernels and all(re.fullmatch(r"\w+_kernel\w*", k) for k in kernels)
+    assert len(set(kernels)) == len(kernels)  # each kernel once (the source declares it, then defines it)
     source = (cuda_artifact / "kernels/cuda.cu").read_text()
     library = (cuda_artifact / "model.so").read_bytes()
     for kernel in kernels:

@@ -41,6 +41,8 @@ def _run(executable, weights: list, inputs_path: str, outputs_path: str) -> None
 
 # Device code kinds whose source is kept in the artifact, and its file suffix.
 _DEVICE_SOURCES = {"cuda": ".cu", "metal": ".metal"}
+# A kernel's definition in TVM's CUDA source (its body follows); group 1 is its name
+_CUDA_KERNEL = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\([^)]*\)\s*\{')
 
 
 def _write_device_sources(executable, out_dir: str) -> dict[str, list[str]]:
@@ -62,7 +64,7 @@ def _write_device_sources(executable, out_dir: str) -> dict[str, list[str]]:
                 (folder / f"{name}{suffix}").write_text(f"// Function: {name}\n{body}")
         else:
             (folder / f"{module.kind}{suffix}").write_text(source)
-            names = names or re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", source)
+            names = names or _CUDA_KERNEL.findall(source)  # definitions (the source declares each kernel first)
         kernels.setdefault(module.kind, []).extend(names)
     return kernels
 
@@ -211,7 +213,6 @@ def _build(mod, request: CompileRequest, default_schedules: bool, notes: list[No
 # TVM names a fused kernel after its ops; these are the ones tensor cores compute
 _TENSOR_CORE_OPS = re.compile(r"matmul|conv|dense")
 _TENSOR_CORE_CODE = re.compile(r"wmma::mma_sync|mma\.sync|ldmatrix")
-_CUDA_KERNEL = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\([^)]*\)\s*\{')
 
 
 def _tensor_core_report(executable) -> Optional[dict[str, list[str]]]:

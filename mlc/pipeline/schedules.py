@@ -95,25 +95,29 @@ def schedule_request(preset, db: Optional[str | Path], default: bool) -> Optiona
                            default=default)
 
 
+def _few(names: list[str]) -> str:
+    """The first four names in order, and how many more."""
+    names = sorted(names)
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
 def unscheduled_note(names: list[str]) -> Optional[str]:
     """The warning for kernels left with TVM's unscheduled loop nest (serial scalar code), naming a few."""
     if not names:
         return None
-    listed = ", ".join(sorted(names)[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-    return (f"{len(names)} kernel(s) unscheduled, running TVM's serial scalar loops (slow): {listed}; the manifest's "
-            "compile.schedules.unscheduled lists them all")
+    return (f"{len(names)} kernel(s) unscheduled, running TVM's serial scalar loops (slow): {_few(names)}; the "
+            "manifest's compile.schedules.unscheduled lists them all")
 
 
 def tensor_core_note(report: Optional[dict], precision: str) -> Optional[str]:
     """The warning for a GPU build's fp16/bf16 matmul and conv kernels that do not run on tensor cores, naming a
     few (mlc.compiler.worker reads it off their CUDA code)."""
-    slow = sorted((report or {}).get("cuda_cores", []))
+    slow = (report or {}).get("cuda_cores", [])
     if precision not in ("fp16", "bf16") or not slow:
         return None
     total = len(slow) + len((report or {}).get("tensor_cores", []))
-    listed = ", ".join(slow[:4]) + (f" and {len(slow) - 4} more" if len(slow) > 4 else "")
-    return (f"{len(slow)} of {total} matmul/conv kernels run on CUDA cores, not tensor cores: {listed} (TVM's dlight "
-            "rule tensorizes a kernel whose fixed dims all exceed 64, and fails on some convs over a symbolic "
+    return (f"{len(slow)} of {total} matmul/conv kernels run on CUDA cores, not tensor cores: {_few(slow)} (TVM's "
+            "dlight rule tensorizes a kernel whose fixed dims all exceed 64, and fails on some convs over a symbolic "
             "batch); the manifest's compile.schedules.cuda_cores lists them all")
 
 
