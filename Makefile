@@ -59,12 +59,15 @@ demo: setup
 lint: $(STAMP)
 	$(BIN)/ruff check mlc tests benchmarks
 
-# What CI runs (.ci/run): everything but slow, GPU and tuning tests.
+# What CI runs (.ci/run): everything but slow, GPU and tuning tests. The tests are single-threaded (a compile
+# worker and its parent take turns), so TEST_WORKERS processes (pytest-xdist) each take whole files: module fixtures
+# are built once. More workers than cores, or than ~10 GB of memory each, slow it down.
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -m "not slow and not gpu and not tune"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not gpu and not tune"
 
 test-all: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf artifacts build *.egg-info .pytest_cache
