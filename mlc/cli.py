@@ -102,12 +102,14 @@ def _check_table(result, title: str) -> Table:
     return table
 
 
-def _print_check(result, prefix: str) -> None:
+def _print_check(result, artifact: Optional[Path] = None) -> None:
     """The compiled model against the reference; for framework models, first the conversion step
-    (ONNX Runtime on the export against the same eager outputs), so a user sees where accuracy went."""
+    (ONNX Runtime on the export against the same eager outputs), so a user sees where accuracy went. The artifact
+    is named on a line of its own: a table's title is cut to the table's width."""
+    if artifact is not None:
+        out.print(f"{escape(str(artifact))}:", soft_wrap=True)
     if result.conversion is not None:
-        out.print(_check_table(result.conversion,
-                               f"{prefix}conversion: ONNX Runtime on the export vs {result.reference}"))
+        out.print(_check_table(result.conversion, f"conversion: ONNX Runtime on the export vs {result.reference}"))
     elif result.conversion_error:
         out.print(f"[yellow]conversion: ONNX Runtime could not run the export[/] ({escape(result.conversion_error)})")
     what = ("compilation: the artifact vs" if result.conversion is not None or result.conversion_error
@@ -116,12 +118,12 @@ def _print_check(result, prefix: str) -> None:
         article = "an" if result.gate.precision.startswith("int8") else "a"
         what = (f"fp32 tolerances, for information ({article} {result.gate.precision} build is judged by its gate "
                 "below):")
-    out.print(_check_table(result, f"{prefix}{what} {result.reference}"))
+    out.print(_check_table(result, f"{what} {result.reference}"))
     if result.gate is not None:
         against = f"{result.reference} on {result.gate.inputs} inputs" if result.gate.inputs > 1 else result.reference
         if result.gate.calibration_inputs:  # their fp32 outputs are ONNX Runtime's on the (exported) ONNX
             against = f"fp32 (ONNX Runtime) on {result.gate.inputs} of your --calibration inputs"
-        out.print(_gate_table(result.gate, f"{prefix}{result.gate.precision} accuracy gate vs {against}"))
+        out.print(_gate_table(result.gate, f"{result.gate.precision} accuracy gate vs {against}"))
 
 
 def _gate_table(gate, title: str) -> Table:
@@ -281,7 +283,7 @@ def _report_compile(result, as_json: bool) -> None:
     if m.compile.passes:
         out.print(_passes_table(m.compile.passes))
     if check is not None:
-        _print_check(check, "")
+        _print_check(check)
     shapes = ", ".join(f"{i.name} {_dims(i.shape)} {i.dtype}" for i in m.inputs)
     size = sum(p.stat().st_size for p in result.path.rglob("*") if p.is_file())
     out.print(f"artifact: {result.path}  ({size / 2**20:.1f} MiB; inputs: {shapes or 'none'})")
@@ -457,7 +459,7 @@ def check_cmd(
     if as_json:
         out.print_json(json.dumps(result.to_json()))
     else:
-        _print_check(result, f"{artifact}: ")
+        _print_check(result, artifact)
         out.print("[green]check passed[/]" if result.passed else "[red]check FAILED[/]")
     api.require_pass(result)
 

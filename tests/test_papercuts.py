@@ -279,3 +279,13 @@ def test_output_names_follow_one_rule_on_every_route(tmp_path):
         torch.export.save(torch.export.export(module, (torch.randn(4, 3),)), str(path))
         frontend.open_model(str(path)).export(tmp_path / "m.onnx", set())
         assert [o.name for o in onnx.load(str(tmp_path / "m.onnx")).graph.output] == want
+
+
+def test_check_titles_stay_whole_under_a_long_path(mlp_artifact, tmp_path):
+    """`mlc check` named the artifact inside each table's title, which rich cuts to the table's width: under a
+    long path the title lost what was compared ("... vs onnxruntime" became "..."). The path has a line of its own."""
+    deep = tmp_path / ("a-long-folder-name-" * 8) / "mlp"
+    shutil.copytree(mlp_artifact, deep)
+    proc = run_mlc("check", deep)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{deep}:" in proc.stdout and "check against onnxruntime" in proc.stdout, proc.stdout
