@@ -587,6 +587,59 @@ def test_fast_math(relax_tools):
     assert "fast_math" not in [s.name for s in passes.plan(2, device="cuda")]
 
 
+def _attention(relax, keys: int, form: str):
+    """softmax(scores) @ v over `keys` keys (2 heads, 5 queries, depth 8), the scores as exporters write them:
+    "vit": (q * s) @ (k^T * s); "bert": q @ k^T / c + mask (an input); "mask-first": mask + q @ k^T;
+    "probs-out": the softmax is an output too."""
+    op, bb = relax.op, relax.BlockBuilder()
+    q = relax.Var("q", relax.TensorType((1, 2, 5, 8), "float32"))
+    k = relax.Var("k", relax.TensorType((1, 2, keys, 8), "float32"))
+    v = relax.Var("v", relax.TensorType((1, 2, keys, 8), "float32"))
+    mask = relax.Var("mask", relax.TensorType((1, 1, 1, keys), "float32"))
+    s = relax.const(np.float32(8 ** -0.25))
+    with bb.function("main", [q, k, v, mask]):
+        with bb.dataflow():
+            kt = op.permute_dims(k, [0, 1, 3, 2])
+            if form == "vit":
+                scores = bb.emit(op.matmul(op.multiply(q, s), op.multiply(kt, s)))
+            elif form == "mask-first":
+                scores = bb.emit(op.add(mask, bb.emit(op.matmul(q, kt))))
+            else:
+                scores = bb.emit(op.add(op.divide(bb.emit(op.matmul(q, kt)), relax.const(np.float32(2.8))), mask))
+            probs = bb.emit(op.nn.softmax(scores, axis=-1))
+            out = bb.emit(op.matmul(probs, v))
+            out = bb.emit_output(relax.Tuple([out, probs]) if form == "probs-out" else out)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("keys,form,padded", [(70, "vit", 80), (197, "vit", 208), (70, "bert", 80),
+                                              (70, "mask-first", 80), (64, "vit", None), (70, "probs-out", None)])
+def test_pad_attention_pads_keys_to_whole_vectors_and_keeps_results(relax_tools, keys, form, padded):
+    """Keys zero-padded to a multiple of 16 with their scores masked to -inf: softmax gives them 0, so the result
+    is the unpadded attention's (a mask of 0 instead of -inf would change it). Not applied to a whole number of
+    vectors, nor where the probabilities are an output too (they would be computed twice)."""
+    tvm, relax, rp = relax_tools
+    mod = _attention(relax, keys, form)
+    rewritten = rp.pad_attention(mod, {}, None)
+    pads = [b.value for b in rewritten["main"].body.blocks[0].bindings
+            if isinstance(b.value, relax.Call) and b.value.op.name == "relax.nn.pad"]
+    widths = {int(p.ty.shape[-1]) for p in pads} | {int(p.ty.shape[-2]) for p in pads}
+    assert (padded in widths) if padded else not pads, rewritten.script()
+    rng = np.random.default_rng(0)
+    feeds = [rng.standard_normal((1, 2, n, 8)).astype(np.float32) for n in (5, keys, keys)]
+    feeds.append(np.where(rng.random((1, 1, 1, keys)) < 0.2, -1e4, 0).astype(np.float32))
+
+    def run(module):
+        vm = relax.VirtualMachine(tvm.compile(module, target="llvm"), tvm.cpu())
+        result = vm["main"](*map(tvm.runtime.tensor, feeds))
+        return (result[0] if form == "probs-out" else result).numpy()
+
+    np.testing.assert_allclose(run(rewritten), run(mod), rtol=1e-5, atol=1e-6)
+    assert "pad_attention" in [s.name for s in passes.plan(2)]
+    assert "pad_attention" not in [s.name for s in passes.plan(2, device="cuda")]
+
+
 def test_explicit_relax_pass_failure_is_reported(relax_tools, monkeypatch):
     tvm, relax, rp = relax_tools
 

@@ -611,6 +611,97 @@ def _power_as_products(call):
     return call
 
 
+def _static_shape(expr) -> Optional[list[int]]:
+    from tvm import tirx
+
+    shape = getattr(expr.ty, "shape", None)
+    if shape is None or not all(isinstance(d, tirx.IntImm) for d in shape):
+        return None
+    return [int(d) for d in shape]
+
+
+# Ops allowed between attention's scores and its softmax (a scale, a mask), with the value that pads their operand
+_SCORE_OPS = {"relax.add": 0.0, "relax.subtract": 0.0, "relax.multiply": 0.0, "relax.divide": 1.0}
+
+
+def _padded_keys(scores, keys: int, padded: int, pad_value: float):
+    """`scores` (..., keys) zero-padded to `padded` columns; a scalar or a column-broadcast operand as it is."""
+    from tvm import relax
+
+    shape = _static_shape(scores)
+    if shape is None:
+        return None
+    if not shape or shape[-1] == 1:
+        return scores
+    if shape[-1] != keys:
+        return None
+    return relax.op.nn.pad(scores, [0, 0] * (len(shape) - 1) + [0, padded - keys], pad_value=pad_value)
+
+
+def pad_attention(mod, config: dict, target):
+    """softmax(A @ B [scale, mask]) @ V over a static key count that is no multiple of the vector width (a ViT's 197
+    tokens) -> the keys zero-padded to the next multiple (B's columns, V's rows) and the padded scores masked with
+    -inf, so softmax gives them exactly 0 and the result is unchanged. Every kernel of the attention then runs whole
+    vectors: with 197 keys the scores' kernel padded B to 224 columns and copied it, P @ V copied P to pad its rows,
+    and softmax ran a scalar tail (deit_tiny's attention at 208 keys: 0.72x the time; benchmarks/attention).
+    Not applied where the softmax's result is used elsewhere too (it would then be computed twice)."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    lanes = _target_lanes()
+
+    @mutator
+    class Rewrite(PyExprMutator):
+        def bound(self, expr, names):
+            value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
+            ok = isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in names
+            return value if ok else None
+
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.matmul":
+                return call
+            probs, values = call.args
+            softmax = self.bound(probs, ("relax.nn.softmax",))
+            values_shape = _static_shape(values)
+            if softmax is None or values_shape is None or len(values_shape) < 2:
+                return call
+            keys = values_shape[-2]
+            padded = -(-keys // lanes) * lanes
+            rank = len(values_shape)
+            if keys % lanes == 0 or keys < 4 * lanes or int(softmax.attrs.axis) not in (-1, rank - 1) \
+                    or str(getattr(values.ty, "dtype", "")) != "float32":
+                return call
+            chain = (*_SCORE_OPS, "relax.matmul")
+            ops, scores = [], self.bound(softmax.args[0], chain)
+            while scores is not None and scores.op.name != "relax.matmul":
+                x, other = scores.args
+                if scores.op.name in ("relax.add", "relax.multiply") and self.bound(x, chain) is None:
+                    x, other = other, x  # the operand the chain continues through comes second
+                ops.append((scores.op.name, other))
+                scores = self.bound(x, chain)
+            if scores is None or (_static_shape(scores.args[1]) or [None])[-1] != keys:
+                return call
+            padded_scores = relax.op.matmul(scores.args[0], _padded_keys(scores.args[1], keys, padded, 0.0))
+            for name, other in reversed(ops):
+                other = _padded_keys(other, keys, padded, _SCORE_OPS[name])
+                if other is None:
+                    return call
+                padded_scores = getattr(relax.op, name.removeprefix("relax."))(padded_scores, other)
+            mask = np.zeros(padded, "float32")
+            mask[keys:] = -np.inf
+            probs = relax.op.nn.softmax(relax.op.add(padded_scores, relax.const(mask)), axis=-1)
+            pad_rows = [0, 0] * (rank - 2) + [0, padded - keys, 0, 0]
+            return relax.op.matmul(probs, relax.op.nn.pad(values, pad_rows))
+
+    before = op_counts(mod)
+    rewritten = relax.transform.DeadCodeElimination(["main"])(rewrite_functions(Rewrite(mod), mod))
+    after = op_counts(rewritten)
+    return rewritten if all(after[op] <= before[op] for op in ("nn.softmax", "matmul")) else mod
+
+
 def fast_math(mod, config: dict, target):
     """erf, tanh, sigmoid, exp and softmax on float32 -> TVM's polynomial versions (topi.fast_*).
     TVM's LLVM codegen calls libm's scalar erff/expf for these (tanh and sigmoid through expf),

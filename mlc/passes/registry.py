@@ -125,6 +125,11 @@ PASSES: tuple[Pass, ...] = (
          "conv2d data/weight layout for targets that prefer another (relax.transform.ConvertLayout)",
          3, f"{_RELAX}:convert_layout", devices=GPU_DEVICES,
          config={"layout": Option(str, "NHWC", "conv2d data layout", ("NHWC", "NCHW"))}),
+    Pass("pad_attention", "relax",
+         "softmax(Q @ K^T) @ V over a static key count that is no multiple of the vector width (a ViT's 197 tokens): "
+         "keys zero-padded to the next multiple and their scores masked with -inf (exactly 0 after softmax), so every "
+         "attention kernel runs whole vectors",
+         2, f"{_RELAX}:pad_attention", devices=("cpu",)),
     Pass("fast_math", "relax",
          "erf (GELU), tanh, sigmoid, exp and softmax -> polynomials that vectorize (topi.fast_*), x**2 and x**3 -> "
          "products: libm's are scalar calls (17-50x slower per element); max abs error 3.9e-7, exp relative 4e-6",

@@ -1,0 +1,152 @@
+"""Attention over a key count that is no multiple of the vector width (a ViT's 197 tokens), #39: mlc with and
+without the `pad_attention` Relax pass, at fp32 and bf16, beside OpenVINO fp32 and its default (bf16 on CPUs with
+AVX512-BF16), interleaved call by call in one process (the order rotated each round).
+
+    .venv-suites/bin/python benchmarks/precision/model_set.py --set broad --work /tmp/broad \\
+        --models deit_tiny_patch16_224,vit_small_patch16_224 --build-only      # the two ViTs' ONNX files
+    .venv-suites/bin/python benchmarks/attention/bench.py --broad /tmp/broad --work /tmp/attention \\
+        --threads 1,2 -o benchmarks/attention/results/pad-attention.json
+
+"before" is the same tree built with `--disable-pass pad_attention`. Rows: the list's ViTs, compiled with the list's
+flags, and "attention-197": deit_tiny's attention alone (3 heads, 197 tokens, depth 64, 12 in a chain). Each row: p50
+ms per build and the median (p10-p90) of per-round ratios, after / before and mlc / OpenVINO at the same precision
+(below 1: mlc faster)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))  # the repo root
+sys.path.insert(0, str(HERE.parent / "precision"))
+
+VITS = ("deit_tiny_patch16_224", "vit_small_patch16_224")
+BUILDS = ("before fp32", "after fp32", "before bf16", "after bf16")
+
+
+def attention_model(heads: int = 3, tokens: int = 197, depth: int = 64, layers: int = 12):
+    """softmax((q s) @ (k^T s)) @ v as timm's ViTs export it, `layers` times, each one's output the next one's q."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes, x = [], "q"
+    for i in range(layers):
+        nodes += [helper.make_node("Mul", [x, "s"], [f"qs{i}"]),
+                  helper.make_node("Transpose", ["k"], [f"kt{i}"], perm=[0, 1, 3, 2]),
+                  helper.make_node("Mul", [f"kt{i}", "s"], [f"kts{i}"]),
+                  helper.make_node("MatMul", [f"qs{i}", f"kts{i}"], [f"a{i}"]),
+                  helper.make_node("Softmax", [f"a{i}"], [f"p{i}"], axis=-1),
+                  helper.make_node("MatMul", [f"p{i}", "v"], [f"o{i}"])]
+        x = f"o{i}"
+    shape = [1, heads, tokens, depth]
+    graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape)
+                                                   for n in "qkv"],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, shape)],
+                              [numpy_helper.from_array(np.array(depth ** -0.25, np.float32), "s")])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+
+
+def build(source: Path, flags: list[str], folder: Path) -> dict:
+    """The four builds of `source` (the CLI, as a user runs it); each one's exit code and check."""
+    result = {}
+    for name in BUILDS:
+        side, precision = name.split()
+        out = folder / name.replace(" ", "-")
+        command = [sys.executable, "-m", "mlc", "compile", str(source), "--target", "x86", "-o", str(out), *flags,
+                   "--json", *(["--precision", "bf16"] if precision == "bf16" else []),
+                   *(["--disable-pass", "pad_attention"] if side == "before" else [])]
+        proc = subprocess.run(command, capture_output=True, text=True)
+        if proc.returncode == 3:  # the bf16 gate (random weights): built unchecked, its speed still counts
+            proc = subprocess.run([*command, "--no-check"], capture_output=True, text=True)
+            result[name] = {"exit": proc.returncode, "check": "bf16 gate missed: built with --no-check"}
+        else:
+            result[name] = {"exit": proc.returncode, "check": "pass" if proc.returncode == 0 else
+                            proc.stderr.strip().splitlines()[-1][:200]}
+    return result
+
+
+def measure(source: Path, folder: Path, threads: int, rounds: int) -> dict:
+    from mlc.bench.baselines import openvino_model
+    from mlc.runtime.runner import Runner
+
+    runners = {name: Runner(folder / name.replace(" ", "-"), threads=threads) for name in BUILDS}
+    first = runners["after fp32"]
+    with np.load(first.root / first.manifest["reference"]["inputs"]) as npz:
+        feeds = {k: npz[k] for k in npz.files}
+    timers = {}
+    for precision in ("f32", None):
+        compiled, actual = openvino_model(source, threads, precision)
+        request = compiled.create_infer_request()
+
+        def timed(request=request):
+            start = time.perf_counter()
+            request.infer(feeds)
+            return time.perf_counter() - start
+        timers[f"openvino {actual}"] = timed
+    for name, runner in runners.items():
+        timers[name] = lambda r=runner: r.measure(feeds, warmup=0, repeat=1)[1]["mean_ms"] / 1e3
+    keys = list(timers)
+    for _ in range(5):
+        for key in keys:
+            timers[key]()
+    samples = {key: [] for key in keys}
+    for i in range(rounds):
+        for key in keys[i % len(keys):] + keys[:i % len(keys)]:
+            samples[key].append(timers[key]())
+    arrays = {k: np.array(v) for k, v in samples.items()}
+
+    def ratio(a: str, b: str) -> list[float]:
+        r = arrays[a] / arrays[b]
+        return [round(float(np.percentile(r, q)), 3) for q in (50, 10, 90)]
+
+    ov_default = "openvino bf16" if "openvino bf16" in arrays else "openvino f32"
+    return {"p50_ms": {k: round(float(np.median(a)) * 1e3, 4) for k, a in arrays.items()},
+            **{f"after / before {p}": ratio(f"after {p}", f"before {p}") for p in ("fp32", "bf16")},
+            **{f"{side} fp32 / openvino f32": ratio(f"{side} fp32", "openvino f32") for side in ("before", "after")},
+            **{f"{side} bf16 / {ov_default}": ratio(f"{side} bf16", ov_default) for side in ("before", "after")}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--broad", type=Path, required=True, help="model_set.py's --work folder of the broad list")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("-o", "--output", type=Path, required=True)
+    args = parser.parse_args()
+    import onnx
+
+    from broad_models import MODELS as BROAD
+
+    from mlc.bench.machine import load_average, machine_info
+
+    doc = {"benchmark": "pad-attention", "rows": []}
+    for name in ("attention-197", *VITS):
+        folder = args.work / name
+        folder.mkdir(parents=True, exist_ok=True)
+        if name in VITS:
+            source, flags = args.broad / name / "model.onnx", BROAD[name][2]
+        else:
+            source, flags = folder / "model.onnx", []
+            onnx.save(attention_model(), source)
+        builds = build(source, flags, folder)
+        for threads in map(int, args.threads.split(",")):
+            load_start = load_average()
+            row = {"label": name, "threads": threads, "builds": builds, "rounds": args.rounds,
+                   **measure(source, folder, threads, args.rounds), "load_average": [load_start, load_average()]}
+            doc["rows"].append(row)
+            doc["machine"] = machine_info()
+            args.output.parent.mkdir(parents=True, exist_ok=True)
+            args.output.write_text(json.dumps(doc, indent=1) + "\n")
+            print(json.dumps({k: row[k] for k in row if k != "builds"}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
