@@ -643,7 +643,7 @@ def pad_attention(mod, config: dict, target):
     tokens) -> the keys zero-padded to the next multiple (B's columns, V's rows) and the padded scores masked with
     -inf, so softmax gives them exactly 0 and the result is unchanged. Every kernel of the attention then runs whole
     vectors: with 197 keys the scores' kernel padded B to 224 columns and copied it, P @ V copied P to pad its rows,
-    and softmax ran a scalar tail (deit_tiny's attention at 208 keys: 0.72x the time; benchmarks/attention).
+    and softmax ran a scalar tail (deit_tiny's attention: 0.73x the time; benchmarks/attention).
     Not applied where the softmax's result is used elsewhere too (it would then be computed twice)."""
     import numpy as np
     import tvm
