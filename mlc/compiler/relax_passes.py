@@ -638,6 +638,39 @@ def _padded_keys(scores, keys: int, padded: int, pad_value: float):
     return relax.op.nn.pad(scores, [0, 0] * (len(shape) - 1) + [0, padded - keys], pad_value=pad_value)
 
 
+def _score_chain(bound, scores):
+    """(the matmul under softmax's input `scores`, the ops between them, outermost first), or None. `bound(expr,
+    names)`: the call bound to `expr` if it is one of `names`."""
+    chain = (*_SCORE_OPS, "relax.matmul")
+    ops, call = [], bound(scores, chain)
+    while call is not None and call.op.name != "relax.matmul":
+        x, other = call.args
+        if call.op.name in ("relax.add", "relax.multiply") and bound(x, chain) is None:
+            x, other = other, x  # the operand the chain continues through comes second
+        ops.append((call.op.name, other))
+        call = bound(x, chain)
+    return None if call is None else (call, ops)
+
+
+def _padded_attention(matmul, ops, values, keys: int, padded: int):
+    """softmax(matmul [ops]) @ values with the keys zero-padded to `padded` and their scores masked with -inf;
+    None where an op's operand cannot be padded."""
+    import numpy as np
+    from tvm import relax
+
+    scores = relax.op.matmul(matmul.args[0], _padded_keys(matmul.args[1], keys, padded, 0.0))
+    for name, other in reversed(ops):
+        other = _padded_keys(other, keys, padded, _SCORE_OPS[name])
+        if other is None:
+            return None
+        scores = getattr(relax.op, name.removeprefix("relax."))(scores, other)
+    mask = np.zeros(padded, "float32")
+    mask[keys:] = -np.inf
+    probs = relax.op.nn.softmax(relax.op.add(scores, relax.const(mask)), axis=-1)
+    rank = len(values.ty.shape)
+    return relax.op.matmul(probs, relax.op.nn.pad(values, [0, 0] * (rank - 2) + [0, padded - keys, 0, 0]))
+
+
 def pad_attention(mod, config: dict, target):
     """softmax(A @ B [scale, mask]) @ V over a static key count that is no multiple of the vector width (a ViT's 197
     tokens) -> the keys zero-padded to the next multiple (B's columns, V's rows) and the padded scores masked with
@@ -645,7 +678,6 @@ def pad_attention(mod, config: dict, target):
     vectors: with 197 keys the scores' kernel padded B to 224 columns and copied it, P @ V copied P to pad its rows,
     and softmax ran a scalar tail (deit_tiny's attention: 0.73x the time; benchmarks/attention).
     Not applied where the softmax's result is used elsewhere too (it would then be computed twice)."""
-    import numpy as np
     import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
@@ -664,37 +696,17 @@ def pad_attention(mod, config: dict, target):
             if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.matmul":
                 return call
             probs, values = call.args
-            softmax = self.bound(probs, ("relax.nn.softmax",))
-            values_shape = _static_shape(values)
-            if softmax is None or values_shape is None or len(values_shape) < 2:
+            softmax, shape = self.bound(probs, ("relax.nn.softmax",)), _static_shape(values)
+            if softmax is None or shape is None or len(shape) < 2 or str(values.ty.dtype) != "float32" \
+                    or int(softmax.attrs.axis) not in (-1, len(shape) - 1):
                 return call
-            keys = values_shape[-2]
-            padded = -(-keys // lanes) * lanes
-            rank = len(values_shape)
-            if keys % lanes == 0 or keys < 4 * lanes or int(softmax.attrs.axis) not in (-1, rank - 1) \
-                    or str(getattr(values.ty, "dtype", "")) != "float32":
+            keys = shape[-2]
+            found = _score_chain(self.bound, softmax.args[0])
+            if keys % lanes == 0 or keys < 4 * lanes or found is None \
+                    or (_static_shape(found[0].args[1]) or [None])[-1] != keys:
                 return call
-            chain = (*_SCORE_OPS, "relax.matmul")
-            ops, scores = [], self.bound(softmax.args[0], chain)
-            while scores is not None and scores.op.name != "relax.matmul":
-                x, other = scores.args
-                if scores.op.name in ("relax.add", "relax.multiply") and self.bound(x, chain) is None:
-                    x, other = other, x  # the operand the chain continues through comes second
-                ops.append((scores.op.name, other))
-                scores = self.bound(x, chain)
-            if scores is None or (_static_shape(scores.args[1]) or [None])[-1] != keys:
-                return call
-            padded_scores = relax.op.matmul(scores.args[0], _padded_keys(scores.args[1], keys, padded, 0.0))
-            for name, other in reversed(ops):
-                other = _padded_keys(other, keys, padded, _SCORE_OPS[name])
-                if other is None:
-                    return call
-                padded_scores = getattr(relax.op, name.removeprefix("relax."))(padded_scores, other)
-            mask = np.zeros(padded, "float32")
-            mask[keys:] = -np.inf
-            probs = relax.op.nn.softmax(relax.op.add(padded_scores, relax.const(mask)), axis=-1)
-            pad_rows = [0, 0] * (rank - 2) + [0, padded - keys, 0, 0]
-            return relax.op.matmul(probs, relax.op.nn.pad(values, pad_rows))
+            padded = _padded_attention(*found, values, keys, -(-keys // lanes) * lanes)
+            return call if padded is None else padded
 
     before = op_counts(mod)
     rewritten = relax.transform.DeadCodeElimination(["main"])(rewrite_functions(Rewrite(mod), mod))
