@@ -61,10 +61,11 @@ lint: $(STAMP)
 
 # What CI runs (.ci/run): everything but slow, GPU and tuning tests. The tests are single-threaded (a compile
 # worker and its parent take turns), so TEST_WORKERS processes (pytest-xdist) each take whole files: module fixtures
-# are built once. More workers than cores, or than ~10 GB of memory each, slow it down.
+# are built once. More workers than cores, or than ~10 GB of memory each, slow it down. A worker that dies ends the
+# run (xdist hung after replacing one, its file's other tests unscheduled).
 TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not gpu and not tune"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --max-worker-restart 0 -m "not slow and not gpu and not tune"
 
 test-all: setup
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
