@@ -23,10 +23,8 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # the repo root
@@ -75,44 +73,12 @@ def build(source: Path, flags: list[str], folder: Path) -> dict:
 
 
 def measure(source: Path, folder: Path, rounds: int) -> dict:
-    from mlc.bench.baselines import openvino_model
+    from beside_openvino import before_after, timed_beside_openvino
+
     from mlc.runtime.runner import Runner
 
     runners = {name: Runner(folder / name.replace(" ", "-")) for name in BUILDS}
-    first = runners["after fp32"]
-    with np.load(first.root / first.manifest["reference"]["inputs"]) as npz:
-        feeds = {k: npz[k] for k in npz.files}
-    timers = {}
-    for precision in ("f32", None):
-        compiled, actual = openvino_model(source, 1, precision)
-        request = compiled.create_infer_request()
-
-        def timed(request=request):
-            start = time.perf_counter()
-            request.infer(feeds)
-            return time.perf_counter() - start
-        timers[f"openvino {actual}"] = timed
-    for name, runner in runners.items():
-        timers[name] = lambda r=runner: r.measure(feeds, warmup=0, repeat=1)[1]["mean_ms"] / 1e3
-    keys = list(timers)
-    for _ in range(5):
-        for key in keys:
-            timers[key]()
-    samples = {key: [] for key in keys}
-    for i in range(rounds):
-        for key in keys[i % len(keys):] + keys[:i % len(keys)]:
-            samples[key].append(timers[key]())
-    arrays = {k: np.array(v) for k, v in samples.items()}
-
-    def ratio(a: str, b: str) -> list[float]:
-        r = arrays[a] / arrays[b]
-        return [round(float(np.percentile(r, q)), 3) for q in (50, 10, 90)]
-
-    ov_bf16 = "openvino bf16" if "openvino bf16" in arrays else "openvino f32"
-    return {"p50_ms": {k: round(float(np.median(a)) * 1e3, 4) for k, a in arrays.items()},
-            **{f"{side} fp32 / openvino f32": ratio(f"{side} fp32", "openvino f32") for side in ("before", "after")},
-            **{f"{side} bf16 / {ov_bf16}": ratio(f"{side} bf16", ov_bf16) for side in ("before", "after")},
-            **{f"after / before {p}": ratio(f"after {p}", f"before {p}") for p in ("fp32", "bf16")}}
+    return before_after(timed_beside_openvino(source, runners, "after fp32", 1, rounds))
 
 
 def main() -> None:

@@ -12,21 +12,13 @@ from typing import Optional
 
 import numpy as np
 
+from mlc.compiler.mutators import static_shape
+
 ADDED = frozenset({"ReverseSequence", "Det", "DFT", "ConvInteger", "QLinearConv", "Col2Im", "DeformConv",
                    "TfIdfVectorizer"})
 ML_DOMAIN = "ai.onnx.ml"
 ML_ADDED = frozenset({"ArrayFeatureExtractor", "Binarizer", "TreeEnsemble"})  # ops of the ai.onnx.ml domain
 ML_OPS = frozenset((ML_DOMAIN, op) for op in ML_ADDED)
-
-
-def _static_shape(x) -> Optional[list[int]]:
-    shape = getattr(getattr(x, "ty", None), "shape", None)
-    if shape is None or not hasattr(shape, "values"):
-        return None
-    try:
-        return [int(v) for v in shape.values]
-    except (TypeError, ValueError):
-        return None
 
 
 def _dtype(x) -> str:
@@ -151,7 +143,7 @@ def _eye_like(bb, inputs, attr, params, tvm_impl):
     """EyeLike whose dtype attribute differs from the input's type (TVM insists they agree): a constant."""
     from onnx import helper
 
-    shape = _static_shape(inputs[0])
+    shape = static_shape(inputs[0])
     if shape is None or len(shape) != 2:
         return tvm_impl(bb, inputs, attr, params)
     dtype = helper.tensor_dtype_to_np_dtype(attr["dtype"]) if "dtype" in attr else np.dtype(_dtype(inputs[0]))
@@ -306,7 +298,7 @@ def _max_pool(bb, inputs, attr, params, tvm_impl):
     if attr["tvm_custom"]["num_outputs"] < 2:
         return y
     x = inputs[0]
-    shape, out = _static_shape(x), _static_shape(y)
+    shape, out = static_shape(x), static_shape(y)
     if shape is None or out is None:
         raise NotImplementedError("MaxPool's Indices output needs static shapes")
     spatial, out_spatial = shape[2:], out[2:]
@@ -384,7 +376,7 @@ def _det(bb, inputs, attr, params, tvm_impl):
     from tvm import relax
 
     x = inputs[0]
-    shape = _static_shape(x)
+    shape = static_shape(x)
     if shape is None or shape[-1] != shape[-2]:
         raise NotImplementedError("Det needs static square matrices")
     n, dtype = shape[-1], _dtype(x)
@@ -430,7 +422,7 @@ def _dft(bb, inputs, attr, params, tvm_impl):
     from tvm import relax
 
     x = inputs[0]
-    shape = _static_shape(x)
+    shape = static_shape(x)
     axis_input = _constant(_optional_input(inputs, 2), params)  # opset 20; opset 17 has the attribute
     axis = int(axis_input) if axis_input is not None else int(attr.get("axis", 1))
     if shape is None or shape[-1] not in (1, 2):
@@ -563,7 +555,7 @@ def _col2im(bb, inputs, attr, params, tvm_impl):
     from tvm import relax
 
     data, image, block = inputs
-    image, block, shape = _constant(image, params), _constant(block, params), _static_shape(data)
+    image, block, shape = _constant(image, params), _constant(block, params), static_shape(data)
     if image is None or block is None or shape is None:
         raise NotImplementedError("Col2Im needs constant image_shape and block_shape and a static input shape")
     image, block = [int(v) for v in image], [int(v) for v in block]
@@ -600,7 +592,7 @@ def _deform_conv(bb, inputs, attr, params, tvm_impl):
 
     x, w, offset = inputs[:3]
     bias, mask = _optional_input(inputs, 3), _optional_input(inputs, 4)
-    shape, w_shape, o_shape = _static_shape(x), _static_shape(w), _static_shape(offset)
+    shape, w_shape, o_shape = static_shape(x), static_shape(w), static_shape(offset)
     if shape is None or w_shape is None or o_shape is None or len(shape) != 4:
         raise NotImplementedError("DeformConv needs 2-D data with static shapes")
     n, c, h, wd = shape
@@ -661,7 +653,7 @@ def _tfidf_vectorizer(bb, inputs, attr, params, tvm_impl):
     from tvm import relax
 
     x = inputs[0]
-    shape = _static_shape(x)
+    shape = static_shape(x)
     if shape is None or len(shape) not in (1, 2) or "pool_int64s" not in attr:
         raise NotImplementedError("TfIdfVectorizer needs integer pools and a static [C] or [B, C] input")
     rows = x if len(shape) == 2 else relax.op.expand_dims(x, 0)

@@ -15,7 +15,7 @@ from typing import Any, Optional
 from mlc.compiler.contract import Note, NoteKind
 from mlc.passes.onnx import changes
 from mlc.passes.registry import REGISTRY
-from mlc.compiler.mutators import rewrite_functions
+from mlc.compiler.mutators import rewrite_functions, static_shape
 
 
 def _lift_matmul_weights(func):
@@ -611,15 +611,6 @@ def _power_as_products(call):
     return call
 
 
-def _static_shape(expr) -> Optional[list[int]]:
-    from tvm import tirx
-
-    shape = getattr(expr.ty, "shape", None)
-    if shape is None or not all(isinstance(d, tirx.IntImm) for d in shape):
-        return None
-    return [int(d) for d in shape]
-
-
 # Ops allowed between attention's scores and its softmax (a scale, a mask), with the value that pads their operand
 _SCORE_OPS = {"relax.add": 0.0, "relax.subtract": 0.0, "relax.multiply": 0.0, "relax.divide": 1.0}
 
@@ -628,7 +619,7 @@ def _padded_keys(scores, keys: int, padded: int, pad_value: float):
     """`scores` (..., keys) zero-padded to `padded` columns; a scalar or a column-broadcast operand as it is."""
     from tvm import relax
 
-    shape = _static_shape(scores)
+    shape = static_shape(scores)
     if shape is None:
         return None
     if not shape or shape[-1] == 1:
@@ -696,14 +687,14 @@ def pad_attention(mod, config: dict, target):
             if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.matmul":
                 return call
             probs, values = call.args
-            softmax, shape = self.bound(probs, ("relax.nn.softmax",)), _static_shape(values)
+            softmax, shape = self.bound(probs, ("relax.nn.softmax",)), static_shape(values)
             if softmax is None or shape is None or len(shape) < 2 or str(values.ty.dtype) != "float32" \
                     or int(softmax.attrs.axis) not in (-1, len(shape) - 1):
                 return call
             keys = shape[-2]
             found = _score_chain(self.bound, softmax.args[0])
             if keys % lanes == 0 or keys < 4 * lanes or found is None \
-                    or (_static_shape(found[0].args[1]) or [None])[-1] != keys:
+                    or (static_shape(found[0].args[1]) or [None])[-1] != keys:
                 return call
             padded = _padded_attention(*found, values, keys, -(-keys // lanes) * lanes)
             return call if padded is None else padded
