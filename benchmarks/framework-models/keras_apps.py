@@ -82,7 +82,9 @@ def _normalise_batch_norms(model) -> None:
         layer.momentum = 0.0  # moving = momentum * moving + (1 - momentum) * the batch's
     for layer, _ in drops:
         layer.rate = 0.0
-    batch = np.random.default_rng(0).standard_normal((2, *model.input_shape[1:])).astype(np.float32)
+    # Open spatial dims (MobileNetV3 without weights) at 224, the size mlc's reference runs them at.
+    shape = [dim or 224 for dim in model.input_shape[1:]]
+    batch = np.random.default_rng(0).standard_normal((2, *shape)).astype(np.float32)
     model(batch, training=True)
     for layer, momentum in norms:
         layer.momentum = momentum
