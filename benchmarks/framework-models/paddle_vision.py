@@ -33,7 +33,7 @@ RESULTS = HERE / "results" / "paddle-vision.json"
 SIZES = {"inception_v3": 299}  # the model's own input size; 224 otherwise
 
 
-def _quiet_paddle():
+def quiet_paddle():
     os.environ.setdefault("GLOG_minloglevel", "2")
     import warnings
 
@@ -47,7 +47,7 @@ def classifiers() -> list[str]:
     """The public functions of paddle.vision.models that return a Layer (checked by building each one)."""
     import inspect
 
-    _quiet_paddle()
+    quiet_paddle()
     import paddle.vision.models as models
 
     names = []
@@ -60,7 +60,7 @@ def classifiers() -> list[str]:
 
 
 def list_models() -> None:
-    paddle = _quiet_paddle()
+    paddle = quiet_paddle()
     import paddle.vision.models as models
 
     rows = []
@@ -80,7 +80,7 @@ def list_models() -> None:
 
 def save_model(name: str, prefix: str) -> None:
     """Child process: build `name` with seeded random weights and jit.save it at a fixed [1, 3, H, W]."""
-    paddle = _quiet_paddle()
+    paddle = quiet_paddle()
     import paddle.vision.models as models
     from paddle.static import InputSpec
 
@@ -96,7 +96,7 @@ def time_model(prefix: str, artifact: str, rounds: int, out: str) -> None:
     on the artifact's reference inputs, one call of each in turn, `rounds` rounds after warm-up."""
     import numpy as np
 
-    _quiet_paddle()
+    quiet_paddle()
     import paddle.inference as inference
 
     from mlc.runtime.runner import Runner, load_npz
