@@ -512,6 +512,19 @@ def _narrow_lanes(j_extent, lanes: int):
     return next((width for width in (lanes // 2, lanes // 4) if width >= 4 and j_extent % width == 0), None)
 
 
+# PAD_NARROW_WIDTHS is a module flag so a benchmark can build without it (benchmarks/cnn-kernels/odd_channels.py).
+PAD_NARROW_WIDTHS = True
+
+
+def _pads_width(j_extent: int, lanes: int) -> bool:
+    """Whether a static J that is no multiple of the vector width is zero-padded to one: a wide J, or one that no
+    narrower vector divides (NASNet's 1x1 convs to 11 and 22 channels ran a scalar loop and a predicated tail;
+    benchmarks/cnn-kernels/odd_channels.py). Below half a vector (a GEMV's J of 1 or 2) partial sums over the
+    depth stay cheaper than a mostly padded tile."""
+    narrow = PAD_NARROW_WIDTHS and j_extent > lanes // 2 and _narrow_lanes(j_extent, lanes) is None
+    return j_extent >= 2 * lanes or narrow
+
+
 def _pad_rows(sch, block, spatial, n_reduction: int, j_extent: int, lanes: int) -> bool:
     """Zero-pad a static row count that the row tile does not divide (a ViT's 197 tokens) to a multiple of it, so
     every tile runs without the per-row predicate that kept the tile out of registers. Einsum blocks only."""
@@ -927,7 +940,7 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None, def
     contiguous = _contiguous_last_axis(stmt, last)
     int8, depth = _dot_product_depth(sch, block, reduction, lanes, target, contiguous)
     rows_before = _extent(sch, spatial[-2]) if len(spatial) > 1 else None
-    if (contiguous and j_extent is not None and (j_extent % lanes and j_extent >= 2 * lanes or depth)
+    if (contiguous and j_extent is not None and (j_extent % lanes and _pads_width(j_extent, lanes) or depth)
             and _pad_width(sch, block, spatial, len(reduction), lanes, depth)):
         spatial, reduction = _loops_of(sch, block, n_spatial)
         last = sch.get(block).iter_vars[n_spatial - 1].var

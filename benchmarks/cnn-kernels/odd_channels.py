@@ -1,0 +1,144 @@
+"""Convs to a channel count no vector divides (#39): mlc with and without `schedule_rules.PAD_NARROW_WIDTHS`, beside
+ONNX Runtime and OpenVINO fp32, interleaved call by call in one process, 1 thread, fp32 throughout.
+
+NASNet's 1x1 convs write 11 and 22 channels (its filters are multiples of 11); a segmentation head writes 21 (VOC's
+classes). Below two vectors, such a J ran a scalar loop (no 4- or 8-lane vector divides it) or a 16-lane tile with a
+predicated tail, which LLVM emits as scalar code. "before" is this tree with the flag off, built in the same process.
+
+    .venv/bin/python benchmarks/framework-models/keras_apps.py --save NASNetMobile /tmp/odd/nasnet.keras --normalised
+    .venv/bin/mlc export /tmp/odd/nasnet.keras -o /tmp/odd/nasnet_mobile.onnx --input-shape input_layer:1x224x224x3
+    .venv-suites/bin/python benchmarks/cnn-kernels/odd_channels.py --work /tmp/odd \\
+        --model /tmp/odd/nasnet_mobile.onnx -o benchmarks/cnn-kernels/results/odd-channels.json
+
+A row: both builds' checks, p50 ms per engine, and the median (p10-p90) of per-round ratios (below 1: the first
+faster)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))  # the repo root
+sys.path.insert(0, str(HERE.parent / "grouped-conv"))
+sys.path.insert(0, str(HERE.parent / "precision"))
+
+# name -> (channels in, channels out, height = width, kernel, groups)
+LAYERS = {"nasnet-stem-32to11-111": (32, 11, 111, 1, 1), "nasnet-44to22-56": (44, 22, 56, 1, 1),
+          "nasnet-32to11-56": (32, 11, 56, 1, 1), "voc-head-512to21-65": (512, 21, 65, 1, 1),
+          "control-88to88-14": (88, 88, 14, 1, 1)}
+
+
+def static_batch(model):
+    for value in [*model.graph.input, *model.graph.output]:
+        for dim in value.type.tensor_type.shape.dim:
+            if not dim.HasField("dim_value"):
+                dim.dim_value = 1
+    return model
+
+
+def build(source: Path, folder: Path) -> dict:
+    """mlc's "before" and "after" builds of `source` in `folder`; each one's check."""
+    import mlc.api as api
+    from mlc.compiler import schedule_rules
+
+    checks = {}
+    for side in ("before", "after"):
+        schedule_rules.PAD_NARROW_WIDTHS = side == "after"
+        result = api.compile(str(source), target="x86", output=folder / side, isolate=False)
+        checks[side] = bool(result.check.passed)
+    schedule_rules.PAD_NARROW_WIDTHS = True
+    return checks
+
+
+def measure(source: Path, folder: Path, rounds: int, warmup: int = 5) -> dict:
+    """Every engine once a round, the order rotated each round."""
+    import onnxruntime as ort
+    from beside_openvino import ratio
+
+    from mlc.bench.baselines import openvino_model
+    from mlc.runtime.runner import Runner
+
+    runners = {side: Runner(folder / side, threads=1) for side in ("before", "after")}
+    first = runners["after"]
+    with np.load(first.root / first.manifest["reference"]["inputs"]) as npz:
+        feeds = {k: npz[k] for k in npz.files}
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    compiled, _ = openvino_model(source, 1, "f32")
+    request = compiled.create_infer_request()
+
+    def clock(call):
+        def timed():
+            start = time.perf_counter()
+            call()
+            return time.perf_counter() - start
+        return timed
+
+    timers = {"mlc before": clock(lambda: runners["before"].run(feeds)),
+              "mlc after": clock(lambda: runners["after"].run(feeds)),
+              "onnxruntime": clock(lambda: session.run(None, feeds)),
+              "openvino f32": clock(lambda: request.infer(feeds))}
+    keys = list(timers)
+    for _ in range(warmup):
+        for key in keys:
+            timers[key]()
+    samples = {key: [] for key in keys}
+    for i in range(rounds):
+        for key in keys[i % len(keys):] + keys[:i % len(keys)]:
+            samples[key].append(timers[key]())
+    arrays = {k: np.array(v) for k, v in samples.items()}
+    return {"p50_ms": {k: round(float(np.median(a)) * 1e3, 4) for k, a in arrays.items()},
+            "p10_p90_ms": {k: [round(float(np.percentile(a, q)) * 1e3, 4) for q in (10, 90)]
+                           for k, a in arrays.items()},
+            "after / before": ratio(arrays, "mlc after", "mlc before"),
+            **{f"{side} / {engine}": ratio(arrays, f"mlc {side}", engine)
+               for side in ("before", "after") for engine in ("onnxruntime", "openvino f32")}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--model", type=Path, action="append", default=[], help="a whole ONNX model (static shapes)")
+    parser.add_argument("--names", help="comma-separated layers and model stems (default: all)")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("-o", "--output", type=Path, required=True)
+    args = parser.parse_args()
+    for variable in ("OMP_NUM_THREADS", "TVM_NUM_THREADS"):
+        os.environ[variable] = "1"
+    import onnx
+    from models import conv_model
+
+    from mlc.bench.machine import load_average, machine_info
+
+    doc = {"benchmark": "odd-channels", "precision": "fp32", "threads": 1, "rounds": args.rounds, "rows": []}
+    names = [*LAYERS, *(m.stem for m in args.model)]
+    for name in args.names.split(",") if args.names else names:
+        folder = args.work / name
+        folder.mkdir(parents=True, exist_ok=True)
+        if name in LAYERS:
+            source = folder / "model.onnx"
+            onnx.save(conv_model(*LAYERS[name]), source)
+        else:  # its open dims (the export's batch) at 1, for OpenVINO and ONNX Runtime as for mlc
+            source = folder / "model.onnx"
+            onnx.save(static_batch(onnx.load(next(m for m in args.model if m.stem == name))), source)
+        checks = build(source, folder)
+        load_start = load_average()
+        row = {"label": name, "checks": checks, **measure(source, folder, args.rounds),
+               "load_average": [load_start, load_average()]}
+        doc["rows"].append(row)
+        doc["machine"] = machine_info()
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(doc, indent=1) + "\n")
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
