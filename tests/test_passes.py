@@ -640,6 +640,39 @@ def test_pad_attention_pads_keys_to_whole_vectors_and_keeps_results(relax_tools,
     assert "pad_attention" not in [s.name for s in passes.plan(2, device="cuda")]
 
 
+@pytest.mark.parametrize("channels,kernel,stride,padded", [(11, 7, 1, 16), (22, 5, 2, 32), (44, 3, 1, None),
+                                                           (32, 3, 1, None)])
+def test_pad_depthwise_channels_pads_to_whole_vectors_and_keeps_results(relax_tools, channels, kernel, stride,
+                                                                        padded):
+    """NASNet's depthwise convs over 11 and 22 channels run on channels zero-padded to 16 and 32, the extra ones
+    sliced off: the same numbers. 44 (4-lane vectors fit) and 32 (whole vectors) are left alone."""
+    tvm, relax, rp = relax_tools
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, channels, 15, 15), "float32"))
+    weight = relax.const(rng.standard_normal((channels, 1, kernel, kernel)).astype(np.float32))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, weight, strides=stride, padding=kernel // 2, groups=channels))
+            out = bb.emit_output(relax.op.nn.relu(y))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    with tvm.target.Target({"kind": "llvm", "mcpu": "znver4"}):  # 16 float lanes
+        rewritten = rp.pad_depthwise_channels(mod, {}, None)
+    convs = [b.value for b in rewritten["main"].body.blocks[0].bindings
+             if isinstance(b.value, relax.Call) and b.value.op.name == "relax.nn.conv2d"]
+    assert int(convs[0].attrs.groups) == (padded or channels), rewritten.script()
+    feed = rng.standard_normal((1, channels, 15, 15)).astype(np.float32)
+
+    def run(module):
+        vm = relax.VirtualMachine(tvm.compile(module, target="llvm"), tvm.cpu())
+        return vm["main"](tvm.runtime.tensor(feed)).numpy()
+
+    np.testing.assert_array_equal(run(rewritten), run(mod))
+    assert "pad_depthwise_channels" in [s.name for s in passes.plan(2)]
+    assert "pad_depthwise_channels" not in [s.name for s in passes.plan(2, device="cuda")]
+
+
 def test_explicit_relax_pass_failure_is_reported(relax_tools, monkeypatch):
     tvm, relax, rp = relax_tools
 

@@ -1,9 +1,11 @@
-"""Convs to a channel count no vector divides (#39): mlc with and without `schedule_rules.PAD_NARROW_WIDTHS`, beside
-ONNX Runtime and OpenVINO fp32, interleaved call by call in one process, 1 thread, fp32 throughout.
+"""Convs over a channel count no vector fits (#39): mlc before and after, beside ONNX Runtime and OpenVINO fp32,
+interleaved call by call in one process, 1 thread, fp32 throughout.
 
-NASNet's 1x1 convs write 11 and 22 channels (its filters are multiples of 11); a segmentation head writes 21 (VOC's
-classes). Below two vectors, such a J ran a scalar loop (no 4- or 8-lane vector divides it) or a 16-lane tile with a
-predicated tail, which LLVM emits as scalar code. "before" is this tree with the flag off, built in the same process.
+NASNet's convs write 11 and 22 channels (its filters are multiples of 11); a segmentation head writes 21 (VOC's
+classes). Such a J ran a scalar loop (no 4- or 8-lane vector divides it) or a 16-lane tile with a predicated tail,
+which LLVM emits as scalar code. After: 1x1 convs are padded to whole vectors in the kernel
+(`schedule_rules.PAD_NARROW_WIDTHS`), depthwise ones in the graph (the `pad_depthwise_channels` pass). "before" is
+this tree with the flag off and the pass disabled, built in the same process.
 
     .venv/bin/python benchmarks/framework-models/keras_apps.py --save NASNetMobile /tmp/odd/nasnet.keras --normalised
     .venv/bin/mlc export /tmp/odd/nasnet.keras -o /tmp/odd/nasnet_mobile.onnx --input-shape input_layer:1x224x224x3
@@ -32,7 +34,8 @@ sys.path.insert(0, str(HERE.parent / "precision"))
 # name -> (channels in, channels out, height = width, kernel, groups)
 LAYERS = {"nasnet-stem-32to11-111": (32, 11, 111, 1, 1), "nasnet-44to22-56": (44, 22, 56, 1, 1),
           "nasnet-32to11-56": (32, 11, 56, 1, 1), "voc-head-512to21-65": (512, 21, 65, 1, 1),
-          "control-88to88-14": (88, 88, 14, 1, 1)}
+          "nasnet-dw7x7-11-56": (11, 11, 56, 7, 11), "nasnet-dw5x5-22-28": (22, 22, 28, 5, 22),
+          "control-88to88-14": (88, 88, 14, 1, 1), "control-dw3x3-44-28": (44, 44, 28, 3, 44)}
 
 
 def static_batch(model):
@@ -47,11 +50,13 @@ def build(source: Path, folder: Path) -> dict:
     """mlc's "before" and "after" builds of `source` in `folder`; each one's check."""
     import mlc.api as api
     from mlc.compiler import schedule_rules
+    from mlc.passes import Options
 
     checks = {}
     for side in ("before", "after"):
         schedule_rules.PAD_NARROW_WIDTHS = side == "after"
-        result = api.compile(str(source), target="x86", output=folder / side, isolate=False)
+        passes = Options(disable=("pad_depthwise_channels",) if side == "before" else ())
+        result = api.compile(str(source), target="x86", output=folder / side, isolate=False, pass_options=passes)
         checks[side] = bool(result.check.passed)
     schedule_rules.PAD_NARROW_WIDTHS = True
     return checks

@@ -705,6 +705,50 @@ def pad_attention(mod, config: dict, target):
     return rewritten if all(after[op] <= before[op] for op in ("nn.softmax", "matmul")) else mod
 
 
+def pad_depthwise_channels(mod, config: dict, target):
+    """A float32 depthwise conv2d (NCHW, a constant OIHW weight) over a static channel count no vector fits (NASNet's
+    11 and 22: `schedule_rules.no_vector_fits`) -> its input zero-padded to whole vectors of channels, the weight
+    padded with zero filters, and the extra channels sliced off the output. A conv is no einsum, so the schedule
+    cannot pad it in the kernel: it ran a scalar loop (benchmarks/cnn-kernels/odd_channels.py). The pad fuses into
+    the producer's kernel and the slice into the conv's epilogue."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    from mlc.compiler.schedule_rules import no_vector_fits
+
+    lanes = _target_lanes()
+
+    @mutator
+    class Rewrite(PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.conv2d":
+                return call
+            (x, weight), attrs = call.args, call.attrs
+            shape = static_shape(x)
+            if (not isinstance(weight, tvm.ir.GenericConst) or shape is None or len(shape) != 4
+                    or str(x.ty.dtype) != "float32" or (attrs.data_layout, attrs.kernel_layout) != ("NCHW", "OIHW")
+                    or attrs.out_layout not in ("", "NCHW")):
+                return call
+            channels = shape[1]
+            filters = weight.value.numpy()
+            if int(attrs.groups) != channels or filters.shape[:2] != (channels, 1) \
+                    or not no_vector_fits(channels, lanes):
+                return call
+            padded = -(-channels // lanes) * lanes
+            wide = np.zeros((padded, *filters.shape[1:]), filters.dtype)
+            wide[:channels] = filters
+            conv = relax.op.nn.conv2d(relax.op.nn.pad(x, [0, 0, 0, padded - channels, 0, 0, 0, 0]), relax.const(wide),
+                                      strides=attrs.strides, padding=attrs.padding, dilation=attrs.dilation,
+                                      groups=padded, data_layout="NCHW", kernel_layout="OIHW",
+                                      out_dtype=attrs.out_dtype)
+            return relax.op.strided_slice(conv, axes=[1], begin=[0], end=[channels])
+
+    return rewrite_functions(Rewrite(mod), mod)
+
+
 def fast_math(mod, config: dict, target):
     """erf, tanh, sigmoid, exp and softmax on float32 -> TVM's polynomial versions (topi.fast_*).
     TVM's LLVM codegen calls libm's scalar erff/expf for these (tanh and sigmoid through expf),

@@ -516,13 +516,18 @@ def _narrow_lanes(j_extent, lanes: int):
 PAD_NARROW_WIDTHS = True
 
 
+def no_vector_fits(j_extent: int, lanes: int) -> bool:
+    """A static J of more than half a vector that neither `lanes` nor a narrower vector (`_narrow_lanes`) divides:
+    its kernels run a predicated tail, which LLVM emits as scalar code, unless J is padded to whole vectors."""
+    return bool(j_extent % lanes) and j_extent > lanes // 2 and _narrow_lanes(j_extent, lanes) is None
+
+
 def _pads_width(j_extent: int, lanes: int) -> bool:
-    """Whether a static J that is no multiple of the vector width is zero-padded to one: a wide J, or one that no
-    narrower vector divides (NASNet's 1x1 convs to 11 and 22 channels ran a scalar loop and a predicated tail;
+    """Whether a static J that is no multiple of the vector width is zero-padded to one: a wide J, or one no vector
+    fits (NASNet's 1x1 convs to 11 and 22 channels ran a scalar loop and a predicated tail;
     benchmarks/cnn-kernels/odd_channels.py). Below half a vector (a GEMV's J of 1 or 2) partial sums over the
     depth stay cheaper than a mostly padded tile."""
-    narrow = PAD_NARROW_WIDTHS and j_extent > lanes // 2 and _narrow_lanes(j_extent, lanes) is None
-    return j_extent >= 2 * lanes or narrow
+    return j_extent >= 2 * lanes or (PAD_NARROW_WIDTHS and no_vector_fits(j_extent, lanes))
 
 
 def _pad_rows(sch, block, spatial, n_reduction: int, j_extent: int, lanes: int) -> bool:

@@ -130,6 +130,11 @@ PASSES: tuple[Pass, ...] = (
          "keys zero-padded to the next multiple and their scores masked with -inf (exactly 0 after softmax), so every "
          "attention kernel runs whole vectors",
          2, f"{_RELAX}:pad_attention", devices=("cpu",)),
+    Pass("pad_depthwise_channels", "relax",
+         "a depthwise conv over a channel count no vector fits (NASNet's 11 and 22) -> on channels zero-padded to "
+         "whole vectors, the extra ones sliced off its output: the schedule cannot pad a conv in the kernel, and it "
+         "ran scalar code",
+         2, f"{_RELAX}:pad_depthwise_channels", devices=("cpu",)),
     Pass("fast_math", "relax",
          "erf (GELU), tanh, sigmoid, exp and softmax -> polynomials that vectorize (topi.fast_*), x**2 and x**3 -> "
          "products: libm's are scalar calls (17-50x slower per element); max abs error 3.9e-7, exp relative 4e-6",
