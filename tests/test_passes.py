@@ -640,16 +640,19 @@ def test_pad_attention_pads_keys_to_whole_vectors_and_keeps_results(relax_tools,
     assert "pad_attention" not in [s.name for s in passes.plan(2, device="cuda")]
 
 
-@pytest.mark.parametrize("channels,kernel,stride,padded", [(11, 7, 1, 16), (22, 5, 2, 32), (44, 3, 1, None),
-                                                           (32, 3, 1, None)])
+@pytest.mark.parametrize("channels,kernel,stride,padded,batch", [(11, 7, 1, 16, 1), (22, 5, 2, 32, 1),
+                                                                 (11, 5, 1, 16, "n"), (44, 3, 1, None, 1),
+                                                                 (32, 3, 1, None, 1)])
 def test_pad_depthwise_channels_pads_to_whole_vectors_and_keeps_results(relax_tools, channels, kernel, stride,
-                                                                        padded):
+                                                                        padded, batch):
     """NASNet's depthwise convs over 11 and 22 channels run on channels zero-padded to 16 and 32, the extra ones
-    sliced off: the same numbers. 44 (4-lane vectors fit) and 32 (whole vectors) are left alone."""
+    sliced off: the same numbers, with a symbolic batch too. 44 (4-lane vectors fit) and 32 (whole vectors) are left
+    alone."""
     tvm, relax, rp = relax_tools
     rng = np.random.default_rng(0)
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, channels, 15, 15), "float32"))
+    n = tvm.tirx.Var("n", "int64") if batch == "n" else batch
+    x = relax.Var("x", relax.TensorType((n, channels, 15, 15), "float32"))
     weight = relax.const(rng.standard_normal((channels, 1, kernel, kernel)).astype(np.float32))
     with bb.function("main", [x]):
         with bb.dataflow():

@@ -727,12 +727,13 @@ def pad_depthwise_channels(mod, config: dict, target):
             if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.conv2d":
                 return call
             (x, weight), attrs = call.args, call.attrs
-            shape = static_shape(x)
+            shape = getattr(x.ty, "shape", None)  # batch and spatial dims may be symbolic; the channels must not
             if (not isinstance(weight, tvm.ir.GenericConst) or shape is None or len(shape) != 4
-                    or str(x.ty.dtype) != "float32" or (attrs.data_layout, attrs.kernel_layout) != ("NCHW", "OIHW")
+                    or not isinstance(shape[1], tvm.tirx.IntImm) or str(x.ty.dtype) != "float32"
+                    or (attrs.data_layout, attrs.kernel_layout) != ("NCHW", "OIHW")
                     or attrs.out_layout not in ("", "NCHW")):
                 return call
-            channels = shape[1]
+            channels = int(shape[1])
             filters = weight.value.numpy()
             if int(attrs.groups) != channels or filters.shape[:2] != (channels, 1) \
                     or not no_vector_fits(channels, lanes):
