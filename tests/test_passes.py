@@ -640,38 +640,44 @@ def test_pad_attention_pads_keys_to_whole_vectors_and_keeps_results(relax_tools,
     assert "pad_attention" not in [s.name for s in passes.plan(2, device="cuda")]
 
 
-@pytest.mark.parametrize("channels,kernel,stride,padded,batch", [(11, 7, 1, 16, 1), (22, 5, 2, 32, 1),
-                                                                 (11, 5, 1, 16, "n"), (44, 3, 1, None, 1),
-                                                                 (32, 3, 1, None, 1)])
+@pytest.mark.parametrize("channels,kernel,stride,padded,batch,also_out", [
+    (11, 7, 1, 16, 1, False), (42, 5, 2, 48, 1, False), (11, 5, 1, 16, "n", False), (44, 3, 1, None, 1, False),
+    (32, 3, 1, None, 1, False), (22, 3, 1, None, 1, True)])
 def test_pad_depthwise_channels_pads_to_whole_vectors_and_keeps_results(relax_tools, channels, kernel, stride,
-                                                                        padded, batch):
-    """NASNet's depthwise convs over 11 and 22 channels run on channels zero-padded to 16 and 32, the extra ones
-    sliced off: the same numbers, with a symbolic batch too. 44 (4-lane vectors fit) and 32 (whole vectors) are left
-    alone."""
+                                                                        padded, batch, also_out):
+    """A separable conv over 11 or 42 channels (NASNet's) runs on channels zero-padded to 16 or 48: zero filters in
+    the depthwise half, zero input channels in the pointwise half, the same numbers (41 output rows: a row tail),
+    with a symbolic batch too. 44 (4-lane vectors fit), 32 (whole vectors) and a depthwise output used elsewhere
+    too are left alone."""
     tvm, relax, rp = relax_tools
     rng = np.random.default_rng(0)
     bb = relax.BlockBuilder()
     n = tvm.tirx.Var("n", "int64") if batch == "n" else batch
-    x = relax.Var("x", relax.TensorType((n, channels, 15, 15), "float32"))
-    weight = relax.const(rng.standard_normal((channels, 1, kernel, kernel)).astype(np.float32))
+    size = 81
+    x = relax.Var("x", relax.TensorType((n, channels, size, size), "float32"))
+    depthwise = relax.const(rng.standard_normal((channels, 1, kernel, kernel)).astype(np.float32))
+    pointwise = relax.const(rng.standard_normal((7, channels, 1, 1)).astype(np.float32))
     with bb.function("main", [x]):
         with bb.dataflow():
-            y = bb.emit(relax.op.nn.conv2d(x, weight, strides=stride, padding=kernel // 2, groups=channels))
-            out = bb.emit_output(relax.op.nn.relu(y))
+            y = bb.emit(relax.op.nn.conv2d(x, depthwise, strides=stride, padding=kernel // 2, groups=channels))
+            z = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(y, pointwise)))
+            out = bb.emit_output(relax.Tuple([z, y]) if also_out else z)
         bb.emit_func_output(out)
     mod = bb.get()
     with tvm.target.Target({"kind": "llvm", "mcpu": "znver4"}):  # 16 float lanes
         rewritten = rp.pad_depthwise_channels(mod, {}, None)
     convs = [b.value for b in rewritten["main"].body.blocks[0].bindings
              if isinstance(b.value, relax.Call) and b.value.op.name == "relax.nn.conv2d"]
-    assert int(convs[0].attrs.groups) == (padded or channels), rewritten.script()
-    feed = rng.standard_normal((1, channels, 15, 15)).astype(np.float32)
+    assert len(convs) == 2 and [int(c.attrs.groups) for c in convs] == [padded or channels, 1], rewritten.script()
+    assert int(convs[1].args[1].ty.shape[1]) == (padded or channels)
+    feed = rng.standard_normal((1, channels, size, size)).astype(np.float32)
 
     def run(module):
         vm = relax.VirtualMachine(tvm.compile(module, target="llvm"), tvm.cpu())
-        return vm["main"](tvm.runtime.tensor(feed)).numpy()
+        result = vm["main"](tvm.runtime.tensor(feed))
+        return (result[0] if also_out else result).numpy()
 
-    np.testing.assert_array_equal(run(rewritten), run(mod))
+    np.testing.assert_allclose(run(rewritten), run(mod), rtol=1e-5, atol=1e-5)
     assert "pad_depthwise_channels" in [s.name for s in passes.plan(2)]
     assert "pad_depthwise_channels" not in [s.name for s in passes.plan(2, device="cuda")]
 

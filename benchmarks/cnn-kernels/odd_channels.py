@@ -4,8 +4,9 @@ interleaved call by call in one process, 1 thread, fp32 throughout.
 NASNet's convs write 11 and 22 channels (its filters are multiples of 11); a segmentation head writes 21 (VOC's
 classes). Such a J ran a scalar loop (no 4- or 8-lane vector divides it) or a 16-lane tile with a predicated tail,
 which LLVM emits as scalar code. After: 1x1 convs are padded to whole vectors in the kernel
-(`schedule_rules.PAD_NARROW_WIDTHS`), depthwise ones in the graph (the `pad_depthwise_channels` pass). "before" is
-this tree with the flag off and the pass disabled, built in the same process.
+(`schedule_rules.PAD_NARROW_WIDTHS`), separable ones (depthwise then pointwise) in the graph (the
+`pad_depthwise_channels` pass). "before" is this tree with the flag off and the pass disabled, built in the same
+process.
 
     .venv/bin/python benchmarks/framework-models/keras_apps.py --save NASNetMobile /tmp/odd/nasnet.keras --normalised
     .venv/bin/mlc export /tmp/odd/nasnet.keras -o /tmp/odd/nasnet_mobile.onnx --input-shape input_layer:1x224x224x3
@@ -31,11 +32,31 @@ sys.path.insert(0, str(HERE.parents[1]))  # the repo root
 sys.path.insert(0, str(HERE.parent / "grouped-conv"))
 sys.path.insert(0, str(HERE.parent / "precision"))
 
-# name -> (channels in, channels out, height = width, kernel, groups)
+# name -> (channels in, channels out, height = width, kernel, groups); a "sep" layer is a separable conv: a depthwise
+# conv of that kernel over the input channels, then a 1x1 conv to the output channels (NASNet's SeparableConv2D)
 LAYERS = {"nasnet-stem-32to11-111": (32, 11, 111, 1, 1), "nasnet-44to22-56": (44, 22, 56, 1, 1),
           "nasnet-32to11-56": (32, 11, 56, 1, 1), "voc-head-512to21-65": (512, 21, 65, 1, 1),
-          "nasnet-dw7x7-11-56": (11, 11, 56, 7, 11), "nasnet-dw5x5-22-28": (22, 22, 28, 5, 22),
-          "control-88to88-14": (88, 88, 14, 1, 1), "control-dw3x3-44-28": (44, 44, 28, 3, 44)}
+          "nasnet-sep7x7-11-56": (11, 11, 56, 7, "sep"), "nasnet-sep5x5-22-28": (22, 22, 28, 5, "sep"),
+          "nasnet-large-sep5x5-42-42": (42, 42, 42, 5, "sep"),
+          "control-88to88-14": (88, 88, 14, 1, 1), "control-sep3x3-44-28": (44, 44, 28, 3, "sep")}
+
+
+def separable_model(cin: int, cout: int, size: int, kernel: int, seed: int = 0):
+    """ReLU, a depthwise conv (`kernel`, same padding) and a 1x1 conv with bias, as Keras's SeparableConv2D exports."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    depthwise = (rng.standard_normal((cin, 1, kernel, kernel)) / kernel).astype(np.float32)
+    pointwise = (rng.standard_normal((cout, cin, 1, 1)) / np.sqrt(cin)).astype(np.float32)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Conv", ["r", "dw"], ["d"], group=cin, pads=[kernel // 2] * 4),
+             helper.make_node("Conv", ["d", "pw", "b"], ["y"])]
+    graph = helper.make_graph(nodes, "separable", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                 [1, cin, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, size, size])],
+                              [numpy_helper.from_array(depthwise, "dw"), numpy_helper.from_array(pointwise, "pw"),
+                               numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32), "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def static_batch(model):
@@ -132,7 +153,9 @@ def main() -> None:
         folder.mkdir(parents=True, exist_ok=True)
         if name in LAYERS:
             source = folder / "model.onnx"
-            onnx.save(conv_model(*LAYERS[name]), source)
+            cin, cout, size, kernel, groups = LAYERS[name]
+            onnx.save(separable_model(cin, cout, size, kernel) if groups == "sep" else conv_model(*LAYERS[name]),
+                      source)
         else:  # its open dims (the export's batch) at 1, for OpenVINO and ONNX Runtime as for mlc
             source = folder / "model.onnx"
             onnx.save(static_batch(onnx.load(next(m for m in args.model if m.stem == name))), source)

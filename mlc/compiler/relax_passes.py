@@ -706,11 +706,15 @@ def pad_attention(mod, config: dict, target):
 
 
 def pad_depthwise_channels(mod, config: dict, target):
-    """A float32 depthwise conv2d (NCHW, a constant OIHW weight) over a static channel count no vector fits (NASNet's
-    11 and 22: `schedule_rules.no_vector_fits`) -> its input zero-padded to whole vectors of channels, the weight
-    padded with zero filters, and the extra channels sliced off the output. A conv is no einsum, so the schedule
-    cannot pad it in the kernel: it ran a scalar loop (benchmarks/cnn-kernels/odd_channels.py). The pad fuses into
-    the producer's kernel and the slice into the conv's epilogue."""
+    """A float32 depthwise conv2d over a static channel count no vector fits (NASNet's 11, 22 and 42:
+    `schedule_rules.no_vector_fits`) that feeds a conv2d (a separable conv's pointwise half) -> both on channels
+    zero-padded to whole vectors: the depthwise conv's input padded with zero channels and its weight with zero
+    filters, the next conv's weight with zero input channels, so the result is unchanged and nothing is sliced. A conv
+    is no einsum, so the schedule cannot pad it in the kernel: it ran a scalar loop
+    (benchmarks/cnn-kernels/odd_channels.py). Slicing the padded channels off instead put a slice in the conv's
+    write-back, and TVM 0.27 then drops the write-back's row bound (a row tail wrote past the output). NCHW, constant
+    OIHW weights; the batch and spatial dims may be symbolic. Not applied where the depthwise output is used
+    elsewhere too (it would be computed twice)."""
     import numpy as np
     import tvm
     from tvm import relax
@@ -720,34 +724,46 @@ def pad_depthwise_channels(mod, config: dict, target):
 
     lanes = _target_lanes()
 
+    def plain_conv(call) -> bool:
+        if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.conv2d":
+            return False
+        shape, attrs = getattr(call.args[0].ty, "shape", None), call.attrs
+        return (isinstance(call.args[1], tvm.ir.GenericConst) and shape is not None and len(shape) == 4
+                and isinstance(shape[1], tvm.tirx.IntImm) and str(call.args[0].ty.dtype) == "float32"
+                and (attrs.data_layout, attrs.kernel_layout) == ("NCHW", "OIHW") and attrs.out_layout in ("", "NCHW"))
+
+    def widened(weight, axis: int, size: int):
+        values = weight.value.numpy()
+        wide = np.zeros(values.shape[:axis] + (size,) + values.shape[axis + 1:], values.dtype)
+        wide[(slice(None),) * axis + (slice(0, values.shape[axis]),)] = values
+        return relax.const(wide)
+
+    def conv_like(call, data, weight, groups: int):
+        attrs = call.attrs
+        return relax.op.nn.conv2d(data, weight, strides=attrs.strides, padding=attrs.padding, dilation=attrs.dilation,
+                                  groups=groups, data_layout="NCHW", kernel_layout="OIHW", out_dtype=attrs.out_dtype)
+
     @mutator
     class Rewrite(PyExprMutator):
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.conv2d":
+            if not plain_conv(call) or int(call.attrs.groups) != 1 or not isinstance(call.args[0], relax.Var):
                 return call
-            (x, weight), attrs = call.args, call.attrs
-            shape = getattr(x.ty, "shape", None)  # batch and spatial dims may be symbolic; the channels must not
-            if (not isinstance(weight, tvm.ir.GenericConst) or shape is None or len(shape) != 4
-                    or not isinstance(shape[1], tvm.tirx.IntImm) or str(x.ty.dtype) != "float32"
-                    or (attrs.data_layout, attrs.kernel_layout) != ("NCHW", "OIHW")
-                    or attrs.out_layout not in ("", "NCHW")):
+            depthwise = self.lookup_binding(call.args[0])
+            if not plain_conv(depthwise):
                 return call
-            channels = int(shape[1])
-            filters = weight.value.numpy()
-            if int(attrs.groups) != channels or filters.shape[:2] != (channels, 1) \
+            channels = int(depthwise.args[0].ty.shape[1])
+            if int(depthwise.attrs.groups) != channels or tuple(depthwise.args[1].value.shape[:2]) != (channels, 1) \
                     or not no_vector_fits(channels, lanes):
                 return call
             padded = -(-channels // lanes) * lanes
-            wide = np.zeros((padded, *filters.shape[1:]), filters.dtype)
-            wide[:channels] = filters
-            conv = relax.op.nn.conv2d(relax.op.nn.pad(x, [0, 0, 0, padded - channels, 0, 0, 0, 0]), relax.const(wide),
-                                      strides=attrs.strides, padding=attrs.padding, dilation=attrs.dilation,
-                                      groups=padded, data_layout="NCHW", kernel_layout="OIHW",
-                                      out_dtype=attrs.out_dtype)
-            return relax.op.strided_slice(conv, axes=[1], begin=[0], end=[channels])
+            data = relax.op.nn.pad(depthwise.args[0], [0, 0, 0, padded - channels, 0, 0, 0, 0])
+            wide = conv_like(depthwise, data, widened(depthwise.args[1], 0, padded), padded)
+            return conv_like(call, wide, widened(call.args[1], 1, padded), 1)
 
-    return rewrite_functions(Rewrite(mod), mod)
+    before = op_counts(mod)
+    rewritten = relax.transform.DeadCodeElimination(["main"])(rewrite_functions(Rewrite(mod), mod))
+    return rewritten if op_counts(rewritten)["nn.conv2d"] <= before["nn.conv2d"] else mod
 
 
 def fast_math(mod, config: dict, target):

@@ -131,9 +131,9 @@ PASSES: tuple[Pass, ...] = (
          "attention kernel runs whole vectors",
          2, f"{_RELAX}:pad_attention", devices=("cpu",)),
     Pass("pad_depthwise_channels", "relax",
-         "a depthwise conv over a channel count no vector fits (NASNet's 11 and 22) -> on channels zero-padded to "
-         "whole vectors, the extra ones sliced off its output: the schedule cannot pad a conv in the kernel, and it "
-         "ran scalar code",
+         "a separable conv (depthwise, then a conv) over a channel count no vector fits (NASNet's 11, 22, 42) -> "
+         "both on channels zero-padded to whole vectors (zero filters, zero input channels: the same result); the "
+         "schedule cannot pad a conv in the kernel, and it ran scalar code",
          2, f"{_RELAX}:pad_depthwise_channels", devices=("cpu",)),
     Pass("fast_math", "relax",
          "erf (GELU), tanh, sigmoid, exp and softmax -> polynomials that vectorize (topi.fast_*), x**2 and x**3 -> "
