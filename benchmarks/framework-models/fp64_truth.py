@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from paddle_vision import _machine, _quiet_paddle  # noqa: E402
+from fm_common import machine  # noqa: E402
+from paddle_vision import quiet_paddle  # noqa: E402
 
 
 def main() -> None:
@@ -33,7 +34,7 @@ def main() -> None:
     parser.add_argument("-o", "--output", required=True)
     args = parser.parse_args()
     folder = Path(args.folder)
-    paddle = _quiet_paddle()
+    paddle = quiet_paddle()
     import paddle.inference as inference
     import paddle.vision.models as models
 
@@ -90,7 +91,7 @@ def main() -> None:
               f"{row['max_abs_error_vs_eager_fp32']:.3g}, passes atol 1e-4 rtol 1e-3 vs fp64: "
               f"{row['passes_mlc_default_check_vs_fp64']}, vs eager: {row['passes_mlc_default_check_vs_eager_fp32']}")
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps({"model": args.model, "machine": _machine(), "output_peak_abs_fp64": peak,
+    Path(args.output).write_text(json.dumps({"model": args.model, "machine": machine(), "output_peak_abs_fp64": peak,
                                              "output_abs_median_fp64": float(np.median(np.abs(truth))),
                                              "runtimes": rows}, indent=1) + "\n")
 
