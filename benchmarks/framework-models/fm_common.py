@@ -145,6 +145,25 @@ def parse_result(out: str) -> Optional[dict]:
             return None
 
 
+def save_step(record: dict, argv: list[str], timeout: int) -> bool:
+    """The child that builds and saves the model as a user would; fills `record`; True when it exited 0."""
+    rc, _, err, secs = child(argv, timeout)
+    record["save_s"] = round(secs, 1)
+    if rc != 0:
+        record.update(stage="save", exit_code=rc, passed=False, error=one_line(err))
+    return rc == 0
+
+
+def timing_step(record: dict, argv: list[str], out: Path, timeout: int) -> None:
+    """The timing child (`argv` + `--out OUT`): its JSON as `record["timing"]`, or why there is none."""
+    rc, _, err, _ = child([*argv, "--out", str(out)], timeout)
+    if rc == 0 and out.exists():
+        record["timing"] = json.loads(out.read_text())
+    else:
+        record["timing_error"] = one_line(err) or f"exit {rc}"
+    record["load_after"] = os.getloadavg()[0]
+
+
 def compile_step(record: dict, model_path: str, artifact: Path, timeout: int) -> bool:
     """`mlc compile MODEL --target x86 -o ARTIFACT --json` (no other flags) in a child; fills `record`; True when it
     exited 0 (compiled and passed its check against the framework's eager outputs)."""

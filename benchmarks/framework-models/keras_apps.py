@@ -26,7 +26,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from fm_common import HERE, PY, child, compile_step, interleaved, now, one_line, only, run_list, stats, table
+from fm_common import HERE, PY, compile_step, interleaved, now, only, run_list, save_step, stats, table, timing_step
 
 LIST = HERE / "results" / "keras-apps-list.json"
 RESULTS = HERE / "results" / "keras-apps.json"
@@ -174,22 +174,11 @@ def run_one(row: dict, work: Path, compile_timeout: int, rounds: int, time_timeo
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     path = str(folder / f"{name}.keras")
-    rc, out, err, secs = child([PY, __file__, "--save", name, path, *(["--normalised"] if normalised else [])], 900)
-    record["save_s"] = round(secs, 1)
-    if rc != 0:
-        record.update(stage="save", exit_code=rc, passed=False, error=one_line(err))
-        return record
     artifact = folder / "artifact"
-    if not compile_step(record, path, artifact, compile_timeout):
-        return record
-    timing_out = folder / "timing.json"
-    rc, out, err, secs = child([PY, __file__, "--time", path, str(artifact), "--rounds", str(rounds),
-                                "--out", str(timing_out)], time_timeout)
-    if rc == 0 and timing_out.exists():
-        record["timing"] = json.loads(timing_out.read_text())
-    else:
-        record["timing_error"] = one_line(err) or f"exit {rc}"
-    record["load_after"] = os.getloadavg()[0]
+    if save_step(record, [PY, __file__, "--save", name, path, *(["--normalised"] if normalised else [])], 900) \
+            and compile_step(record, path, artifact, compile_timeout):
+        timing_step(record, [PY, __file__, "--time", path, str(artifact), "--rounds", str(rounds)],
+                    folder / "timing.json", time_timeout)
     return record
 
 

@@ -15,13 +15,12 @@ against the Paddle Inference predictor by `paddle_vision.py --time` (the same ti
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from fm_common import HERE, PY, child, compile_step, now, one_line, only, run_list, table
+from fm_common import HERE, PY, compile_step, now, only, run_list, save_step, table, timing_step
 from paddle_vision import quiet_paddle
 
 RESULTS = HERE / "results" / "paddle-transformers.json"
@@ -126,22 +125,11 @@ def run_one(row: dict, work: Path, compile_timeout: int, rounds: int) -> dict:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     prefix = str(folder / "model")
-    rc, _, err, secs = child([PY, __file__, "--save", name, prefix], 600)
-    record["save_s"] = round(secs, 1)
-    if rc != 0:
-        record.update(stage="save", exit_code=rc, passed=False, error=one_line(err))
-        return record
     artifact = folder / "artifact"
-    if not compile_step(record, prefix, artifact, compile_timeout):
-        return record
-    timing_out = folder / "timing.json"
-    rc, _, err, _ = child([PY, str(HERE / "paddle_vision.py"), "--time", prefix, str(artifact), "--rounds",
-                           str(rounds), "--out", str(timing_out)], 900)
-    if rc == 0 and timing_out.exists():
-        record["timing"] = json.loads(timing_out.read_text())
-    else:
-        record["timing_error"] = one_line(err) or f"exit {rc}"
-    record["load_after"] = os.getloadavg()[0]
+    if save_step(record, [PY, __file__, "--save", name, prefix], 600) \
+            and compile_step(record, prefix, artifact, compile_timeout):
+        timing_step(record, [PY, str(HERE / "paddle_vision.py"), "--time", prefix, str(artifact), "--rounds",
+                             str(rounds)], folder / "timing.json", 900)
     return record
 
 

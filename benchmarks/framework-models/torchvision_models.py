@@ -36,7 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fm_common import HERE, PY, child, compile_step, interleaved, one_line, only, run_list, stats, table
+from fm_common import HERE, PY, child, compile_step, interleaved, one_line, only, run_list, stats, table, timing_step
 
 RESULTS_DIR = Path(os.environ.get("MLC_TV_RESULTS", HERE / "results"))
 SETS = {
@@ -260,15 +260,9 @@ def run_one(row: dict, work: Path, compile_timeout: int, rounds: int, via: str) 
     record["compile_timeout_s"] = timeout
     if not compile_step(record, source, artifact, timeout):
         return record
-    timing_out = folder / "timing.json"
     n, warm = (max(3, rounds // 3), 1) if heavy else (rounds, 3)
-    rc, out, err, secs = child([PY, __file__, "--time", family, name, str(artifact), "--rounds", str(n),
-                                 "--warmup", str(warm), "--out", str(timing_out)], 1800 if heavy else 900)
-    if rc == 0 and timing_out.exists():
-        record["timing"] = json.loads(timing_out.read_text())
-    else:
-        record["timing_error"] = one_line(err) or f"exit {rc}"
-    record["load_after"] = os.getloadavg()[0]
+    timing_step(record, [PY, __file__, "--time", family, name, str(artifact), "--rounds", str(n), "--warmup",
+                         str(warm)], folder / "timing.json", 1800 if heavy else 900)
     return record
 
 
