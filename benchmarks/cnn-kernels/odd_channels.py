@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -86,42 +85,23 @@ def build(source: Path, folder: Path) -> dict:
 def measure(source: Path, folder: Path, rounds: int, warmup: int = 5) -> dict:
     """Every engine once a round, the order rotated each round."""
     import onnxruntime as ort
-    from beside_openvino import ratio
+    from beside_openvino import interleave, mlc_timers, ratio, reference_feeds, timer
 
     from mlc.bench.baselines import openvino_model
     from mlc.runtime.runner import Runner
 
-    runners = {side: Runner(folder / side, threads=1) for side in ("before", "after")}
-    first = runners["after"]
-    with np.load(first.root / first.manifest["reference"]["inputs"]) as npz:
-        feeds = {k: npz[k] for k in npz.files}
+    runners = {f"mlc {side}": Runner(folder / side, threads=1) for side in ("before", "after")}
+    feeds = reference_feeds(runners["mlc after"])
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     session = ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
     compiled, _ = openvino_model(source, 1, "f32")
     request = compiled.create_infer_request()
-
-    def clock(call):
-        def timed():
-            start = time.perf_counter()
-            call()
-            return time.perf_counter() - start
-        return timed
-
-    # mlc's call as beside_openvino times it: inputs already in the runtime's tensors (Runner.run's numpy copies in
-    # and out cost more than these single convs)
-    timers = {f"mlc {side}": lambda r=runner: r.measure(feeds, warmup=0, repeat=1)[1]["mean_ms"] / 1e3
-              for side, runner in runners.items()}
-    timers |= {"onnxruntime": clock(lambda: session.run(None, feeds)),
-               "openvino f32": clock(lambda: request.infer(feeds))}
-    keys = list(timers)
-    for _ in range(warmup):
-        for key in keys:
-            timers[key]()
-    samples = {key: [] for key in keys}
-    for i in range(rounds):
-        for key in keys[i % len(keys):] + keys[:i % len(keys)]:
-            samples[key].append(timers[key]())
+    # mlc's call with its inputs already in the runtime's tensors (Runner.run's numpy copies in and out cost more
+    # than these single convs); ORT's and OpenVINO's with theirs
+    timers = mlc_timers(runners, feeds) | {"onnxruntime": timer(lambda: session.run(None, feeds)),
+                                           "openvino f32": timer(lambda: request.infer(feeds))}
+    samples = interleave(timers, rounds, warmup)
     arrays = {k: np.array(v) for k, v in samples.items()}
     return {"p50_ms": {k: round(float(np.median(a)) * 1e3, 4) for k, a in arrays.items()},
             "p10_p90_ms": {k: [round(float(np.percentile(a, q)) * 1e3, 4) for q in (10, 90)]

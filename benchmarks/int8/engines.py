@@ -35,6 +35,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[0] = str(ROOT)  # the repo root first: this folder's profile.py would shadow the stdlib's
+sys.path.insert(1, str(ROOT / "benchmarks" / "precision"))  # beside_openvino, broad_models
+from beside_openvino import interleave, timer  # noqa: E402
 MODELS = ("cnn-digits", "resnet18")
 SEED = 0
 
@@ -113,28 +115,6 @@ def save_calibration(feeds: list[dict], folder: Path) -> list[str]:
         np.savez(path, **feed)
         args += ["--calibration", str(path)]
     return args
-
-
-def timer(call):
-    def timed() -> float:
-        start = time.perf_counter()
-        call()
-        return time.perf_counter() - start
-    return timed
-
-
-def interleave(engines: dict, rounds: int, warmup: int) -> dict[str, list[float]]:
-    """Each round calls every engine once, starting one later each round; seconds per call."""
-    names = list(engines)
-    for _ in range(warmup):
-        for name in names:
-            engines[name]()
-    times = {name: [] for name in names}
-    for r in range(rounds):
-        for k in range(len(names)):
-            name = names[(r + k) % len(names)]
-            times[name].append(engines[name]())
-    return times
 
 
 def summary(times: dict[str, list[float]], samples: dict[str, int], mlc_name: str) -> dict:
@@ -276,7 +256,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     known = MODELS
     if args.broad:
-        sys.path.insert(0, str(ROOT / "benchmarks" / "precision"))
         from broad_models import MODELS as BROAD
 
         known = tuple(BROAD)

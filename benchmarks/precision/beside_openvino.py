@@ -17,30 +17,50 @@ def timed_beside_openvino(source: Path, runners: dict, reference: str, threads: 
     a round, the order rotated each round, after `warmup` untimed rounds."""
     from mlc.bench.baselines import openvino_model
 
-    first = runners[reference]
-    with np.load(first.root / first.manifest["reference"]["inputs"]) as npz:
-        feeds = {k: npz[k] for k in npz.files}
+    feeds = reference_feeds(runners[reference])
     timers = {}
     for precision in ("f32", None):
         compiled, actual = openvino_model(source, threads, precision)
         request = compiled.create_infer_request()
+        timers[f"openvino {actual}"] = timer(lambda request=request: request.infer(feeds))
+    timers |= mlc_timers(runners, feeds)
+    return {k: np.array(v) for k, v in interleave(timers, rounds, warmup).items()}
 
-        def timed(request=request):
-            start = time.perf_counter()
-            request.infer(feeds)
-            return time.perf_counter() - start
-        timers[f"openvino {actual}"] = timed
-    for name, runner in runners.items():
-        timers[name] = lambda r=runner: r.measure(feeds, warmup=0, repeat=1)[1]["mean_ms"] / 1e3
-    keys = list(timers)
+
+def reference_feeds(runner) -> dict[str, np.ndarray]:
+    """The artifact's reference inputs."""
+    with np.load(runner.root / runner.manifest["reference"]["inputs"]) as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+def mlc_timers(runners: dict, feeds: dict) -> dict:
+    """Seconds per call of each mlc Runner, its inputs already in the runtime's tensors."""
+    return {name: lambda r=runner: r.measure(feeds, warmup=0, repeat=1)[1]["mean_ms"] / 1e3
+            for name, runner in runners.items()}
+
+
+def timer(call):
+    """`call` as a function that returns its seconds."""
+    def timed() -> float:
+        start = time.perf_counter()
+        call()
+        return time.perf_counter() - start
+    return timed
+
+
+def interleave(engines: dict, rounds: int, warmup: int) -> dict[str, list[float]]:
+    """Each round calls every engine once, starting one later each round, after `warmup` untimed rounds; seconds
+    per call."""
+    names = list(engines)
     for _ in range(warmup):
-        for key in keys:
-            timers[key]()
-    samples = {key: [] for key in keys}
-    for i in range(rounds):
-        for key in keys[i % len(keys):] + keys[:i % len(keys)]:
-            samples[key].append(timers[key]())
-    return {k: np.array(v) for k, v in samples.items()}
+        for name in names:
+            engines[name]()
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for k in range(len(names)):
+            name = names[(r + k) % len(names)]
+            times[name].append(engines[name]())
+    return times
 
 
 def ratio(arrays: dict[str, np.ndarray], a: str, b: str) -> list[float]:
