@@ -404,3 +404,45 @@ def test_gpu_bf16_computes_what_fp16_would_in_bfloat16():
     result = gate(expected, {"dense": dense, "conv": conv}, "bf16")
     assert result.passed, result.to_json()
     assert all(o.max_abs_error > 3e-3 for o in result.outputs)  # bf16 rounding: fp16 stays under 2e-3 here
+
+
+def test_bf16_attention_matmuls_of_two_activations_run_on_vdpbf16ps():
+    """Attention's Q x K^T and P x V multiply two activations (no weight to pack at compile time): with whole vectors
+    of columns and an even depth they run in bf16 on vdpbf16ps, the right operand's pairs packed in the kernel at
+    run time, a symbolic batch included; a column count no vector fits (197 keys) stays fp32. Values within bf16
+    rounding of numpy's."""
+    tvm = pytest.importorskip("tvm")
+    from tvm import relax
+
+    from mlc.compiler import relax_passes, schedules
+
+    batch = tvm.tirx.Var("batch", "int64")
+    bb = relax.BlockBuilder()
+    q = relax.Var("q", relax.TensorType((batch, 3, 197, 64), "float32"))
+    keys = relax.Var("keys", relax.TensorType((batch, 3, 64, 208), "float32"))
+    odd = relax.Var("odd", relax.TensorType((batch, 3, 64, 197), "float32"))
+    with bb.function("main", [q, keys, odd]):
+        with bb.dataflow():
+            scores = bb.emit(relax.op.matmul(q, keys))
+            unpadded = bb.emit(relax.op.matmul(q, odd))
+            out = bb.emit_output(relax.Tuple([scores, unpadded]))
+        bb.emit_func_output(out)
+    target = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4", "num-cores": 1}
+    with tvm.target.Target(target):
+        mod = relax_passes.bf16_matmul(bb.get())
+    matmuls = [b.value for b in mod["main"].body.blocks[0].bindings
+               if isinstance(b.value, relax.Call) and b.value.op.name == "relax.matmul"]
+    assert [[str(a.ty.dtype) for a in m.args] for m in matmuls] == [["bfloat16"] * 2, ["float32"] * 2]
+    executable, report = schedules.build(mod, target, None, True, [])
+    assert not report["unscheduled"], report
+    assert "vdpbf16ps" in executable.mod.imports[0].inspect_source("asm")
+    if not targets.has_bf16_dot(targets.resolve("x86")):
+        return
+    rng = np.random.default_rng(0)
+    feeds = [rng.standard_normal((2, 3, 197, 64)), rng.standard_normal((2, 3, 64, 208)),
+             rng.standard_normal((2, 3, 64, 197))]
+    feeds = [f.astype(np.float32) for f in feeds]
+    got = relax.VirtualMachine(executable, tvm.cpu())["main"](*(tvm.runtime.tensor(f) for f in feeds))
+    result = gate({"scores": feeds[0] @ feeds[1]}, {"scores": got[0].numpy()}, "bf16")
+    assert result.passed, result.to_json()
+    np.testing.assert_allclose(got[1].numpy(), feeds[0] @ feeds[2], rtol=1e-4, atol=1e-4)

@@ -6,19 +6,25 @@ AVX512-BF16), interleaved call by call in one process (the order rotated each ro
         --models deit_tiny_patch16_224,vit_small_patch16_224 --build-only      # the two ViTs' ONNX files
     .venv-suites/bin/python benchmarks/attention/bench.py --broad /tmp/broad --work /tmp/attention \\
         --threads 1,2 -o benchmarks/attention/results/pad-attention.json
+    git worktree add /tmp/before 81b7e1c      # bf16 attention matmuls: before that commit's tree, after this one
+    .venv-suites/bin/python benchmarks/attention/bench.py --broad /tmp/broad --work /tmp/attention-bf16 \\
+        --before-tree /tmp/before --threads 1,2 -o benchmarks/attention/results/bf16-attention.json
 
-"before" is the same tree built with `--disable-pass pad_attention`. Rows: the list's ViTs, compiled with the list's
-flags, and "attention-197": deit_tiny's attention alone (3 heads, 197 tokens, depth 64, 12 in a chain). Each row: p50
-ms per build and the median (p10-p90) of per-round ratios, after / before and mlc / OpenVINO at the same precision
-(below 1: mlc faster)."""
+"before" is the same tree built with `--disable-pass pad_attention`, or with `--before-tree DIR` the mlc of another
+commit (a git worktree: `git worktree add DIR COMMIT`), built with the same flags. Rows: the list's ViTs, compiled
+with the list's flags, and "attention-197": deit_tiny's attention alone (3 heads, 197 tokens, depth 64, 12 in a
+chain). Each row: p50 ms per build and the median (p10-p90) of per-round ratios, after / before and mlc / OpenVINO
+at the same precision (below 1: mlc faster)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -52,18 +58,20 @@ def attention_model(heads: int = 3, tokens: int = 197, depth: int = 64, layers: 
     return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
 
 
-def build(source: Path, flags: list[str], folder: Path) -> dict:
+def build(source: Path, flags: list[str], folder: Path, before_tree: Optional[Path]) -> dict:
     """The four builds of `source` (the CLI, as a user runs it); each one's exit code and check."""
     result = {}
     for name in BUILDS:
         side, precision = name.split()
         out = folder / name.replace(" ", "-")
+        before_flags = ["--disable-pass", "pad_attention"] if before_tree is None else []
         command = [sys.executable, "-m", "mlc", "compile", str(source), "--target", "x86", "-o", str(out), *flags,
                    "--json", *(["--precision", "bf16"] if precision == "bf16" else []),
-                   *(["--disable-pass", "pad_attention"] if side == "before" else [])]
-        proc = subprocess.run(command, capture_output=True, text=True)
+                   *(before_flags if side == "before" else [])]
+        env = {**os.environ, "PYTHONPATH": str(before_tree)} if side == "before" and before_tree else None
+        proc = subprocess.run(command, capture_output=True, text=True, env=env)
         if proc.returncode == 3:  # the bf16 gate (random weights): built unchecked, its speed still counts
-            proc = subprocess.run([*command, "--no-check"], capture_output=True, text=True)
+            proc = subprocess.run([*command, "--no-check"], capture_output=True, text=True, env=env)
             result[name] = {"exit": proc.returncode, "check": "bf16 gate missed: built with --no-check"}
         else:
             result[name] = {"exit": proc.returncode, "check": "pass" if proc.returncode == 0 else
@@ -86,6 +94,8 @@ def main() -> None:
     parser.add_argument("--broad", type=Path, required=True, help="model_set.py's --work folder of the broad list")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--before-tree", type=Path,
+                        help="build 'before' with the mlc of this git worktree (another commit), not the flag")
     parser.add_argument("-o", "--output", type=Path, required=True)
     args = parser.parse_args()
     import onnx
@@ -94,7 +104,10 @@ def main() -> None:
 
     from mlc.bench.machine import load_average, machine_info
 
-    doc = {"benchmark": "pad-attention", "rows": []}
+    doc = {"benchmark": "pad-attention" if args.before_tree is None else "before-tree", "rows": []}
+    if args.before_tree is not None:
+        doc["before_commit"] = subprocess.run(["git", "-C", str(args.before_tree), "rev-parse", "--short", "HEAD"],
+                                              capture_output=True, text=True).stdout.strip()
     for name in ("attention-197", *VITS):
         folder = args.work / name
         folder.mkdir(parents=True, exist_ok=True)
@@ -103,7 +116,7 @@ def main() -> None:
         else:
             source, flags = folder / "model.onnx", []
             onnx.save(attention_model(), source)
-        builds = build(source, flags, folder)
+        builds = build(source, flags, folder, args.before_tree)
         for threads in map(int, args.threads.split(",")):
             load_start = load_average()
             row = {"label": name, "threads": threads, "builds": builds, "rounds": args.rounds,

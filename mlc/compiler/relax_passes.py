@@ -150,7 +150,7 @@ def bf16_matmul(mod):
     """matmul (dense, batch matmul) and conv2d (groups 1, or groups of whole vectors: `_bf16_groups`) with a
     constant weight on float32 -> bf16 inputs and weights with a float32 result: the kernels accumulate in float32
     (mlc's CPU schedule runs them on AVX512-BF16's vdpbf16ps), and everything else (normalisations, softmax,
-    reductions, elementwise, and matmuls of two activations, such as attention's, which have no weight to pack)
+    reductions, elementwise, and matmuls of two activations that the bf16 tile does not fit: `_bf16_activations`)
     stays float32. Constant weights are cast at compile time (FoldConstant). A conv is shaped for the bf16 register
     tile: an even depth (`_shallow_input`), and output channels and a row count the tile fits
     (`_conv_tile_padding`)."""
@@ -170,7 +170,7 @@ def bf16_matmul(mod):
             is_conv = call.op.same_as(conv2d) and (int(call.attrs.groups) == 1 or _bf16_groups(call))
             if not (call.op.same_as(matmul) or is_conv) or not all(f32(a) for a in call.args[:2]):
                 return call
-            if not isinstance(call.args[1], tvm.ir.GenericConst):  # activation x activation (attention): stays fp32
+            if not isinstance(call.args[1], tvm.ir.GenericConst) and not _bf16_activations(call):
                 return call
             if call.op.same_as(matmul):
                 return relax.op.matmul(*(relax.op.astype(v, "bfloat16") for v in call.args[:2]), out_dtype="float32")
@@ -197,6 +197,24 @@ def bf16_matmul(mod):
     mod = relax.transform.FoldConstant()(mod)  # weights as constants (transposes folded)
     mod = relax.transform.FoldConstant()(rewrite_functions(Rewrite(mod), mod))
     return _conv_inputs_in_bf16(mod)
+
+
+def _bf16_activations(call) -> bool:
+    """A matmul of two activations (attention's Q x K^T and P x V) whose matrices have static shapes (a batch may
+    be symbolic), an even depth and whole vectors of columns (`pad_attention` pads a ViT's 197 keys): the bf16
+    register tile fits, and the schedule packs the right operand's pairs at run time. Others stay fp32: a bf16
+    kernel the tile does not fit computes in fp32 after casts, slower than fp32."""
+    matrices = [_static_matrix(a) for a in call.args[:2]]
+    return all(matrices) and matrices[1][0] % 2 == 0 and matrices[1][1] % _target_lanes() == 0
+
+
+def _static_matrix(expr) -> Optional[tuple[int, int]]:
+    shape = getattr(getattr(expr, "ty", None), "shape", None)
+    try:
+        rows, columns = (int(d) for d in shape.values[-2:])
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return rows, columns
 
 
 def _conv_inputs_in_bf16(mod):

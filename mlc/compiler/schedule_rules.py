@@ -348,10 +348,12 @@ def _pack_weights(sch, block, last, width: int, pairs: int = 0) -> None:
     stride otherwise land in a few cache sets and a 512-channel conv's slice misses L2 (3x
     slower). The repacking block is marked like MetaSchedule's layout rewrite, so the build
     splits it out and folds it into the constant at compile time. A weight that `_pad_width`
-    zero-padded is read through its padding block, which becomes the repacking block."""
+    zero-padded is read through its padding block, which becomes the repacking block. A dot-product
+    tile (`pairs`) needs its pairs side by side whatever the input: an activation (attention's K^T or V in
+    bf16) is packed so at run time, in the kernel (`_pack_at_run_time`)."""
     func_attrs = sch.mod["main"].attrs
     layout_free = {int(i) for i in func_attrs.get("layout_free_buffers", [])} if func_attrs else set()
-    if not layout_free:
+    if not layout_free and not pairs:
         return
     params = list(sch.mod["main"].params)
     constant = [params[i] for i in sorted(layout_free)]
@@ -363,14 +365,18 @@ def _pack_weights(sch, block, last, width: int, pairs: int = 0) -> None:
         indices = [r.min for r in region.region]
         if len(indices) < 2 or last not in _vars_in(indices[-1]):
             continue
+        at_run_time = False
         if is_constant(region):
             packer = sch.cache_read(block, index, "global")
         else:
             packer = next((p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(region.source)
                            and all(is_constant(r) for r in sch.get(p).reads)), None)
             if packer is None:
-                continue
-        sch.annotate(packer, "meta_schedule.layout_rewrite_preproc", True)
+                if not pairs or not _right_operand(sch.get(block), indices, last):
+                    continue
+                packer, at_run_time = sch.cache_read(block, index, "global"), True
+        if not at_run_time:
+            sch.annotate(packer, "meta_schedule.layout_rewrite_preproc", True)
         if pairs:  # [.., K, J] -> [J/width, .., K/p, width, p]: a lane's p K values side by side (vdpbf16ps: 2,
             # vpdpbusd: 4)
             sch.transform_layout(block, ("read", index),
@@ -379,6 +385,28 @@ def _pack_weights(sch, block, last, width: int, pairs: int = 0) -> None:
         else:
             sch.transform_layout(block, ("read", index),
                                  lambda *idx: [idx[-1] // width, *idx[:-1], idx[-1] % width])
+        if at_run_time:
+            _pack_at_run_time(sch, packer)
+
+
+def _right_operand(stmt, indices, last) -> bool:
+    """Whether a read is a matmul's [.., K, J] operand: J (`last`) alone in its last index, only reduction variables
+    in the one before (a grouped conv's input, whose channel also depends on the group, is not)."""
+    reduction = {iv.var for iv in stmt.iter_vars if int(iv.iter_type) == 2}  # IterVar.CommReduce
+    depth = _vars_in(indices[-2])
+    return _vars_in(indices[-1]) == {last} and bool(depth) and depth <= reduction
+
+
+def _pack_at_run_time(sch, packer) -> None:
+    """The run-time pairs copy in the packed order (its writes contiguous), the pairs of a vector's lanes as one
+    vector."""
+    *batch, k, j = sch.get_loops(packer)
+    width, pairs = (int(e) for e in sch.get(packer).writes[0].source.shape[-2:])
+    jo, ji = sch.split(j, factors=[None, width])
+    ko, ki = sch.split(k, factors=[None, pairs])
+    sch.reorder(jo, *batch, ko, ji, ki)
+    sch.parallel(sch.fuse(jo, *batch))
+    sch.unroll(ki)
 
 
 def _tile_shape(j_extent: int, row_extent, lanes: int, registers=None, depths=()) -> tuple[int, int]:
