@@ -398,8 +398,8 @@ def _right_operand(stmt, indices, last) -> bool:
 
 
 def _pack_at_run_time(sch, packer) -> None:
-    """The run-time pairs copy in the packed order (its writes contiguous), the pairs of a vector's lanes as one
-    vector."""
+    """The run-time copy, in the packed order (its writes contiguous), its pairs unrolled: LLVM interleaves the pair's
+    rows into whole-vector stores (vpermt2w), where TVM's vectorizer made a scalar insert per value."""
     *batch, k, j = sch.get_loops(packer)
     width, pairs = (int(e) for e in sch.get(packer).writes[0].source.shape[-2:])
     jo, ji = sch.split(j, factors=[None, width])
