@@ -68,10 +68,12 @@ def build(source: Path, flags: list[str], folder: Path, before_tree: Optional[Pa
         command = [sys.executable, "-m", "mlc", "compile", str(source), "--target", "x86", "-o", str(out), *flags,
                    "--json", *(["--precision", "bf16"] if precision == "bf16" else []),
                    *(before_flags if side == "before" else [])]
-        env = {**os.environ, "PYTHONPATH": str(before_tree)} if side == "before" and before_tree else None
-        proc = subprocess.run(command, capture_output=True, text=True, env=env)
+        # `python -m` puts the working folder first on the path, before PYTHONPATH: run in the other tree
+        other = {"cwd": before_tree, "env": {**os.environ, "PYTHONPATH": str(before_tree)}} \
+            if side == "before" and before_tree else {}
+        proc = subprocess.run(command, capture_output=True, text=True, **other)
         if proc.returncode == 3:  # the bf16 gate (random weights): built unchecked, its speed still counts
-            proc = subprocess.run([*command, "--no-check"], capture_output=True, text=True, env=env)
+            proc = subprocess.run([*command, "--no-check"], capture_output=True, text=True, **other)
             result[name] = {"exit": proc.returncode, "check": "bf16 gate missed: built with --no-check"}
         else:
             result[name] = {"exit": proc.returncode, "check": "pass" if proc.returncode == 0 else
@@ -94,7 +96,7 @@ def main() -> None:
     parser.add_argument("--broad", type=Path, required=True, help="model_set.py's --work folder of the broad list")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--before-tree", type=Path,
+    parser.add_argument("--before-tree", type=lambda p: Path(p).resolve(),
                         help="build 'before' with the mlc of this git worktree (another commit), not the flag")
     parser.add_argument("-o", "--output", type=Path, required=True)
     args = parser.parse_args()
@@ -109,10 +111,10 @@ def main() -> None:
         doc["before_commit"] = subprocess.run(["git", "-C", str(args.before_tree), "rev-parse", "--short", "HEAD"],
                                               capture_output=True, text=True).stdout.strip()
     for name in ("attention-197", *VITS):
-        folder = args.work / name
+        folder = args.work.resolve() / name
         folder.mkdir(parents=True, exist_ok=True)
         if name in VITS:
-            source, flags = args.broad / name / "model.onnx", BROAD[name][2]
+            source, flags = args.broad.resolve() / name / "model.onnx", BROAD[name][2]
         else:
             source, flags = folder / "model.onnx", []
             onnx.save(attention_model(), source)
