@@ -1218,6 +1218,16 @@ def _concatenation_inputs(sch, infos):
     return [i for i in infos if i not in concats and any(sch.get(i.block_rv).same_as(p) for p in producers)]
 
 
+def _feeds_elementwise(sch, pad, infos) -> bool:
+    """Whether a padding block's consumers are all elementwise: a 1x1 pool with a stride (made elementwise by
+    `unit_reductions`) that reads a corner of its ceil-mode padding. Left as a producer, TVM 0.27 reverse-inlines
+    such a consumer into the padding loop and writes its one output at every padded position (the last one: the
+    padding's -inf)."""
+    consumers = [sch.get(c) for c in sch.get_consumers(pad)]
+    injective = [sch.get(i.block_rv) for i in infos if i.is_injective()]
+    return bool(consumers) and all(any(c.same_as(b) for b in injective) for c in consumers)
+
+
 def _rule():
     from tvm import s_tir, tirx
     from tvm.s_tir import dlight as dl
@@ -1244,12 +1254,12 @@ def _rule():
             # Padding stays its own loop: inlined into a convolution it puts a branch in the
             # vectorized inner loop.
             pads = [i for i in infos if i.is_injective() and i.is_data_pad(sch)]
-            if INLINE_DEPTHWISE_PAD:
-                inlined = [i for i in pads if _feeds_depthwise(sch, i.block_rv, vector_lanes(target))]
-                for info in inlined:
-                    sch.compute_inline(info.block_rv)
-                pads = [i for i in pads if i not in inlined]
-                infos = [i for i in infos if i not in inlined]
+            inlined = [i for i in pads if _feeds_elementwise(sch, i.block_rv, infos)
+                       or (INLINE_DEPTHWISE_PAD and _feeds_depthwise(sch, i.block_rv, vector_lanes(target)))]
+            for info in inlined:
+                sch.compute_inline(info.block_rv)
+            pads = [i for i in pads if i not in inlined]
+            infos = [i for i in infos if i not in inlined]
             concat_inputs = _concatenation_inputs(sch, [i for i in infos if i not in pads])
             infos = try_inline_contiguous_spatial(sch, [i for i in infos if i not in pads + concat_inputs])
             for info in concat_inputs:  # copies (expand_dims) go into the concatenation; computed inputs stay out
