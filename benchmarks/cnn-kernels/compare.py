@@ -13,12 +13,12 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "precision"))
 
 
 def main() -> None:
@@ -36,6 +36,8 @@ def main() -> None:
 
     import onnxruntime as ort
 
+    from beside_openvino import interleave, mlc_timers, timer
+
     from mlc.bench.machine import load_average, machine_info
     from mlc.runtime.runner import Runner
 
@@ -49,14 +51,7 @@ def main() -> None:
     session = ort.InferenceSession(str(args.onnx), options, providers=["CPUExecutionProvider"])
     ort_feeds = {i.name: feeds[i.name] for i in session.get_inputs()}
 
-    def timed(fn):
-        def run() -> float:
-            start = time.perf_counter()
-            fn()
-            return time.perf_counter() - start
-        return run
-
-    timers = {"ort": timed(lambda: session.run(None, ort_feeds))}
+    timers = {"ort": timer(lambda: session.run(None, ort_feeds))}
     if not args.no_openvino:
         from mlc.bench.baselines import openvino_model
 
@@ -64,19 +59,10 @@ def main() -> None:
         request = compiled.create_infer_request()
         wanted = {n for port in compiled.inputs for n in port.get_names()}
         ov_feeds = {k: v for k, v in feeds.items() if k in wanted}
-        timers["openvino"] = timed(lambda: request.infer(ov_feeds))
-    for label, runner in runners.items():
-        timers[f"mlc_{label}"] = (lambda r=runner: r.measure(feeds, warmup=0, repeat=1)[1]["mean_ms"] / 1e3)
-    names = list(timers)
-    for _ in range(3):
-        for name in names:
-            timers[name]()
-    samples = {name: [] for name in names}
+        timers["openvino"] = timer(lambda: request.infer(ov_feeds))
+    timers.update({f"mlc_{label}": t for label, t in mlc_timers(runners, feeds).items()})
     load_start = load_average()
-    for i in range(args.rounds):
-        order = names[i % len(names):] + names[:i % len(names)]
-        for name in order:
-            samples[name].append(timers[name]())
+    samples = interleave(timers, args.rounds, warmup=3)
     profiles = {label: {} for label in runners}
     for _ in range(args.profile_rounds):
         for label, runner in runners.items():

@@ -16,12 +16,12 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "precision"))
 
 
 MODELS = {"shufflenet-v1"}  # whole models (a symbolic batch, compiled at 1); the rest are single layers
@@ -47,6 +47,8 @@ def measure(folder: Path, names: list[str], threads: int, rounds: int, output: P
         os.environ[var] = str(threads)
     import onnxruntime as ort
 
+    from beside_openvino import interleave, mlc_timers, timer
+
     from mlc.bench.baselines import openvino_model
     from mlc.bench.machine import load_average, machine_info
     from mlc.runtime.runner import Runner
@@ -65,27 +67,12 @@ def measure(folder: Path, names: list[str], threads: int, rounds: int, output: P
         request = compiled.create_infer_request()
         wanted = {n for port in compiled.inputs for n in port.get_names()}
 
-        def timed(fn):
-            def run() -> float:
-                start = time.perf_counter()
-                fn()
-                return time.perf_counter() - start
-            return run
-
         ov_feeds = {k: v for k, v in feeds.items() if k in wanted}
-        timers = {"ort": timed(lambda s=session, f=feeds: s.run(None, f)),
-                  "openvino_fp32": timed(lambda r=request, f=ov_feeds: r.infer(f))}
-        for label, runner in runners.items():
-            timers[f"mlc_{label}"] = lambda r=runner, f=feeds: r.measure(f, warmup=0, repeat=1)[1]["mean_ms"] / 1e3
-        keys = list(timers)
-        for _ in range(5):
-            for key in keys:
-                timers[key]()
-        samples = {key: [] for key in keys}
+        timers = {"ort": timer(lambda s=session, f=feeds: s.run(None, f)),
+                  "openvino_fp32": timer(lambda r=request, f=ov_feeds: r.infer(f))}
+        timers.update({f"mlc_{label}": t for label, t in mlc_timers(runners, feeds).items()})
         load_start = load_average()
-        for i in range(rounds):
-            for key in keys[i % len(keys):] + keys[:i % len(keys)]:
-                samples[key].append(timers[key]())
+        samples = interleave(timers, rounds, warmup=5)
         arrays = {k: np.array(v) for k, v in samples.items()}
         row = {"label": name, "threads": threads, "rounds": rounds, "openvino_precision": precision,
                "p50_ms": {k: round(float(np.median(a)) * 1e3, 4) for k, a in arrays.items()},
