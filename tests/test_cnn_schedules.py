@@ -377,7 +377,7 @@ def test_conv_skips_kernel_rows_and_columns_that_read_only_padding(tvm_tools, x_
         with bb.dataflow():
             out = bb.emit_output(relax.op.nn.conv2d(x, weight, strides=stride, padding=padding))
         bb.emit_func_output(out)
-    mod = relax_passes.bf16_matmul(bb.get()) if bf16 else bb.get()
+    mod = relax_passes.bf16_matmul(bb.get(), {}, None) if bf16 else bb.get()
     # the tile's shape as on AVX-512 whatever the host; the numbers from a build for the host
     conv = next(f for name, f in _kernels(tvm, rules, schedules, mod, ZNVER4).items() if "conv2d" in name)
     lowered = _lowered_through_skip_padding(tvm, conv, ZNVER4)

@@ -26,7 +26,8 @@ def _through_json(data: dict) -> dict:
 def _request() -> CompileRequest:
     """A request with no field at its default: a field to_json dropped would come back as the default."""
     return CompileRequest(
-        onnx="/w/cleaned.onnx", target={"kind": "llvm", "mcpu": "skylake"}, library="/a/model.so",
+        onnx="/w/cleaned.onnx", target={"kind": "llvm", "mcpu": "skylake"}, unquantized_onnx="/w/unquantized.onnx",
+        library="/a/model.so",
         run=RunFiles("/w/in.npz", "/w/out.npz"), cross_compiler="aarch64-linux-gnu-g++", kernels_dir="/a/kernels",
         object_dir="/a/objects", schedules=ScheduleRequest(db="/db", default=False),
         relax_passes=[{"name": "fuse_ops", "level": "relax", "config": {}, "explicit": False}], dump_ir="/w/ir",
@@ -41,7 +42,8 @@ def _result() -> CompileResult:
         pass_records=[{"name": "fuse_ops", "status": "applied"}],
         notes=[Note(kind, f"note of kind {kind.value}") for kind in NoteKind],
         kernels={"cuda": ["main_kernel"]}, schedules={"tuned": [], "default": ["matmul"], "unscheduled": []},
-        weights={"file": "model.weights", "tensors": []}, precision="bf16", gpu_code={"arch": "sm_90"})
+        weights={"file": "model.weights", "tensors": []}, precision="bf16", left_out=["quantize"],
+        gpu_code={"arch": "sm_90"})
 
 
 @pytest.mark.parametrize("make", [_request, _result])
@@ -128,11 +130,10 @@ def test_dropping_quantization_drops_the_calibration_note_by_kind(tmp_path):
         cleaned=None, calibration=[{}], pass_records=[{"name": "quantize"}, {"name": "fold_constant"}],
         notes=[Note(NoteKind.CALIBRATION, "seeded calibration, worded any way"),
                Note(NoteKind.PASS_SKIPPED, "--quantize int8: calibrated on ... (a note of another kind)")])
-    prepare.drop_quantization(prepared, CompilerError("TVM failed during build: boom"))
-    assert [n.kind for n in prepared.notes] == [NoteKind.PASS_SKIPPED, NoteKind.FALLBACK]
-    assert prepared.notes[-1].text == ("built without --quantize int8 (the artifact is fp32): TVM failed with it: "
-                                       "TVM failed during build: boom")
+    prepare.drop_quantization(prepared)
+    assert [n.kind for n in prepared.notes] == [NoteKind.PASS_SKIPPED]
     assert prepared.quantization is None and [r["name"] for r in prepared.pass_records] == ["fold_constant"]
+    assert prepared.cleaned_path == unquantized
 
 
 def test_a_compile_error_carries_tvms_own_message():

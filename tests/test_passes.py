@@ -68,7 +68,27 @@ def test_levels_add_passes_and_explicit_choices_override():
     assert step.config == {"fuse_opt_level": 3} and not step.explicit
 
 
+def test_precision_and_quantize_are_optional_steps_of_the_plan():
+    """--precision and --quantize run as registry steps at their place in the order, marked as asked for by the
+    option (an optional step: where it fails the build goes on without it), whatever -O or --passes say."""
+    cpu = passes.plan(2, precision="bf16")
+    step = next(s for s in cpu if s.name == "bf16_matmul")
+    assert (step.requested, step.explicit) == ("--precision bf16", False)
+    assert [s.name for s in cpu][-2:] == ["bf16_matmul", "fuse_ops"]  # after the other Relax passes: unfused
+    gpu = passes.plan(0, device="cuda", precision="bf16", passes=["fuse_ops"])
+    assert [s.name for s in gpu] == ["mixed_precision", "fuse_ops"]  # first: ToMixedPrecision needs unfused ops
+    assert (gpu[0].config["dtype"], gpu[0].requested) == ("bfloat16", "--precision bf16")
+    assert next(s for s in passes.plan(3, device="cuda", precision="fp16") if s.name == "mixed_precision").config == {
+        "out_dtype": "float32", "dtype": "float16"}
+    int8 = passes.plan(2, quantize="int8-dynamic")
+    assert [(s.name, s.config, s.requested) for s in int8 if s.level == "onnx"][-1] == (
+        "quantize", {"mode": "int8-dynamic"}, "--quantize int8-dynamic")
+    assert not {"bf16_matmul", "quantize"} & {s.name for s in passes.plan(3)}  # never by -O level
+
+
 @pytest.mark.parametrize("kwargs, message", [
+    ({"enable": ["bf16_matmul"]}, "pass bf16_matmul runs when --precision bf16"),
+    ({"passes": ["quantize"]}, "pass quantize runs when --quantize asks for it"),
     ({"passes": ["fuse_op"]}, "unknown pass 'fuse_op'; did you mean 'fuse_ops'?"),
     ({"opt_level": 4}, "must be 0, 1, 2 or 3"),
     ({"config": ["fuse_ops.level=2"]}, "has no setting 'level'"),

@@ -26,7 +26,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 MLC = str(Path(sys.executable).with_name("mlc"))
-# (name, model, target, extra flags): the demo, a CPU CNN and MLP, an ARM compile, and CUDA builds.
+# (name, model, target, extra flags): the demo, a CPU CNN and MLP, an ARM compile, CUDA builds, and the reduced
+# precisions (bf16 and int8 on the CPU, fp16 and bf16 on CUDA).
 CASES = [
     ("demo-bert-tiny-x86", "zoo:bert-tiny", "x86", ["--framework", "torch"]),
     ("mlp-x86", "zoo:mlp", "x86", []),
@@ -34,6 +35,10 @@ CASES = [
     ("mlp-graviton2", "zoo:mlp", "graviton2", []),
     ("mlp-cuda-h100", "zoo:mlp", "cuda-h100", []),
     ("cnn-cuda-h100", "zoo:cnn", "cuda-h100", []),
+    ("mlp-bf16-x86", "zoo:mlp", "x86", ["--precision", "bf16"]),
+    ("cnn-int8-x86", "zoo:cnn", "x86", ["--quantize", "int8"]),
+    ("bert-tiny-fp16-cuda-h100", "zoo:bert-tiny", "cuda-h100", ["--precision", "fp16"]),
+    ("mlp-bf16-cuda-h100", "zoo:mlp", "cuda-h100", ["--precision", "bf16"]),
 ]
 FILES = ("model.so", "model.weights", "kernels/cuda.cu")
 

@@ -120,6 +120,7 @@ class ScheduleRequest:
 class CompileRequest:
     onnx: str  # the cleaned model; its weights are read from the files beside it
     target: dict[str, Any]  # TVM target JSON
+    unquantized_onnx: Optional[str] = None  # --quantize: the graph before it, built where TVM fails on `onnx`
     library: Optional[str] = None  # export the library here (its weights beside it)
     run: Optional[RunFiles] = None
     cross_compiler: Optional[str] = None
@@ -161,6 +162,7 @@ class CompileResult:
     schedules: Optional[dict[str, list[str]]] = None  # CPU: kernels {tuned, default, unscheduled[, tuned_at]}
     weights: Optional[dict] = None  # {"file", "tensors"} written beside the library
     precision: str = "fp32"  # what was built: fp32 where TVM failed on the asked precision
+    left_out: list[str] = field(default_factory=list)  # the optional steps the fallback ladder left out
     gpu_code: Optional[dict] = None  # CUDA: what the GPU code was compiled for
 
     def to_json(self) -> dict[str, Any]:

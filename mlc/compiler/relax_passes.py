@@ -8,6 +8,7 @@ here is the only fusion; on GPU it is the target's pipeline, which legalizes and
 from __future__ import annotations
 
 import time
+import traceback
 from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
@@ -113,6 +114,8 @@ def combine_parallel_matmul(mod, config: dict, target):
 def mixed_precision(mod, config: dict, target):
     from tvm import relax
 
+    if config.get("dtype") == "bfloat16":
+        return gpu_bf16(mod)
     return relax.transform.ToMixedPrecision(out_dtype=config.get("out_dtype", "float32"))(mod)
 
 
@@ -146,7 +149,7 @@ def gpu_bf16(mod):
     return mod
 
 
-def bf16_matmul(mod):
+def bf16_matmul(mod, config: dict, target):
     """matmul (dense, batch matmul) and conv2d (groups 1, or groups of whole vectors: `_bf16_groups`) with a
     constant weight on float32 -> bf16 inputs and weights with a float32 result: the kernels accumulate in float32
     (mlc's CPU schedule runs them on AVX512-BF16's vdpbf16ps), and everything else (normalisations, softmax,
@@ -411,26 +414,6 @@ def _shallow_input(x, weight, attrs, padding: list[int]):
     if depth % 2:
         weight = _pad_axis(weight, in_axis, 1)
     return x, weight, padding
-
-
-def reduce_precision(mod, precision: str, target_json: dict):
-    """--precision: bf16 (CPU: bf16_matmul; GPU: gpu_bf16) or fp16 (TVM's ToMixedPrecision: fp16 compute, fp32
-    accumulation); returns the module and its pass record."""
-    import tvm
-
-    before = op_counts(mod)
-    start = time.perf_counter()
-    with tvm.target.Target(target_json):
-        if precision == "bf16" and target_json["kind"] == "llvm":
-            name, result = "bf16_matmul", bf16_matmul(mod)
-        elif precision == "bf16":
-            name, result = "mixed_precision", gpu_bf16(mod)
-        else:
-            name, result = "mixed_precision", mixed_precision(mod, {"out_dtype": "float32"}, None)
-    after = op_counts(result)
-    return result, {"name": name, "level": "relax", "status": "applied", "ops_before": sum(before.values()),
-                    "ops_after": sum(after.values()), "op_changes": changes(before, after),
-                    "time_s": round(time.perf_counter() - start, 4), "reason": f"--precision {precision}"}
 
 
 _KERNEL_LAYOUT = {"NHWC": "OHWI", "NCHW": "OIHW"}
@@ -888,18 +871,23 @@ def run(mod, steps: list[dict[str, Any]], target_json: dict, dump_dir: Optional[
                                       "op_changes": {}, "time_s": 0.0, "reason": "the schedules build "
                                       "(mlc.compiler.schedules) legalizes and fuses itself"})
             continue
+        requested = step.get("requested", "")
         try:
             with target:
                 result = REGISTRY[step["name"]].load()(mod, step["config"], target)
-            status, reason = "applied", None
+            status, reason = "applied", requested or None
         except Exception as e:  # a pass that cannot handle this model must not take the compile down
+            traceback.print_exc()  # into the log file
             lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
             reason = (lines[-1] if lines else type(e).__name__)[:300]
             if step["explicit"]:
                 report["error"] = f"pass {step['name']} (requested explicitly) failed on this model: {reason}"
                 return mod, report
             result, status = mod, "skipped"
-            report["notes"].append(Note(NoteKind.PASS_SKIPPED, f"pass {step['name']} skipped: {reason}"))
+            report["notes"].append(
+                Note(NoteKind.FALLBACK, f"built without {requested} (the artifact is fp32): TVM failed with it: "
+                                        f"{reason}") if requested
+                else Note(NoteKind.PASS_SKIPPED, f"pass {step['name']} skipped: {reason}"))
         elapsed = time.perf_counter() - start
         after = op_counts(result)
         report["records"].append({"name": step["name"], "level": "relax", "status": status,

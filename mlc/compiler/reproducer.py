@@ -146,8 +146,8 @@ def write(model: onnx.ModelProto, request: CompileRequest, stage: str, message: 
             return False
         onnx_path = Path(scratch.name) / "candidate.onnx"
         onnx.save(candidate, str(onnx_path))
-        sub = dataclasses.replace(request, onnx=str(onnx_path), reproducer=None, run=None, kernels_dir=None,
-                                  object_dir=None,
+        sub = dataclasses.replace(request, onnx=str(onnx_path), unquantized_onnx=None, reproducer=None, run=None,
+                                  kernels_dir=None, object_dir=None,
                                   library=str(Path(scratch.name) / "candidate.so") if stage == "export" else None)
         result = compile_request(sub)  # a CompileResult where it builds, else a WorkerResult
         return isinstance(result, WorkerResult) and result.kind == FailureKind.COMPILE and result.stage == stage \

@@ -231,33 +231,37 @@ def _tensor_core_report(executable) -> Optional[dict[str, list[str]]]:
     return report if any(report.values()) else None
 
 
-def _build_with_fallbacks(mod, passes_applied: bool, imported, request: CompileRequest, notes: list[Note],
-                          at_fp32=None):
-    """Build `mod`; where TVM fails, build again without the optional steps, the likeliest culprit first:
+def _build_with_fallbacks(passed: "_Passed", request: CompileRequest):
+    """Build `passed.mod`; where TVM fails, build again without the optional steps, the likeliest culprit first:
     CUDA graphs (--cuda-graphs), the tuning records (--db: records an older mlc wrote broke builds, #41), mlc's
-    default CPU schedules, then the Relax passes (when `passes_applied`; `imported()` makes the module without them),
-    then, for a reduced-precision build, the precision (`at_fp32()` makes the fp32 module). Each step left out stays
-    out of the later tries.
-    A fallback that builds adds a note naming the steps left out and TVM's reason; when every try fails, the
-    first error is raised (a mandatory step failed). Returns the executable, the schedule report, the lifted
-    weights and whether the precision was left out."""
+    default CPU schedules, then the Relax passes (where one changed the module; `passed.imported()` makes the module
+    without them), then the precision step (`passed.at_fp32()` makes the module without it). Each step left out
+    stays out of the later tries; --quantize's rung is the last (compile_request).
+    A fallback that builds adds a note naming the steps left out and TVM's reason, and their names to
+    `passed.left_out`; when every try fails, the first error is raised (a mandatory step failed). Returns the
+    executable, the schedule report, the lifted weights and whether the precision step was left out."""
     default = bool(request.schedules and request.schedules.default)
     db = request.schedules and request.schedules.db
     graphs = request.cuda_graphs
-    also = " and CUDA graphs" if graphs else ""
-    # (module, mlc's default schedules, the steps left out, tuning records, CUDA graphs)
+    also, graphs_out = (" and CUDA graphs", ["cuda_graphs"]) if graphs else ("", [])
+    mod = passed.mod
+    # (module, mlc's default schedules, the steps left out: (text, names), tuning records, CUDA graphs)
     attempts = [(lambda: mod, default, None, True, graphs)]
     if graphs:
-        attempts.append((lambda: mod, default, "CUDA graphs", True, False))
+        attempts.append((lambda: mod, default, ("CUDA graphs", graphs_out), True, False))
     if db:
-        attempts.append((lambda: mod, default, f"the tuning records (--db {db})", False, False))
+        attempts.append((lambda: mod, default, (f"the tuning records (--db {db})", ["tuning_records"]), False, False))
     if default:
-        attempts.append((lambda: mod, False, "mlc's default CPU schedules", True, False))
-    if passes_applied:
-        attempts.append((imported, False, "the Relax passes" + (" and mlc's default CPU schedules" if default else "")
-                         + also, True, False))
-    if at_fp32 is not None:
-        attempts.append((at_fp32, default, _AT_FP32.format(precision=request.precision) + also, True, False))
+        attempts.append((lambda: mod, False, ("mlc's default CPU schedules", ["default_schedules"]), True, False))
+    if passed.applied:
+        attempts.append((passed.imported, False, ("the Relax passes" + (" and mlc's default CPU schedules" if default
+                                                                        else "") + also,
+                                                  ["relax_passes"] + ["default_schedules"] * default + graphs_out),
+                         True, False))
+    if passed.at_fp32 is not None:
+        step = passed.precision_step
+        attempts.append((passed.at_fp32, default, (f"{step['requested']} (the artifact is fp32)" + also,
+                                                   [step["name"]] + graphs_out), True, False))
     first = None
     for module, default_schedules, skipped, use_db, cuda_graphs in attempts:
         tried: list[Note] = []
@@ -267,30 +271,13 @@ def _build_with_fallbacks(mod, passes_applied: bool, imported, request: CompileR
             traceback.print_exc()  # into the log file
             first = first or e
             continue
-        notes.extend(n for n in tried if n not in notes)
+        passed.notes.extend(n for n in tried if n not in passed.notes)
         if skipped:
-            notes.append(Note(NoteKind.FALLBACK, f"built without {skipped}: TVM failed with them: {summarize(first)}"))
-        return executable, report, lifted, module is at_fp32
+            passed.notes.append(Note(NoteKind.FALLBACK, f"built without {skipped[0]}: TVM failed with them: "
+                                                        f"{summarize(first)}"))
+            passed.left_out.extend(skipped[1])
+        return executable, report, lifted, module is passed.at_fp32
     raise first
-
-
-# The precision is an optional step: a valid model whose reduced-precision build TVM fails still gets a checked
-# (fp32) artifact, and the note says so.
-_AT_FP32 = "--precision {precision} (the artifact is fp32)"
-
-
-def _reduce_precision(mod, precision: str, target: dict, notes: list[Note]):
-    """The module at `precision` and its pass record; where TVM fails on it, the module as it was, no record, and a
-    note."""
-    from mlc.compiler import relax_passes
-
-    try:
-        return relax_passes.reduce_precision(mod, precision, target)
-    except Exception as e:  # TVM raises many kinds
-        traceback.print_exc()  # into the log file
-        notes.append(Note(NoteKind.FALLBACK,
-                          f"built without {_AT_FP32.format(precision=precision)}: TVM failed with it: {summarize(e)}"))
-        return mod, None
 
 
 def as_worker_result(outcome: CompileResult | child_process.WorkerResult) -> child_process.WorkerResult:
@@ -307,7 +294,7 @@ class _Failed(Exception):
     """A failure of a FailureKind in one of compile_request's stages (not a bug: the model's or the request's)."""
 
     def __init__(self, kind: FailureKind, message: str = "", details: CompileFailure | None = None):
-        super().__init__(message)
+        super().__init__(message or f"no converter for {', '.join((details and details.ops) or ())}")
         self.result = child_process.WorkerResult.failure(kind.value, message, None,
                                                          **(details or CompileFailure()).to_json())
 
@@ -321,39 +308,27 @@ def compile_request(request: CompileRequest) -> CompileResult | child_process.Wo
 
     timings: dict[str, float] = {}
     child_process.large_blocks_mapped()
-    stage = "load"
+    at = {"stage": "load", "onnx": request.onnx}  # where a failure happened, for the reproducer
     try:
         start = time.perf_counter()
         from mlc.runtime.runner import import_without_torch
 
         tvm = import_without_torch("tvm")  # TVM's ONNX import and build never use torch
-        model = onnx.load(request.onnx, load_external_data=False)  # its weights are read as they are converted
         timings["tvm_import"] = time.perf_counter() - start
-        stage = "target"
+        at["stage"] = "target"
         try:
             tvm.target.Target(request.target)
         except Exception as e:  # TVM raises ValueError/TVMError/AttributeError for bad JSON targets
             raise _Failed(FailureKind.TARGET, summarize(e)) from None
-        stage = "import"
-        mod, outputs = _import(model, request, timings)
-        del model  # its weights are TVM's now; a reproducer search reads the file again
-        child_process.release_memory()
-        stage = "passes"
-        passed = _run_passes(mod, request)
-        del mod
-        stage = "build"
-        start = time.perf_counter()
-        executable, schedule_report, lifted = _build_passed(passed, request)
-        timings["build"] = time.perf_counter() - start
-        child_process.release_memory()
+        outputs, passed, (executable, schedule_report, lifted) = _build_quantized_or_not(request, timings, at)
         written, gpu_code = None, {}
         if request.library:
-            stage = "export"
+            at["stage"] = "export"
             start = time.perf_counter()
             written = _export(executable, lifted, request, gpu_code)
             timings["export"] = time.perf_counter() - start
         if request.run:
-            stage = "run"
+            at["stage"] = "run"
             start = time.perf_counter()
             _run(executable, lifted, request.run.inputs, request.run.outputs)
             timings["run"] = time.perf_counter() - start
@@ -361,7 +336,7 @@ def compile_request(request: CompileRequest) -> CompileResult | child_process.Wo
         return CompileResult(tvm_version=tvm.__version__, outputs=outputs, timings=timings,
                              pass_records=passed.records, notes=passed.notes, kernels=kernels,
                              schedules=schedule_report, weights=written, precision=passed.precision,
-                             gpu_code=gpu_code or None)
+                             left_out=passed.left_out, gpu_code=gpu_code or None)
     except _Failed as e:
         return e.result
     except importer.ConversionError as e:  # a valid model TVM cannot import: exit 1 naming the op, not 70
@@ -369,12 +344,51 @@ def compile_request(request: CompileRequest) -> CompileResult | child_process.Wo
     except Exception as e:
         traceback.print_exc()  # into the log file the parent points the user to
         message, found = summarize(e), CompileFailure()
-        if request.reproducer and stage in reproducer.STAGES:  # a mandatory step failed: exit 70
-            found = reproducer.write(onnx.load(request.onnx), request, stage, message, compile_request)
-        return child_process.WorkerResult.failure(FailureKind.COMPILE.value, message, stage, **found.to_json())
+        if request.reproducer and at["stage"] in reproducer.STAGES:  # a mandatory step failed: exit 70
+            found = reproducer.write(onnx.load(at["onnx"]), dataclasses.replace(request, onnx=at["onnx"]),
+                                     at["stage"], message, compile_request)
+        return child_process.WorkerResult.failure(FailureKind.COMPILE.value, message, at["stage"], **found.to_json())
 
 
-def _import(model, request: CompileRequest, timings: dict[str, float]):
+def _build_quantized_or_not(request: CompileRequest, timings: dict[str, float], at: dict):
+    """The model imported, through the passes and built: its outputs' signature, the _Passed and what _build_passed
+    returns. --quantize is the last rung of the fallback ladder: where TVM fails on the quantised graph (to import
+    it, or on every build of it), the graph as it was before --quantize is built (fp32), with a note."""
+    try:
+        return _import_and_build(request.onnx, request, timings, at)
+    except Exception as e:  # TVM raises many kinds; a failure of the fp32 graph is raised as the compile's
+        if request.unquantized_onnx is None:
+            raise
+        traceback.print_exc()  # into the log file
+        why = str(e) if isinstance(e, _Failed) else summarize(e)
+    outputs, passed, built = _import_and_build(request.unquantized_onnx, request, timings, at)
+    quantize = next(s for s in request.relax_passes if s["name"] == "quantize")
+    passed.notes.insert(0, Note(NoteKind.FALLBACK, f"built without {quantize['requested']} (the artifact is fp32): "
+                                                   f"TVM failed with it: {why}"))
+    passed.left_out.append("quantize")
+    return outputs, passed, built
+
+
+def _import_and_build(onnx_path: str, request: CompileRequest, timings: dict[str, float], at: dict):
+    import onnx
+
+    at.update(stage="import", onnx=onnx_path)
+    model = onnx.load(onnx_path, load_external_data=False)  # its weights are read as they are converted
+    mod, outputs = _import(model, onnx_path, request, timings)
+    del model  # its weights are TVM's now; a reproducer search reads the file again
+    child_process.release_memory()
+    at["stage"] = "passes"
+    passed = _run_passes(mod, onnx_path, request)
+    del mod
+    at["stage"] = "build"
+    start = time.perf_counter()
+    built = _build_passed(passed, request)
+    timings["build"] = time.perf_counter() - start
+    child_process.release_memory()
+    return outputs, passed, built
+
+
+def _import(model, onnx_path: str, request: CompileRequest, timings: dict[str, float]):
     """The Relax module of `model` (ops TVM has no converter for: a failure naming them), and its outputs' signature."""
     from mlc.compiler import build, importer
 
@@ -382,7 +396,7 @@ def _import(model, request: CompileRequest, timings: dict[str, float]):
     if missing:
         raise _Failed(FailureKind.UNSUPPORTED, details=CompileFailure(ops=missing))
     start = time.perf_counter()
-    mod = importer.to_relax(model, request.dim_upper_bounds, Path(request.onnx).parent)
+    mod = importer.to_relax(model, request.dim_upper_bounds, Path(onnx_path).parent)
     timings["relax_import"] = time.perf_counter() - start
     try:
         return mod, build.output_signature(mod)
@@ -392,68 +406,59 @@ def _import(model, request: CompileRequest, timings: dict[str, float]):
 
 @dataclasses.dataclass
 class _Passed:
-    """The module after the Relax passes and the precision step, with what the build's fallbacks need."""
+    """The module after the Relax passes (the precision step among them), with what the build's fallbacks need."""
 
     mod: Any
-    records: list  # of the passes and the precision step
+    records: list  # the passes', in the order they ran
     notes: list[Note]
-    precision: str  # what the module computes in: the request's, or fp32 where TVM failed on it (noted)
-    precision_record: Optional[dict]
-    applied: bool  # a Relax pass changed the module
-    imported: Callable[[], Any]  # the module imported again, without the passes
+    precision: str  # what the module computes in: the request's, or fp32 where TVM failed on its step (noted)
+    precision_step: Optional[dict]  # --precision's step (Step.to_json()), where it applied
+    applied: bool  # a Relax pass other than the precision step changed the module
+    imported: Callable[[], Any]  # the module imported again, with the precision step only
     at_fp32: Optional[Callable[[], Any]]  # with the passes and without the precision step
+    left_out: list[str] = dataclasses.field(default_factory=list)  # the optional steps the build left out
 
 
-def _run_passes(mod, request: CompileRequest) -> _Passed:
+def _run_passes(mod, onnx_path: str, request: CompileRequest) -> _Passed:
     import onnx
 
     from mlc.compiler import importer, relax_passes
 
-    precision, precision_record, notes = request.precision, None, []
-    # GPU builds (fp16, and bf16 on a GPU) reduce before the passes: they fuse there, and ToMixedPrecision needs
-    # unfused ops; the CPU's bf16 after them (CPU builds fuse later)
-    before_passes = precision == "fp16" or (precision == "bf16" and request.target["kind"] != "llvm")
-    if before_passes:
-        mod, precision_record = _reduce_precision(mod, precision, request.target, notes)
-
-    def with_passes(again):
-        # mlc.compiler.schedules' CPU build legalizes and fuses itself (its tuning keys are the kernels it fuses)
-        return relax_passes.run(again, request.relax_passes, request.target, request.dump_ir,
-                                fused_by_build=bool(request.schedules))
-
-    def import_again():
-        return importer.to_relax(onnx.load(request.onnx, load_external_data=False), request.dim_upper_bounds,
-                                 Path(request.onnx).parent)
-
-    def imported():
-        """The module without the Relax passes, imported again: kept through the build, it held each weight a
-        pass replaced (the Q, K and V weights that combine_parallel_matmul concatenates) twice."""
-        again = import_again()
-        return relax_passes.reduce_precision(again, precision, request.target)[0] if precision_record else again
-
-    mod, passes = with_passes(mod)
+    steps = request.relax_passes
+    # mlc.compiler.schedules' CPU build legalizes and fuses itself (its tuning keys are the kernels it fuses)
+    mod, passes = relax_passes.run(mod, steps, request.target, request.dump_ir, fused_by_build=bool(request.schedules))
     if passes["error"]:
         raise _Failed(FailureKind.PASS, passes["error"])
     records = passes["records"]
-    notes = passes["notes"] + notes  # the fp16 step's note after the passes' (as the user has read them)
-    applied = any(r["status"] == "applied" for r in records)
-    if precision == "bf16" and not before_passes:  # the fallback without the passes keeps it too
-        mod, precision_record = _reduce_precision(mod, precision, request.target, notes)
-    if precision_record:
-        records.append(precision_record)
-    else:
-        precision = "fp32"  # asked for fp32, or TVM failed on the precision step (noted)
-    at_fp32 = (lambda: with_passes(import_again())[0]) if precision_record else None
-    return _Passed(mod, records, notes, precision, precision_record, applied, imported, at_fp32)
+    applied = {r["name"] for r in records if r["status"] == "applied"}
+    # --precision's step (--quantize's runs on the ONNX graph, before the worker)
+    precision_step = next((s for s in steps if s["level"] == "relax" and s.get("requested") and s["name"] in applied),
+                          None)
+
+    def again(chosen: list[dict]):
+        """The module imported again, through the `chosen` steps: kept through the build, the module without the
+        passes held each weight a pass replaced (the Q, K and V weights that combine_parallel_matmul concatenates)
+        twice."""
+        imported = importer.to_relax(onnx.load(onnx_path, load_external_data=False), request.dim_upper_bounds,
+                                     Path(onnx_path).parent)
+        return relax_passes.run(imported, chosen, request.target, fused_by_build=bool(request.schedules))[0]
+
+    at_fp32 = None
+    if precision_step:
+        at_fp32 = functools.partial(again, [s for s in steps if s is not precision_step])
+    return _Passed(mod, records, passes["notes"], request.precision if precision_step else "fp32", precision_step,
+                   bool(applied - {precision_step and precision_step["name"]}),
+                   functools.partial(again, [precision_step] if precision_step else []), at_fp32)
 
 
 def _build_passed(passed: _Passed, request: CompileRequest):
     """The executable (built with the fallbacks), its schedule report and the weights its `main` takes; a precision
     the build had to leave out is fp32 in `passed`."""
-    executable, schedule_report, lifted, fp32 = _build_with_fallbacks(
-        passed.mod, passed.applied, passed.imported, request, passed.notes, passed.at_fp32)
-    if fp32:
-        passed.records.remove(passed.precision_record)
+    executable, schedule_report, lifted, fp32 = _build_with_fallbacks(passed, request)
+    if fp32:  # recorded as left out, as a step that failed on its own is
+        step = passed.precision_step
+        passed.records = [{**r, "status": "skipped", "reason": f"{step['requested']}: every build with it failed"}
+                          if r["name"] == step["name"] else r for r in passed.records]
         passed.precision = "fp32"
     passed.mod = None  # `lifted` holds the weights main needs (packed ones replace the originals)
     return executable, schedule_report, lifted

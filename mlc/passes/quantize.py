@@ -27,8 +27,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from mlc.errors import InputError, UnsupportedModelError
 from mlc.passes.onnx import constant_values, prune_initializers
+from mlc.passes.registry import QUANTIZE_MODES
 
-MODES = ("int8", "int8-dynamic")
+MODES = QUANTIZE_MODES
 SEEDED_CALIBRATION = 8  # seeded calibration inputs when the user gives none
 MIN_OPSET = 11  # Round, Clip with inputs, Pad with a value input
 QUAD = 4  # int8 dot products (VNNI's vpdpbusd, ARM's sdot/udot) reduce 4 values per lane

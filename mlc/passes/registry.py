@@ -17,6 +17,7 @@ OPT_LEVELS = (0, 1, 2, 3)
 DEFAULT_OPT_LEVEL = 2
 GPU_DEVICES = ("cuda", "metal")
 RNN_OPS = ("LSTM", "GRU", "RNN")  # lowered by the lower_rnn pass (TVM has no converter for them)
+QUANTIZE_MODES = ("int8", "int8-dynamic")
 
 
 @dataclass(frozen=True)
@@ -45,17 +46,21 @@ class Pass:
     name: str
     level: str  # "onnx" or "relax"
     description: str
-    opt_level: int  # on by default from this -O level up (on the devices below)
+    opt_level: Optional[int]  # on by default from this -O level up (on the devices below); None: only on request
     run: str  # "module:function", loaded when the pass runs
     devices: tuple[str, ...] = ()  # on by default only for these target devices; () = every device
     config: Mapping[str, Option] = field(default_factory=dict)
+    requested_by: str = ""  # the compile option that also runs it (its value is the step's config)
 
     def default_on(self, opt_level: int, device: str) -> bool:
-        return opt_level >= self.opt_level and (not self.devices or device in self.devices)
+        return (self.opt_level is not None and opt_level >= self.opt_level
+                and (not self.devices or device in self.devices))
 
     @property
     def targets(self) -> str:
-        return ", ".join(self.devices) + " (opt-in elsewhere)" if self.devices else "all"
+        if not self.devices:
+            return "all"
+        return ", ".join(self.devices) + (" (opt-in elsewhere)" if self.opt_level is not None else "")
 
     def load(self) -> Callable:
         module, function = self.run.split(":")
@@ -112,15 +117,23 @@ PASSES: tuple[Pass, ...] = (
     Pass("shape_inference", "onnx",
          "ONNX shape inference with data propagation (types and shapes for the importer)",
          0, f"{_ONNX}:shape_inference"),
+    Pass("quantize", "onnx",
+         "matmul/conv -> int8 (u8 activations x s8 per-channel weights, QDQ), calibrated on --calibration's inputs or "
+         "seeded ones (int8), or scaled at run time (int8-dynamic); the graph before it is built where TVM fails on "
+         "it. Run by mlc.pipeline.prepare after the other ONNX passes: it calibrates on the model's inputs",
+         None, "", devices=("cpu",), requested_by="--quantize",
+         config={"mode": Option(str, "int8", "int8 (calibrated) or int8-dynamic", QUANTIZE_MODES)}),
+    Pass("mixed_precision", "relax",
+         "matmul/conv compute in float16 (or bfloat16), accumulate and return float32 (relax.transform."
+         "ToMixedPrecision); runs before the other Relax passes (it needs unfused ops)",
+         3, f"{_RELAX}:mixed_precision", devices=GPU_DEVICES, requested_by="--precision fp16/bf16 (GPU)",
+         config={"out_dtype": Option(str, "float32", "accumulation dtype", ("float32", "float16")),
+                 "dtype": Option(str, "float16", "compute dtype", ("float16", "bfloat16"))}),
     Pass("combine_parallel_matmul", "relax",
          "matmuls sharing an input (e.g. Q/K/V projections, A.B and A.C) -> one matmul with concatenated "
          "weights, then split (relax.transform.CombineParallelMatmul)",
          2, f"{_RELAX}:combine_parallel_matmul",
          config={"min_branches": Option(int, 2, "combine only groups of at least this many matmuls")}),
-    Pass("mixed_precision", "relax",
-         "compute in float16, accumulate and return float32 (relax.transform.ToMixedPrecision)",
-         3, f"{_RELAX}:mixed_precision", devices=GPU_DEVICES,
-         config={"out_dtype": Option(str, "float32", "accumulation dtype", ("float32", "float16"))}),
     Pass("convert_layout", "relax",
          "conv2d data/weight layout for targets that prefer another (relax.transform.ConvertLayout)",
          3, f"{_RELAX}:convert_layout", devices=GPU_DEVICES,
@@ -144,6 +157,10 @@ PASSES: tuple[Pass, ...] = (
          1, f"{_RELAX}:fold_constant"),
     Pass("dead_code_elimination", "relax", "remove unused bindings and functions (relax.transform.DeadCodeElimination)",
          1, f"{_RELAX}:dead_code_elimination"),
+    Pass("bf16_matmul", "relax",
+         "matmul and conv with a constant weight (and attention's activation matmuls whose tiles fit) -> bf16 "
+         "operands and float32 results, for AVX512-BF16's vdpbf16ps and ARM's bfdot; everything else stays float32",
+         None, f"{_RELAX}:bf16_matmul", devices=("cpu",), requested_by="--precision bf16 (CPU)"),
     Pass("fuse_ops", "relax",
          "LegalizeOps -> AnnotateTIROpPattern -> FoldConstant -> FuseOps -> FuseTIR, as TVM's CPU/GPU pipelines "
          "do (tvm.compile's generic CPU pipeline does not fuse; its GPU pipeline fuses again, harmlessly)",
@@ -161,9 +178,11 @@ class Step:
     level: str
     config: dict[str, Any]
     explicit: bool
+    requested: str = ""  # the option that asked for it ("--precision bf16"): an optional step of the build
 
     def to_json(self) -> dict:
-        return {"name": self.name, "level": self.level, "config": self.config, "explicit": self.explicit}
+        return {"name": self.name, "level": self.level, "config": self.config, "explicit": self.explicit,
+                "requested": self.requested}
 
 
 def _known(name: str) -> Pass:
@@ -198,27 +217,47 @@ def parse_config(items: Sequence[str]) -> dict[str, dict[str, Any]]:
     return result
 
 
+def requested_steps(precision: str = "fp32", quantize: Optional[str] = None, device: str = "cpu"
+                    ) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The steps --precision and --quantize run: {pass: (the option as given, its settings)}."""
+    steps = {}
+    if quantize:
+        steps["quantize"] = (f"--quantize {quantize}", {"mode": quantize})
+    if precision == "bf16" and device == "cpu":
+        steps["bf16_matmul"] = ("--precision bf16", {})
+    elif precision in ("fp16", "bf16"):
+        steps["mixed_precision"] = (f"--precision {precision}", {"dtype": {"fp16": "float16"}.get(precision,
+                                                                                                 "bfloat16")})
+    return steps
+
+
 def plan(opt_level: int = DEFAULT_OPT_LEVEL, passes: Optional[Sequence[str]] = None, disable: Sequence[str] = (),
-         enable: Sequence[str] = (), config: Sequence[str] = (), device: str = "cpu") -> list[Step]:
+         enable: Sequence[str] = (), config: Sequence[str] = (), device: str = "cpu", precision: str = "fp32",
+         quantize: Optional[str] = None) -> list[Step]:
     """The passes to run, in registry order. `passes` is an exact list (replaces the -O level's);
-    `enable` adds passes to the level's (opt-in ones such as mixed_precision on CPU); `disable` removes."""
+    `enable` adds passes to the level's (opt-in ones such as mixed_precision on CPU); `disable` removes.
+    `precision` and `quantize` add their steps (requested_steps) whatever the rest says."""
     if opt_level not in OPT_LEVELS:
         raise InputError(f"-O{opt_level}: the optimisation level must be 0, 1, 2 or 3")
     exact = _split_names(passes) if passes is not None else None
     disabled, enabled = _split_names(disable), _split_names(enable)
     for name in (exact or []) + disabled + enabled:
         _known(name)
+    for name in (exact or []) + enabled:
+        if REGISTRY[name].opt_level is None:
+            raise InputError(f"pass {name} runs when {REGISTRY[name].requested_by} asks for it; give that option")
     settings = parse_config(config)
+    requested = requested_steps(precision, quantize, device)
     explicit = set(exact or []) | set(enabled)
     chosen = (set(exact) if exact is not None
               else {p.name for p in PASSES if p.default_on(opt_level, device)} | set(enabled))
-    chosen -= set(disabled)
+    chosen = (chosen - set(disabled)) | set(requested)
     steps = []
     for p in PASSES:
         if p.name in chosen:
-            values = {k: o.default for k, o in p.config.items()}
-            values.update(settings.get(p.name, {}))
-            steps.append(Step(p.name, p.level, values, p.name in explicit))
+            given, values = requested.get(p.name, ("", {}))
+            values = {**{k: o.default for k, o in p.config.items()}, **settings.get(p.name, {}), **values}
+            steps.append(Step(p.name, p.level, values, p.name in explicit and not given, given))
     unused = sorted(set(settings) - chosen)
     if unused:
         raise InputError(f"--pass-config for {', '.join(unused)}, which will not run; enable it with --enable-pass")
@@ -231,7 +270,9 @@ class PassFailed(Exception):
 
 def describe_all() -> list[dict[str, str]]:
     """Rows for `mlc passes`."""
-    return [{"name": p.name, "level": p.level, "opt_level": f"-O{p.opt_level}", "targets": p.targets,
+    return [{"name": p.name, "level": p.level,
+             "opt_level": " or ".join(([f"-O{p.opt_level}"] if p.opt_level is not None else []) + [p.requested_by]
+                                      if p.requested_by else [f"-O{p.opt_level}"]), "targets": p.targets,
              "description": p.description,
              "config": ", ".join(f"{k}={o.default}" for k, o in p.config.items())} for p in PASSES]
 
@@ -247,8 +288,8 @@ class Options:
     config: tuple[str, ...] = ()  # PASS.KEY=VALUE
     dump_ir: Optional[str] = None  # folder for the graph after each pass
 
-    def plan(self, device: str) -> list[Step]:
-        return plan(self.opt_level, self.passes, self.disable, self.enable, self.config, device)
+    def plan(self, device: str, precision: str = "fp32", quantize: Optional[str] = None) -> list[Step]:
+        return plan(self.opt_level, self.passes, self.disable, self.enable, self.config, device, precision, quantize)
 
     def to_json(self) -> dict:
         return {"opt_level": self.opt_level, "passes": list(self.passes) if self.passes is not None else None,

@@ -20,7 +20,7 @@ from mlc.frontends import onnx as onnx_frontend
 from mlc.frontends import onnx_weights
 from mlc.errors import (CompilerError, InputError, MissingDependencyError, MlcError, NodeConversionError,
                         TargetError, UnsupportedModelError)
-from mlc.passes.quantize import MODES as QUANTIZE_MODES
+from mlc.passes.registry import QUANTIZE_MODES
 from mlc.pipeline import buckets as bucketing
 from mlc.pipeline import schedules as tuning_records
 from mlc.pipeline import source as sources
@@ -82,8 +82,7 @@ def compile(model: ModelSpec, options: CompileOptions, step: StepReporter = quie
     with tempfile.TemporaryDirectory(prefix="mlc-compile-") as scratch:
         workdir = Path(scratch)
         prepared = prepare(plan.model, workdir, timed, static=options.db is not None and not plan.dynamic,
-                           steps=plan.steps, dump_ir=options.pass_options.dump_ir, quantize=options.quantize,
-                           calibration=options.calibration)
+                           steps=plan.steps, dump_ir=options.pass_options.dump_ir, calibration=options.calibration)
         if prepared.declared_dynamic:  # a .pt2's own dynamic dims, as if given with --dynamic
             plan = dataclasses.replace(plan, dynamic=prepared.declared_dynamic,
                                        ranges={d: r for d, r in prepared.declared_dynamic.items() if r})
@@ -112,7 +111,7 @@ def compile(model: ModelSpec, options: CompileOptions, step: StepReporter = quie
 
 def build_settings(preset: targets.Target, options: CompileOptions) -> tuple[list, Optional[ScheduleRequest]]:
     """The pass plan and the worker's schedule request: what a compile builds with (and so `mlc debug` too)."""
-    return (options.pass_options.plan(preset.device),
+    return (options.pass_options.plan(preset.device, options.precision, options.quantize),
             tuning_records.schedule_request(preset, options.db, options.default_schedules))
 
 
@@ -240,6 +239,7 @@ def _build(plan: CompilePlan, prepared: Prepared, refs: References, builds: list
                 dump_ir = options.pass_options.dump_ir
                 return compiler.compile_in_worker(CompileRequest(
                     onnx=str(onnx_path), target=preset.tvm, library=str(staged / library), cross_compiler=plan.cross,
+                    unquantized_onnx=str(prepared.unquantized_path) if prepared.quantization else None,
                     kernels_dir=str(staged / KERNELS), object_dir=str(staged / OBJECTS) if macos else None,
                     schedules=plan.schedules, relax_passes=[s.to_json() for s in plan.steps],
                     dump_ir=str(dump_ir) if dump_ir else None,
@@ -257,13 +257,9 @@ def _build(plan: CompilePlan, prepared: Prepared, refs: References, builds: list
                     return compile_(prepared.cleaned_path)
 
             try:
-                try:
-                    results[build.library] = compile_bound(build.onnx)
-                except (CompilerError, NodeConversionError, UnsupportedModelError) as e:
-                    if not prepared.quantization:  # --quantize is an optional step: fp32 where TVM fails on it
-                        raise
-                    drop_quantization(prepared, e)
-                    results[build.library] = compile_bound(prepared.cleaned_path)
+                results[build.library] = compile_bound(build.onnx)
+                if "quantize" in results[build.library].left_out:  # the worker built the fp32 graph (noted)
+                    drop_quantization(prepared)
             except CompilerError as e:
                 cause = _user_cause(e, plan, prepared, refs)
                 if cause is None:

@@ -54,11 +54,11 @@ class Prepared:
 
 def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Mapping[str, np.ndarray]] = None,
             static: bool = False, steps: Optional[list] = None, dump_ir: Optional[str] = None,
-            quantize: Optional[str] = None, calibration: tuple = ()) -> Prepared:
+            calibration: tuple = ()) -> Prepared:
     """`model` to a cleaned ONNX graph in `workdir`. `feeds`: the reference inputs (default: the framework's, else
     seeded random ones); `static`: symbolic dims take the reference sizes (tuning records match static kernels);
     `steps`: the pass plan (default: the CPU plan); `dump_ir`: a folder for the graph after each pass;
-    `quantize`: int8 or int8-dynamic, calibrated on the `calibration` .npz files (else on seeded inputs)."""
+    `calibration`: the .npz files the plan's quantize step calibrates on (else seeded inputs)."""
     model = sources.resolve(model)
     dynamic = model.dynamic_dims()
     source = sources.to_onnx(model, workdir, timed)
@@ -86,6 +86,7 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
         notes = _skipped_passes(said)
         compiler.check_supported(cleaned, notes=notes)  # after the passes: lower_rnn makes LSTMs importable
     quantization, calibration_feeds, unquantized_path = None, [], None
+    quantize = next((s.config["mode"] for s in steps if s.name == "quantize"), None)
     if quantize:
         unquantized_path = workdir / "unquantized.onnx"
         onnx_passes.save(cleaned, unquantized_path)
@@ -381,13 +382,10 @@ def gate_cases(prepared: Prepared) -> list[tuple[dict, dict]]:
     return cases
 
 
-def drop_quantization(prepared: Prepared, error: MlcError) -> None:
-    """TVM failed on the quantised graph: build the graph as it was before --quantize (fp32), with a note naming the
-    step and TVM's reason; the manifest then records no quantisation and the artifact is checked as fp32."""
-    mode = prepared.quantization["mode"]
+def drop_quantization(prepared: Prepared) -> None:
+    """The worker built the graph as it was before --quantize (fp32: TVM failed on the quantised one, and its note
+    says why): the manifest then records no quantisation and the artifact is checked as fp32."""
     prepared.notes = [n for n in prepared.notes if n.kind is not NoteKind.CALIBRATION]
-    prepared.notes.append(Note(NoteKind.FALLBACK,
-                               f"built without --quantize {mode} (the artifact is fp32): TVM failed with it: {error}"))
     prepared.pass_records = [r for r in prepared.pass_records if r["name"] != "quantize"]
     prepared.cleaned_path = prepared.unquantized_path
     prepared.cleaned = onnx.load(str(prepared.cleaned_path), load_external_data=False)
@@ -410,6 +408,7 @@ def bind_to_reference(prepared: Prepared, steps: list, error: MlcError) -> bool:
                                              [s for s in steps if s.level == "onnx"], weights_dir=workdir)
     if prepared.quantization:  # quantised again, on the same calibration feeds
         mode, how = prepared.quantization["mode"], prepared.quantization["calibration"]["source"]
+        onnx_passes.save(cleaned, prepared.unquantized_path)
         cleaned = onnx_weights.materialized(cleaned, workdir)
         cleaned, prepared.quantization, record = quantize_graph(cleaned, mode, prepared.calibration, how)
         records.append(record)
