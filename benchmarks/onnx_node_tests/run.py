@@ -47,6 +47,8 @@ PARAMETER_SLOTS = {
     "ReduceMean": {1}, "ReduceMin": {1}, "ReduceProd": {1}, "ReduceSum": {1}, "ReduceSumSquare": {1},
     "LSTM": {1, 2, 3, 7}, "GRU": {1, 2, 3}, "RNN": {1, 2, 3},  # weights (and peepholes)
     "Loop": {0, 1},  # trip count and initial condition: they decide the scan outputs' shapes
+    # a sequence is a tuple of static length in TVM: the positions and split sizes are compile-time values
+    "SplitToSequence": {1}, "SequenceInsert": {2}, "SequenceAt": {1}, "SequenceErase": {1},
 }
 
 
@@ -152,11 +154,25 @@ def out_of_scope(model) -> Optional[str]:
             return f"training-only op {node.op_type}"
     for value in list(model.graph.input) + list(model.graph.output):
         kind = value.type.WhichOneof("value")
-        if kind != "tensor_type":
-            return f"{kind.replace('_type', '')} value '{value.name}' (mlc compiles tensor graphs)"
-        if value.type.tensor_type.elem_type == TensorProto.STRING:
+        if kind == "map_type":
+            return f"map value '{value.name}' (mlc compiles tensors, sequences and optionals)"
+        if kind == "tensor_type" and value.type.tensor_type.elem_type == TensorProto.STRING:
             return f"string tensor '{value.name}' (mlc compiles numeric graphs)"
     return None
+
+
+def as_tensors(values: dict) -> dict:
+    """Sequence and optional values as an artifact takes and gives them (mlc.frontends.onnx_values): a sequence
+    `x` as x[0], x[1], ... (an empty one as `x[]`), an optional as its value, an empty optional left out."""
+    from mlc.frontends.onnx_values import item_name
+
+    flat = {}
+    for name, value in values.items():
+        if isinstance(value, list):
+            flat.update({item_name(name, i): item for i, item in enumerate(value)} or {f"{name}[]": np.zeros(0)})
+        elif value is not None:
+            flat[name] = value
+    return flat
 
 
 def compare(expected: Any, actual: Any, where: str = "") -> Optional[str]:
@@ -244,8 +260,8 @@ def run_mlc(model_path: Path, sets, scratch: Path, inputs: Optional[Path] = None
         runner = api.open_runner(art)
         runner_inputs = {spec["name"] for spec in runner.manifest["inputs"]}
         for feeds, expected in sets:
-            got = runner.run({k: v for k, v in feeds.items() if k in runner_inputs})
-            for name, value in expected.items():
+            got = runner.run({k: v for k, v in as_tensors(feeds).items() if k in runner_inputs})
+            for name, value in as_tensors(expected).items():
                 problem = compare(value, got.get(name), name)
                 if problem:
                     return {"pass": False, "stage": "compare", "reason": problem}
@@ -278,7 +294,7 @@ def run_case(name: str, freeze_parameters: bool = True, shipped_inputs: bool = F
             samples = None
             if shipped_inputs:  # mlc compile --inputs (the shipped set 0) --freeze (its parameter inputs)
                 samples = Path(scratch) / "inputs.npz"
-                np.savez(samples, **sets[0][0])
+                np.savez(samples, **as_tensors(sets[0][0]))
                 record["inputs"] = "shipped"
             if frozen and all(all(n in feeds for n in frozen) for feeds, _ in sets):
                 if any(any(not np.array_equal(feeds[n], sets[0][0][n]) for n in frozen) for feeds, _ in sets[1:]):

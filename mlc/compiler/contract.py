@@ -30,6 +30,7 @@ class NoteKind(str, enum.Enum):
     BOUND_DIMS = "bound_dims"  # symbolic dims fixed at the reference sizes
     INPUTS = "inputs"  # the check ran on an input value mlc chose
     FRONTEND = "frontend"  # the framework export's own notes
+    AS_TENSORS = "as_tensors"  # sequence or optional inputs and outputs compiled as tensors, and how
 
 
 class FailureKind(str, enum.Enum):

@@ -56,6 +56,9 @@ def to_relax(model: onnx.ModelProto, dim_upper_bounds: Optional[dict[str, int]] 
     problem = onnx_fixes.float8_problem(model)
     if problem:
         raise ConversionError("Cast", problem)
+    if onnx_fixes.empty_optional_branch(model):
+        raise ConversionError("If", "a branch returns an empty optional, which TVM cannot return at run time; give "
+                                    "the condition's value with --inputs FILE.npz and --freeze NAME")
     # Weights become constants of the module so the compiled library is self-contained.
     try:
         with warnings.catch_warnings(), onnx_weights.weights_in(weights_dir):

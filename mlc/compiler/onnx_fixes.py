@@ -1,5 +1,5 @@
-"""The float8 forms mlc cannot compile, checked before import. The converter overrides for node forms TVM 0.27
-builds wrongly (#19) are in mlc.compiler.tvm_patches."""
+"""The float8 forms, and the run-time optionals, mlc cannot compile, checked before import. The converter overrides
+for node forms TVM 0.27 builds wrongly (#19) are in mlc.compiler.tvm_patches."""
 
 from __future__ import annotations
 
@@ -23,3 +23,16 @@ def float8_problem(model: onnx.ModelProto) -> Optional[str]:
         if to in FLOAT8 and node.output[0] in read:
             return "a float8 value that other nodes read: mlc computes float8 casts of graph outputs only"
     return None
+
+
+def empty_optional_branch(model: onnx.ModelProto) -> bool:
+    """An If (left to run time) with a branch that returns an empty Optional: TVM's importer has no value for "none"
+    to return from a Relax If (it fails on the branch). Known conditions are inlined by static_control_flow first."""
+    for node in model.graph.node:
+        if node.op_type != "If":
+            continue
+        for branch in (a.g for a in node.attribute if a.name in ("then_branch", "else_branch")):
+            empty = {n.output[0] for n in branch.node if n.op_type == "Optional" and not any(n.input)}
+            if any(o.name in empty for o in branch.output):
+                return True
+    return False

@@ -83,6 +83,9 @@ def converters() -> dict:
         "MaxPool": converter("MaxPool", _max_pool, onnx_frontend.MaxPool),
         "OptionalHasElement": converter("OptionalHasElement", _optional_has_element,
                                         onnx_frontend.OptionalHasElement),
+        "SequenceInsert": converter("SequenceInsert", _scalar_position(2), onnx_frontend.SequenceInsert),
+        "SequenceAt": converter("SequenceAt", _scalar_position(1), onnx_frontend.SequenceAt),
+        "SequenceErase": converter("SequenceErase", _scalar_position(1), onnx_frontend.SequenceErase),
         "Unsqueeze": converter("Unsqueeze", _scalar_axes, onnx_frontend.Unsqueeze),
         "Squeeze": converter("Squeeze", _scalar_axes, onnx_frontend.Squeeze),
         "ReverseSequence": converter("ReverseSequence", _reverse_sequence),
@@ -156,6 +159,19 @@ def _scalar_axes(bb, inputs, attr, params, tvm_impl):
     if axes is not None and axes.ndim == 0:
         inputs = [inputs[0], _array(axes.reshape(1))]
     return tvm_impl(bb, inputs, attr, params)
+
+
+def _scalar_position(slot: int):
+    """A sequence op whose constant position (input `slot`) holds one element in a 1-D tensor: as a scalar (ONNX
+    Runtime takes it; TVM converts the position with int(), which refuses a 1-D array)."""
+
+    def convert(bb, inputs, attr, params, tvm_impl):
+        position = _constant(_optional_input(inputs, slot), params)
+        if position is not None and position.size == 1 and position.ndim:
+            inputs = [*inputs[:slot], _array(position.reshape(())), *inputs[slot + 1:]]
+        return tvm_impl(bb, inputs, attr, params)
+
+    return convert
 
 
 def _optional_has_element(bb, inputs, attr, params, tvm_impl):

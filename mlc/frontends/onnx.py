@@ -145,7 +145,7 @@ def validate(model: onnx.ModelProto, where: str, serialized: Optional[bytes | st
         onnx.checker.check_model(serialized if serialized is not None else model)
     except (onnx.checker.ValidationError, ValueError) as e:
         raise InputError(f"{where} is not a valid ONNX model: {_first_line(e)}") from None
-    for spec in input_specs(model):
+    for spec in input_specs(model, tensors_only=True):
         if any(isinstance(d, int) and d > MAX_DIM for d in spec.shape):
             raise InputError(f"input '{spec.name}' of {where} has an absurd dimension {spec.shape}")
 
@@ -193,8 +193,9 @@ def _dtype_name(elem_type: int) -> str:
         return TensorProto.DataType.Name(elem_type).lower()
 
 
-def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
-    """The graph inputs that are fed at run time (initializers listed as inputs are weights)."""
+def input_specs(model: onnx.ModelProto, tensors_only: bool = False) -> list[InputSpec]:
+    """The graph inputs that are fed at run time (initializers listed as inputs are weights); `tensors_only`: leave
+    out sequences and optionals (mlc.frontends.onnx_values makes them tensors) instead of refusing them."""
     weights = {init.name for init in model.graph.initializer}
     specs = []
     for value in model.graph.input:
@@ -202,7 +203,10 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
             continue
         tensor = value.type.tensor_type
         if not value.type.HasField("tensor_type"):
-            raise UnsupportedModelError(f"input '{value.name}' is not a tensor (sequences and maps are not supported)")
+            if tensors_only:
+                continue
+            raise UnsupportedModelError(f"input '{value.name}' is a {value.type.WhichOneof('value')[:-5]}; mlc "
+                                        "compiles tensors, and sequences and optionals as tensors")
         shape: list = []
         for axis, dim in enumerate(tensor.shape.dim):
             if dim.HasField("dim_value"):
@@ -297,6 +301,9 @@ PARAMETER_SLOTS: dict[tuple[str, int], tuple[str, Optional[str]]] = {
     ("Col2Im", 2): ("the block shape of", None), ("Pad", 3): ("the axes of", None),
     **{("Slice", i): (f"the {what} of", None) for i, what in enumerate(("starts", "ends", "axes", "steps"), 1)},
     **{("Range", i): (f"the {what} of", None) for i, what in enumerate(("start", "limit", "delta"))},
+    # a sequence compiles as a tuple of static length: which item, and where, is known at compile time
+    ("SplitToSequence", 1): ("the split sizes of", None), ("SequenceInsert", 2): ("the position of", None),
+    ("SequenceAt", 1): ("the position of", None), ("SequenceErase", 1): ("the position of", None),
 }
 
 

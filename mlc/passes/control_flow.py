@@ -1,7 +1,8 @@
 """ONNX control flow decided before run time. TVM imports an If as a Relax If with both branches converted, and a
 branch that is never taken may not import at all (ONNX functions branch on the input's rank, e.g. AffineGrid's 2-D
-and 3-D bodies: the other branch's shapes are nonsense). TVM has no Loop or Scan converter: a Loop with a constant
-trip count (and a condition that stays true) and a Scan over static lengths are unrolled."""
+and 3-D bodies: the other branch's shapes are nonsense). TVM has no Loop, Scan or SequenceMap converter: a Loop with
+a constant trip count (and a condition that stays true), a Scan over static lengths and a SequenceMap over sequences
+of known length (TVM's sequences are tuples of static length) are unrolled."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import onnx
 from onnx import helper
 
 from mlc.frontends.onnx_weights import Values, loaded
+
+UNROLLED = ("Loop", "Scan", "SequenceMap")  # the ops static_control_flow replaces (TVM has no converter for them)
 
 
 def _static_shapes(graph: onnx.GraphProto) -> dict[str, list[int]]:
@@ -90,6 +93,22 @@ def _inlined(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return _rebuilt(model, nodes, added, count)
 
 
+def _sequence_items(graph: onnx.GraphProto) -> dict[str, list[str]]:
+    """The sequences whose items are known by name: built by SequenceConstruct or SequenceEmpty, grown at the end by
+    SequenceInsert."""
+    items: dict[str, list[str]] = {}
+    for node in graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        if node.op_type == "SequenceConstruct":
+            items[node.output[0]] = list(node.input)
+        elif node.op_type == "SequenceEmpty":
+            items[node.output[0]] = []
+        elif node.op_type == "SequenceInsert" and node.input[0] in items and len(node.input) == 2:
+            items[node.output[0]] = items[node.input[0]] + [node.input[1]]
+    return items
+
+
 # Only small values are folded (shape arithmetic, trip counts): a weight stays as the model has it (a QDQ pair
 # folded to float would lose its int8 kernel).
 MAX_FOLDED_ELEMENTS = 4096
@@ -105,12 +124,17 @@ def _folded(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = model.graph
     values = Values(graph.initializer)
     shapes = _static_shapes(graph)
+    items = _sequence_items(graph)
     opsets = {o.domain: o.version for o in model.opset_import}
     kept, added = [], []
     for node in graph.node:
+        if node.op_type == "SequenceLength" and node.input[0] in items:  # a tuple's length is static
+            values[node.output[0]] = np.array(len(items[node.input[0]]), np.int64)
+            added.append(numpy_helper.from_array(values[node.output[0]], node.output[0]))
+            continue
         known = all(i == "" or i in values for i in node.input)
         reads_shape = node.op_type in ("Shape", "Size") and node.input[0] in shapes
-        if node.domain not in ("", "ai.onnx") or node.op_type in ("If", "Loop", "Scan") or not (known or reads_shape):
+        if node.domain not in ("", "ai.onnx") or node.op_type in ("If", *UNROLLED) or not (known or reads_shape):
             kept.append(node)
             continue
         if known and any(values[i].size > MAX_FOLDED_ELEMENTS for i in node.input if i):
@@ -126,6 +150,9 @@ def _folded(model: onnx.ModelProto) -> onnx.ModelProto:
             results = ReferenceEvaluator(helper.make_model(one, opset_imports=[helper.make_opsetid("", opsets.get(
                 "", 18))], ir_version=model.ir_version)).run(None, feeds)
         except Exception:  # a node the evaluator cannot run stays
+            kept.append(node)
+            continue
+        if any(r is None or isinstance(r, (list, tuple)) for r in results):  # a sequence or optional stays
             kept.append(node)
             continue
         arrays = [np.asarray(r) for r in results]
@@ -322,6 +349,32 @@ def _unrolled_scan(node, model, values, shapes, unroller: _Unroller, opset: int)
     return True
 
 
+def _unrolled_sequence_map(node, items: dict[str, list[str]], unroller: _Unroller) -> bool:
+    """SequenceMap over sequences of known items: one copy of the body per item (a tensor input is passed to each
+    copy whole); each output a SequenceConstruct of the copies' outputs."""
+    body = _body(node)
+    if node.input[0] not in items or _has_subgraphs(body):
+        return False
+    length = len(items[node.input[0]])
+    sequences = [name in items for name in node.input]
+    if any(seq and len(items[name]) != length for name, seq in zip(node.input, sequences)):
+        return False
+    if length * max(len(body.node), 1) > MAX_UNROLLED_NODES:
+        return False
+    outputs: list[list[str]] = [[] for _ in body.output]
+    for step in range(length):
+        bound = {v.name: items[name][step] if seq else name
+                 for v, name, seq in zip(body.input, node.input, sequences)}
+        for collected, value in zip(outputs, unroller.copy(body, bound)):
+            collected.append(value)
+    for name, collected, value in zip(node.output, outputs, body.output):
+        if collected:
+            unroller.emit("SequenceConstruct", collected, name)
+        else:
+            unroller.emit("SequenceEmpty", [], name, dtype=value.type.sequence_type.elem_type.tensor_type.elem_type)
+    return True
+
+
 def _unrolled(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
 
     graph = model.graph
@@ -329,13 +382,18 @@ def _unrolled(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     shapes = _static_shapes(graph)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 18)
     nodes, weights, count = [], [], 0
+    items = _sequence_items(graph)
     for index, node in enumerate(graph.node):
-        if node.domain not in ("", "ai.onnx") or node.op_type not in ("Loop", "Scan"):
+        if node.domain not in ("", "ai.onnx") or node.op_type not in UNROLLED:
             nodes.append(node)
             continue
         unroller = _Unroller(model, f"unroll{index}")
-        done = (_unrolled_loop(node, model, values, shapes, unroller) if node.op_type == "Loop"
-                else _unrolled_scan(node, model, values, shapes, unroller, opset))
+        if node.op_type == "Loop":
+            done = _unrolled_loop(node, model, values, shapes, unroller)
+        elif node.op_type == "Scan":
+            done = _unrolled_scan(node, model, values, shapes, unroller, opset)
+        else:
+            done = _unrolled_sequence_map(node, items, unroller)
         if done:
             nodes.extend(unroller.nodes)
             weights.extend(unroller.weights)
@@ -346,12 +404,12 @@ def _unrolled(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
 
 
 def static_control_flow(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
-    """Each If whose condition is known -> its taken branch; each Loop with a constant trip count and Scan over
-    static lengths -> unrolled; the constants that exposes (a branch's shape arithmetic, a trip count) folded;
-    again until nothing changes."""
+    """Each If whose condition is known -> its taken branch; each Loop with a constant trip count, Scan over
+    static lengths and SequenceMap over sequences of known length -> unrolled; the constants that exposes (a
+    branch's shape arithmetic, a trip count) folded; again until nothing changes."""
     from mlc.passes.onnx import constant_folding
 
-    if not any(n.op_type in ("If", "Loop", "Scan") for n in model.graph.node):
+    if not any(n.op_type in ("If", *UNROLLED) for n in model.graph.node):
         return model
     original, changed = model, False
     for _ in range(8):  # nested control flow surfaces one level per round
@@ -361,7 +419,12 @@ def static_control_flow(model: onnx.ModelProto, config: dict) -> onnx.ModelProto
         if not inlined and not unrolled:
             break
         changed = True
-    return constant_folding(model, config) if changed else original
+    if not changed:
+        return original
+    try:
+        return constant_folding(model, config)
+    except Exception:  # onnxslim's folding fails on some graphs (a SequenceConstruct of constants): unfolded, then
+        return model
 
 
 def _rebuilt(model: onnx.ModelProto, nodes: list, initializers: list, count: int) -> tuple[onnx.ModelProto, int]:

@@ -103,8 +103,9 @@ PASSES: tuple[Pass, ...] = (
          1, f"{_ONNX}:constant_folding"),
     Pass("static_control_flow", "onnx",
          "an If whose condition is known before run time -> the branch it takes (TVM imports both branches, and the "
-         "other may not import); a Loop with a constant trip count and a Scan over static lengths -> unrolled "
-         "(TVM has no Loop or Scan converter); then constant folding",
+         "other may not import); a Loop with a constant trip count, a Scan over static lengths and a SequenceMap over "
+         "sequences of known length -> unrolled (TVM has no Loop, Scan or SequenceMap converter); then constant "
+         "folding",
          0, "mlc.passes.control_flow:static_control_flow"),
     Pass("canonicalize_shapes", "onnx",
          "Reshape targets computed from Shape->Gather/Squeeze/Unsqueeze->Mul->Concat chains become constants "

@@ -17,7 +17,8 @@ from mlc.artifacts.manifest import SourceInfo
 from mlc.compiler.contract import Note, NoteKind
 from mlc.errors import CompilerError, InputError, MlcError, UnsupportedModelError
 from mlc.frontends import onnx as onnx_frontend
-from mlc.frontends import onnx_weights
+from mlc.frontends import onnx_values, onnx_weights
+from mlc.passes import control_flow
 from mlc.passes import onnx as onnx_passes
 from mlc.passes import quantize as quantizing
 from mlc.pipeline import source as sources
@@ -73,13 +74,17 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
         if not source.info.sha256:
             source.info.sha256 = thin_runtime.sha256_file(source.path)
         source.info.opset = next((o.version for o in onnx_model.opset_import if o.domain in ("", "ai.onnx")), None)
+        onnx_values.refuse_strings(onnx_model)
         if steps is None:
             steps = graph_passes.plan(device="cpu")
         # Ops no pass rewrites fail here, before any work.
         planned = {s.name for s in steps}
         compiler.check_supported(onnx_model, rewritten=(graph_passes.RNN_OPS if "lower_rnn" in planned else ())
-                                 + (("Loop", "Scan") if "static_control_flow" in planned else ()))
-        inputs = _decide_inputs(model, onnx_model, source.path, converted, feeds, static, dynamic)
+                                 + (control_flow.UNROLLED if "static_control_flow" in planned else ()))
+        as_tensors: list[str] = []  # what sequence and optional values were compiled as
+        onnx_model, path = _inputs_as_tensors(onnx_model, model, source.path, workdir, as_tensors)
+        inputs = _decide_inputs(model, onnx_model, path, converted, feeds, static, dynamic)
+        path = _outputs_as_tensors(inputs, path, workdir, as_tensors)
     with timed("onnx_passes", "Running ONNX graph passes"):
         cleaned, records, said = onnx_passes.run(onnx_frontend.fix_input_shapes(inputs.model, inputs.fixed), steps,
                                                  Path(dump_ir) if dump_ir else None, workdir)
@@ -96,12 +101,44 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
     cleaned_path = workdir / "cleaned.onnx"
     onnx_passes.save(cleaned, cleaned_path)  # the weights it reads by reference stay where they are
     notes = (list(converted.notes) if converted else []) + notes  # the frontend's: NoteKind.FRONTEND
+    notes += [Note(NoteKind.AS_TENSORS, text) for text in as_tensors]
     feeds = {n: v for n, v in inputs.feeds.items() if n not in inputs.frozen}
     if inputs.samples is None and converted is None:
         notes.extend(_chosen_values_note(inputs.specs, feeds))
-    return Prepared(source.path, source.info, inputs.model, inputs.specs, inputs.fixed, feeds, cleaned, cleaned_path,
+    return Prepared(path, source.info, inputs.model, inputs.specs, inputs.fixed, feeds, cleaned, cleaned_path,
                     notes, converted, records, quantization, calibration_feeds, unquantized_path, declared,
                     inputs.frozen, inputs.sample_info)
+
+
+_AS_TENSORS = "as_tensors.onnx"  # the model with its sequence and optional inputs and outputs made tensors
+
+
+def _inputs_as_tensors(onnx_model: onnx.ModelProto, model: ModelSpec, path: Path, workdir: Path, said: list[str]
+                       ) -> tuple[onnx.ModelProto, Path]:
+    """The model with its sequence and optional inputs made tensors (mlc.frontends.onnx_values) from the samples,
+    and the file that holds it (the reference runs on it); as it was where every input is a tensor."""
+    if not onnx_values.non_tensor(onnx_model.graph.input):
+        return onnx_model, path
+    samples = None
+    if model.inputs:
+        try:
+            samples = thin_runtime.load_npz(model.inputs)
+        except thin_runtime.FeedError as e:
+            raise InputError(f"--inputs: {e}") from None
+    onnx_model = onnx_values.inputs_as_tensors(onnx_model, samples, said)
+    onnx_passes.save(onnx_model, workdir / _AS_TENSORS)
+    return onnx_model, workdir / _AS_TENSORS
+
+
+def _outputs_as_tensors(inputs: "_Inputs", path: Path, workdir: Path, said: list[str]) -> Path:
+    """`inputs.model` with its sequence and optional outputs made tensors (their counts from an ONNX Runtime run on
+    the reference inputs), and the file that holds it; `path` where every output is a tensor."""
+    if not onnx_values.non_tensor(inputs.model.graph.output):
+        return path
+    inputs.model = onnx_values.outputs_as_tensors(
+        inputs.model, lambda _: onnx_values.probe(path, {**inputs.feeds, **inputs.frozen}), said)
+    onnx_passes.save(inputs.model, workdir / _AS_TENSORS)
+    return workdir / _AS_TENSORS
 
 
 @dataclass
@@ -194,6 +231,7 @@ def read_samples(path: str, specs: list, fixed: dict[str, list[int]]) -> dict[st
         data = thin_runtime.load_npz(path, [s.name for s in specs])
     except thin_runtime.FeedError as e:
         raise InputError(f"--inputs: {e}") from None
+    data = {k: v for k, v in data.items() if not onnx_values.is_empty_sequence(k)}  # compiled as SequenceEmpty
     samples = onnx_frontend.check_samples(specs, data, f"--inputs {path}")
     for name, shape in fixed.items():
         if list(samples[name].shape) != list(shape):
