@@ -226,7 +226,8 @@ def test_compile_worker_results_map_to_errors():
     payload = {"tvm_version": "0.27", "outputs": [], "timings": {}, "pass_records": []}
     ok = child_process.WorkerResult.success(payload)
     assert _check_result(ok, None).to_json() == {**payload, "notes": [], "kernels": {}, "schedules": None,
-                                                  "weights": None, "precision": "fp32", "gpu_code": None}
+                                                  "weights": None, "precision": "fp32", "left_out": [],
+                                                  "gpu_code": None}
     with pytest.raises(CompilerError, match="^TVM failed during build: boom$") as caught:
         _check_result(child_process.WorkerResult.from_dict({"ok": False, "kind": "compile", "stage": "build",
                                                     "message": "boom"}), None)

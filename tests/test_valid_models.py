@@ -159,21 +159,28 @@ def test_build_retries_without_optional_steps(monkeypatch) -> None:
 
     monkeypatch.setattr(worker, "_build", fake_build)
     request = CompileRequest(onnx="m.onnx", target={}, schedules=ScheduleRequest(db=None, default=True))
-    notes: list[Note] = []
     imported = lambda: "imported"  # noqa: E731 - the module without the passes, made only when needed
-    assert worker._build_with_fallbacks("passed", True, imported, request, notes)[0] == "exe(passed)"
+
+    def passed(mod: str, applied: bool = True):
+        return worker._Passed(mod, [], [], "fp32", None, applied, imported, None)
+
+    first = passed("passed")
+    assert worker._build_with_fallbacks(first, request)[0] == "exe(passed)"
     assert calls == [("passed", True), ("passed", False)]
-    assert notes == [Note(NoteKind.FALLBACK, "built without mlc's default CPU schedules: TVM failed with them: "
-                                             "InternalError: Check failed: rule blew up")]
+    assert first.notes == [Note(NoteKind.FALLBACK, "built without mlc's default CPU schedules: TVM failed with them: "
+                                                   "InternalError: Check failed: rule blew up")]
+    assert first.left_out == ["default_schedules"]
     calls.clear()
-    notes.clear()
     passes_fail.append(True)
-    built = worker._build_with_fallbacks("passed", True, imported, request, notes)
+    second = passed("passed")
+    built = worker._build_with_fallbacks(second, request)
     assert built[0] == "exe(imported)"
-    assert calls[-1] == ("imported", False) and "the Relax passes and mlc's default CPU schedules" in notes[0].text
+    assert calls[-1] == ("imported", False)
+    assert "the Relax passes and mlc's default CPU schedules" in second.notes[0].text
+    assert second.left_out == ["relax_passes", "default_schedules"]
     monkeypatch.setattr(worker, "_build", lambda *a: (_ for _ in ()).throw(ValueError("mandatory")))
     with pytest.raises(ValueError, match="mandatory"):
-        worker._build_with_fallbacks("imported", False, imported, request, [])
+        worker._build_with_fallbacks(passed("imported", applied=False), request)
 
 
 def _nonzero_and_unique(path: Path) -> Path:
