@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import onnx
@@ -142,15 +142,10 @@ def _tensor_input(name: str, elem_type: int, sample: np.ndarray) -> onnx.ValueIn
     return helper.make_tensor_value_info(name, elem_type, list(np.shape(sample)))
 
 
-def outputs_as_tensors(model: onnx.ModelProto, run: Callable[[onnx.ModelProto], dict[str, Any]], said: list[str]
-                       ) -> onnx.ModelProto:
-    """`model` with each sequence or optional graph output made tensors; `run(model)`: ONNX Runtime's outputs of
-    `model` on the reference inputs (lists for sequences, None for an empty optional), which give each sequence its
+def outputs_as_tensors(model: onnx.ModelProto, got: Mapping[str, Any], said: list[str]) -> onnx.ModelProto:
+    """`model` with each sequence or optional graph output made tensors; `got`: ONNX Runtime's outputs of `model` on
+    the reference inputs (`probe`: lists for sequences, None for an empty optional), which give each sequence its
     count. What was made of each is appended to `said`."""
-    values = non_tensor(model.graph.output)
-    if not values:
-        return model
-    got = run(model)
     model = _copy(model)
     graph = model.graph
     nodes, outputs, renamed = [], [], {}

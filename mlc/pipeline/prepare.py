@@ -135,8 +135,8 @@ def _outputs_as_tensors(inputs: "_Inputs", path: Path, workdir: Path, said: list
     the reference inputs), and the file that holds it; `path` where every output is a tensor."""
     if not onnx_values.non_tensor(inputs.model.graph.output):
         return path
-    inputs.model = onnx_values.outputs_as_tensors(
-        inputs.model, lambda _: onnx_values.probe(path, {**inputs.feeds, **inputs.frozen}), said)
+    got = onnx_values.probe(path, {**inputs.feeds, **inputs.frozen})  # the model at `path` takes the frozen inputs
+    inputs.model = onnx_values.outputs_as_tensors(inputs.model, got, said)
     onnx_passes.save(inputs.model, workdir / _AS_TENSORS)
     return workdir / _AS_TENSORS
 
