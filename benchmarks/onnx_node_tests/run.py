@@ -8,7 +8,7 @@ and through ONNX Runtime, in the same run.
 
 Cases run in child processes, a batch each, so that a TVM crash or a case past --timeout costs one
 case, not the run. Writes results/<name>.json (with the machine) and <name>.md (a table per op).
-Out-of-scope cases (training-only ops, strings, sequence/optional/map values) are classified with
+Out-of-scope cases (training-only ops, strings, map values) are classified with
 the reason, not skipped silently; ONNX Runtime still runs on them."""
 
 from __future__ import annotations
@@ -474,7 +474,7 @@ def summarise(cases: list[dict]) -> dict:
             "not_frozen_where_ort_passes": len(ort_in_scope) - len(frozen),
             "mlc_pass_not_frozen_where_ort_passes": sum(1 for c in ort_in_scope
                                                          if c["mlc"].get("pass") and not c.get("frozen_inputs")),
-            # only the training-only ops left out (strings, sequences and optionals count as mlc failures)
+            # only the training-only ops left out (strings count as mlc failures)
             "training_only": len(training), "ort_pass_not_training": len(ort_not_training),
             "mlc_pass_where_ort_passes_not_training": sum(1 for c in ort_not_training if c["mlc"].get("pass"))}
 
@@ -492,7 +492,7 @@ def markdown(doc: dict) -> str:
              + (" The shipped inputs (test_data_set_0) are the reference inputs (`mlc compile --inputs`), and the "
                 "parameter inputs are frozen with `--freeze`." if doc["args"].get("shipped_inputs") else ""),
              "",
-             f"- cases: {s['cases']} ({s['out_of_scope']} out of scope: training-only ops, strings, sequence/optional)",
+             f"- cases: {s['cases']} ({s['out_of_scope']} out of scope: training-only ops, strings)",
              f"- ONNX Runtime passes: {s['ort_pass']}",
              f"- mlc passes: {s['mlc_pass']}; on the {s['ort_pass_in_scope']} in-scope cases ONNX Runtime passes: "
              f"{s['mlc_pass_where_ort_passes']}",
@@ -500,8 +500,8 @@ def markdown(doc: dict) -> str:
              f"with parameter inputs frozen, mlc passes {s['mlc_pass_frozen_where_ort_passes']}; "
              f"{s['not_frozen_where_ort_passes']} with nothing frozen, mlc passes "
              f"{s['mlc_pass_not_frozen_where_ort_passes']}",
-             f"- only the {s['training_only']} training-only cases left out (strings, sequences and optionals "
-             f"counted as failures): mlc passes {s['mlc_pass_where_ort_passes_not_training']} of the "
+             f"- only the {s['training_only']} training-only cases left out (strings counted as failures): "
+             f"mlc passes {s['mlc_pass_where_ort_passes_not_training']} of the "
              f"{s['ort_pass_not_training']} cases ONNX Runtime passes",
              f"- mlc exits 70 (internal) on {len(s['mlc_exit_70'])} case(s)", "",
              "## mlc failure classes where ONNX Runtime passes", "", "| cases | stage: reason |", "|---:|---|"]
