@@ -227,8 +227,8 @@ def requested_steps(precision: str = "fp32", quantize: Optional[str] = None, dev
     if precision == "bf16" and device == "cpu":
         steps["bf16_matmul"] = ("--precision bf16", {})
     elif precision in ("fp16", "bf16"):
-        steps["mixed_precision"] = (f"--precision {precision}", {"dtype": {"fp16": "float16"}.get(precision,
-                                                                                                 "bfloat16")})
+        steps["mixed_precision"] = (f"--precision {precision}",
+                                    {"dtype": "float16" if precision == "fp16" else "bfloat16"})
     return steps
 
 
@@ -271,9 +271,11 @@ class PassFailed(Exception):
 
 def describe_all() -> list[dict[str, str]]:
     """Rows for `mlc passes`."""
-    return [{"name": p.name, "level": p.level,
-             "opt_level": " or ".join(([f"-O{p.opt_level}"] if p.opt_level is not None else []) + [p.requested_by]
-                                      if p.requested_by else [f"-O{p.opt_level}"]), "targets": p.targets,
+    def turned_on_by(p: Pass) -> str:
+        return " or ".join(([f"-O{p.opt_level}"] if p.opt_level is not None else []) +
+                           ([p.requested_by] if p.requested_by else []))
+
+    return [{"name": p.name, "level": p.level, "opt_level": turned_on_by(p), "targets": p.targets,
              "description": p.description,
              "config": ", ".join(f"{k}={o.default}" for k, o in p.config.items())} for p in PASSES]
 
