@@ -270,3 +270,11 @@ def test_a_string_input_is_a_one_line_error(node_tests, tmp_path, name):
 
     with pytest.raises(UnsupportedModelError, match="holds strings, and TVM compiles numbers only"):
         api.compile(str(node_tests.node_test_dir() / name / "model.onnx"), output=tmp_path / "a", isolate=False)
+
+
+def test_sequence_outputs_with_seeded_inputs_pass_or_ask_for_inputs(node_tests):
+    """Without --inputs, a sequence output's count comes from ONNX Runtime on seeded inputs: a scalar condition
+    (test_if_seq) passes, and split sizes no seeded value fits are exit 1 asking for --inputs (both were exit 70)."""
+    assert node_tests.run_case("test_if_seq", freeze_parameters=False)["mlc"]["pass"]
+    record = node_tests.run_case("test_split_to_sequence_2", freeze_parameters=False)["mlc"]
+    assert record["exit_code"] == 1 and "--inputs" in record["reason"], record

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from mlc.errors import UnsupportedModelError
+from mlc.errors import InputError, UnsupportedModelError
 
 _ITEM = re.compile(r"^(?P<name>.*)\[(?P<index>\d+)\]$")
 
@@ -237,6 +237,12 @@ def probe(path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
 
     options = ort.SessionOptions()
     options.log_severity_level = 4
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, dict(feeds))))
+    try:
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        return dict(zip(names, session.run(names, {k: np.asarray(v) for k, v in feeds.items()})))
+    except Exception as e:  # onnxruntime raises its own untyped exceptions
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise InputError(f"ONNX Runtime cannot run {path.name} on the reference inputs, which give its sequence "
+                         f"and optional outputs their counts: {reason}; give the model's inputs with --inputs "
+                         "FILE.npz") from None
