@@ -95,6 +95,13 @@ def test_mlc_passes_where_onnxruntime_passes(node_tests, name):
     assert record["mlc"]["pass"], record["mlc"]
 
 
+def test_a_slice_left_empty_by_seeded_starts_runs(node_tests):
+    """As shipped (nothing frozen, no --inputs), mlc seeds starts past the ends: an empty slice, whose extent
+    TVM's shape function made negative (std::bad_alloc, exit 70; tvm_patches._empty_dynamic_slices)."""
+    record = node_tests.run_case("test_slice_default_axes", freeze_parameters=False)
+    assert record["mlc"]["pass"], record["mlc"]
+
+
 def test_unimportable_node_is_a_user_error(tmp_path):
     """A OneHot whose depth is a run-time input (its output shape depends on a value): exit 1 naming the op."""
     import onnx

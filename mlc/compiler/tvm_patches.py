@@ -29,6 +29,8 @@ benchmarks/onnx_node_tests):
   IsInf._impl_v10                       detect_positive / detect_negative (TVM ignores them)
   ReduceMax, ReduceMin                  of booleans (TVM has no bool max/min identity)
   Clip._impl_v1, _impl_v13              NaN kept (relax maximum/minimum); constant bounds as one fusable clip
+  legalize relax.dynamic_strided_slice  an empty slice (start past end) has extent 0 (TVM's shape function gave a
+                                        negative one and the run died in std::bad_alloc: test_slice_default_axes)
   _normalize_negative_indices           constant indices with no negative entry are left as they are (FoldConstant
                                         ran three TVM kernels on each to find nothing to change)
   dlight gpu MatmulTensorization        a kernel it cannot tensorize is scheduled without tensor cores (its
@@ -976,6 +978,39 @@ def _extend_convert_map(table: dict) -> None:
     onnx_frontend._get_convert_map = convert_map
 
 
+def _empty_dynamic_slices() -> None:
+    """TVM's legalization of dynamic_strided_slice, with each extent at least 0: ONNX's Slice with start past
+    end (for its step's sign) is empty, and TVM's ceildiv(end - start, step) went negative."""
+    from tvm import te, tirx, topi
+    from tvm.ir import register_op_attr
+    from tvm.relax.op import tensor_to_shape
+    from tvm.relax.type import ShapeType
+
+    def clamped(index, extent, step):
+        index = tirx.Select(index < 0, index + extent, index)
+        low = tirx.Select(step < 0, tirx.const(-1, "int64"), tirx.const(0, "int64"))
+        return tirx.Min(tirx.Max(index, low), tirx.Select(step < 0, extent - 1, extent))
+
+    def shape_func(data, begin, end, steps):
+        def extent_of(i):
+            dim = tirx.const(-1, "int64")
+            for axis in range(data.ndim):
+                dim = tirx.Select(i == tirx.const(axis, "int64"), data.shape[axis], dim)
+            start, stop, step = clamped(begin[i], dim, steps[i]), clamped(end[i], dim, steps[i]), steps[i]
+            length = tirx.Select(step < 0, tirx.ceildiv(start - stop, -step), tirx.ceildiv(stop - start, step))
+            return tirx.Max(length, tirx.const(0, "int64"))
+
+        return te.compute((begin.shape[0],), extent_of, name="T_shape_func_strided_slice_dynamic")
+
+    def legalize(bb, call):
+        shape = bb.normalize(bb.call_te(shape_func, *call.args))
+        dims = [tirx.Var("s", "int64") for _ in range(int(shape.ty.shape[0]))]
+        bb.match_cast(bb.emit(tensor_to_shape(shape)), ShapeType(dims))
+        return bb.call_te(topi.dynamic_strided_slice, *call.args, output_shape=dims)
+
+    register_op_attr("relax.dynamic_strided_slice", "FLegalize", legalize, level=11)
+
+
 # The order the importer applied them in (to_relax, then conformance overrides, then onnx_ops' converters).
 def _tensorization_falls_back() -> None:
     """dlight's GPU Matmul rule returns its tensor-core schedule without catching that schedule's failures: one
@@ -1058,5 +1093,5 @@ _PATCHES = (_read_external_weights, _bfloat16_as_bfloat16, _keep_symbolic_range_
             _split_with_empty_parts, _dropout_mask, _batch_norm_training, _conv_transpose_output_shape,
             _blocked_quantization, _cast_to_float8, _resize_through_mlc, _fold_variadic_pairwise,
             _add_loss_converters, _name_failing_converter, _layer_norm_statistics, _pow_mixed_types, _is_inf_signs,
-            _bool_extreme_reductions, _clip_keeps_nan, _constant_indices_as_given, _mlc_converters,
+            _bool_extreme_reductions, _clip_keeps_nan, _constant_indices_as_given, _empty_dynamic_slices, _mlc_converters,
             _tensorization_falls_back, _bf16_tensor_cores)
