@@ -84,7 +84,7 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
         as_tensors: list[str] = []  # what sequence and optional values were compiled as
         onnx_model, path = _inputs_as_tensors(onnx_model, model, source.path, workdir, as_tensors)
         inputs = _decide_inputs(model, onnx_model, path, converted, feeds, static, dynamic)
-        path = _outputs_as_tensors(inputs, path, workdir, as_tensors)
+        path = _outputs_as_tensors(onnx_model, inputs, path, workdir, as_tensors)
     with timed("onnx_passes", "Running ONNX graph passes"):
         cleaned, records, said = onnx_passes.run(onnx_frontend.fix_input_shapes(inputs.model, inputs.fixed), steps,
                                                  Path(dump_ir) if dump_ir else None, workdir)
@@ -130,14 +130,17 @@ def _inputs_as_tensors(onnx_model: onnx.ModelProto, model: ModelSpec, path: Path
     return onnx_model, workdir / _AS_TENSORS
 
 
-def _outputs_as_tensors(inputs: "_Inputs", path: Path, workdir: Path, said: list[str]) -> Path:
-    """`inputs.model` with its sequence and optional outputs made tensors (their counts from an ONNX Runtime run on
-    the reference inputs), and the file that holds it; `path` where every output is a tensor."""
-    if not onnx_values.non_tensor(inputs.model.graph.output):
+def _outputs_as_tensors(onnx_model: onnx.ModelProto, inputs: "_Inputs", path: Path, workdir: Path, said: list[str]
+                        ) -> Path:
+    """`onnx_model` (the model at `path`) with its sequence and optional outputs made tensors (their counts from an
+    ONNX Runtime run on the reference inputs), saved as the file the reference runs on, which still takes the
+    --freeze inputs; `inputs.model` becomes it with them folded in. `path` where every output is a tensor."""
+    if not onnx_values.non_tensor(onnx_model.graph.output):
         return path
-    got = onnx_values.probe(path, {**inputs.feeds, **inputs.frozen})  # the model at `path` takes the frozen inputs
-    inputs.model = onnx_values.outputs_as_tensors(inputs.model, got, said)
-    onnx_passes.save(inputs.model, workdir / _AS_TENSORS)
+    got = onnx_values.probe(path, {**inputs.feeds, **inputs.frozen})
+    onnx_model = onnx_values.outputs_as_tensors(onnx_model, got, said)
+    onnx_passes.save(onnx_model, workdir / _AS_TENSORS)
+    inputs.model = onnx_frontend.freeze_inputs(onnx_model, inputs.frozen)
     return workdir / _AS_TENSORS
 
 
