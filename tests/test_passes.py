@@ -82,7 +82,7 @@ def test_precision_and_quantize_are_optional_steps_of_the_plan():
         "out_dtype": "float32", "dtype": "float16"}
     int8 = passes.plan(2, quantize="int8-dynamic")
     assert [(s.name, s.config, s.requested) for s in int8 if s.level == "onnx"][-1] == (
-        "quantize", {"mode": "int8-dynamic"}, "--quantize int8-dynamic")
+        "quantize", {"mode": "int8-dynamic", "attention": True}, "--quantize int8-dynamic")
     assert not {"bf16_matmul", "quantize"} & {s.name for s in passes.plan(3)}  # never by -O level
 
 
@@ -610,7 +610,8 @@ def test_fast_math(relax_tools):
 def _attention(relax, keys: int, form: str):
     """softmax(scores) @ v over `keys` keys (2 heads, 5 queries, depth 8), the scores as exporters write them:
     "vit": (q * s) @ (k^T * s); "bert": q @ k^T / c + mask (an input); "mask-first": mask + q @ k^T;
-    "probs-out": the softmax is an output too."""
+    "probs-out": the softmax is an output too; "int8": as --quantize int8 writes it (uint8 x int8 matmuls, the zero
+    point's share of Q subtracted, the probabilities quantised)."""
     op, bb = relax.op, relax.BlockBuilder()
     q = relax.Var("q", relax.TensorType((1, 2, 5, 8), "float32"))
     k = relax.Var("k", relax.TensorType((1, 2, keys, 8), "float32"))
@@ -622,19 +623,35 @@ def _attention(relax, keys: int, form: str):
             kt = op.permute_dims(k, [0, 1, 3, 2])
             if form == "vit":
                 scores = bb.emit(op.matmul(op.multiply(q, s), op.multiply(kt, s)))
+            elif form == "int8":
+                q8 = bb.emit(op.quantize(q, relax.const(np.float32(0.02)), relax.const(np.uint8(128)), 1, "uint8"))
+                k8 = bb.emit(op.quantize(kt, relax.const(np.float32(0.03)), relax.const(np.int8(0)), 1, "int8"))
+                sums = op.multiply(op.sum(op.astype(k8, "int32"), axis=[-2], keepdims=True),
+                                   relax.const(np.int32(128)))
+                scores = bb.emit(op.multiply(op.astype(op.subtract(bb.emit(op.matmul(q8, k8, out_dtype="int32")),
+                                                                   sums), "float32"),
+                                             relax.const(np.float32(0.0006))))
             elif form == "mask-first":
                 scores = bb.emit(op.add(mask, bb.emit(op.matmul(q, kt))))
             else:
                 scores = bb.emit(op.add(op.divide(bb.emit(op.matmul(q, kt)), relax.const(np.float32(2.8))), mask))
             probs = bb.emit(op.nn.softmax(scores, axis=-1))
-            out = bb.emit(op.matmul(probs, v))
+            if form == "int8":
+                p8 = bb.emit(op.quantize(probs, relax.const(np.float32(1 / 255)), relax.const(np.uint8(0)), 1,
+                                         "uint8"))
+                v8 = bb.emit(op.quantize(v, relax.const(np.float32(0.03)), relax.const(np.int8(0)), 1, "int8"))
+                out = bb.emit(op.multiply(op.astype(bb.emit(op.matmul(p8, v8, out_dtype="int32")), "float32"),
+                                          relax.const(np.float32(0.03 / 255))))
+            else:
+                out = bb.emit(op.matmul(probs, v))
             out = bb.emit_output(relax.Tuple([out, probs]) if form == "probs-out" else out)
         bb.emit_func_output(out)
     return bb.get()
 
 
 @pytest.mark.parametrize("keys,form,padded", [(70, "vit", 80), (197, "vit", 208), (70, "bert", 80),
-                                              (70, "mask-first", 80), (64, "vit", None), (70, "probs-out", None)])
+                                              (70, "mask-first", 80), (64, "vit", None), (70, "probs-out", None),
+                                              (197, "int8", 208)])
 def test_pad_attention_pads_keys_to_whole_vectors_and_keeps_results(relax_tools, keys, form, padded):
     """Keys zero-padded to a multiple of 16 with their scores masked to -inf: softmax gives them 0, so the result
     is the unpadded attention's (a mask of 0 instead of -inf would change it). Not applied to a whole number of

@@ -156,16 +156,22 @@ def test_a_max_pool_before_a_quantised_conv_runs_on_uint8_and_changes_nothing(mo
     assert [n.input[0] for n in kept.graph.node if n.op_type == "MaxPool"] == ["r1"]
 
 
-def test_attention_matmuls_are_quantised_and_activation_products_stay_fp32():
-    model = attention_net()
-    quantized, info = quantize.quantize(model, "int8", _feeds(model, range(1, 5)), "user")
-    assert info.quantized == {"MatMul": 7} and info.kept_fp32 == {"MatMul: no constant weight": 2}
+def test_attention_matmuls_are_quantised_with_their_activation_products():
+    """int8 quantises the projections (constant weights) and attention's QK^T and PV (two activations: uint8 x
+    int8, the zero point's share subtracted at run time); `attention=False` and int8-dynamic keep those two fp32."""
+    model = onnx.shape_inference.infer_shapes(attention_net())  # as the cleaned graph is: its ranks known
+    feeds = _feeds(model, range(1, 5))
+    quantized, info = quantize.quantize(model, "int8", feeds, "user")
+    assert info.quantized == {"MatMul": 7, "MatMul of two activations": 2} and info.kept_fp32 == {}
     ops = [n.op_type for n in quantized.graph.node]
-    assert ops.count("MatMulInteger") == 7 and ops.count("MatMul") == 2
+    assert ops.count("MatMulInteger") == 9 and ops.count("MatMul") == 0
     # Q, K and V read one LayerNorm output: it is quantised once
     assert sum(1 for n in quantized.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "n") == 1
     test = _feeds(model, [100])[0]
     assert gate({"logits": _ort(model, test)}, {"logits": _int8_run(quantized, test, ["logits"])[0]}, "int8").passed
+    for kept, _ in (quantize.quantize(model, "int8", feeds, "user", attention=False),
+                    quantize.quantize(model, "int8-dynamic", [], None)):
+        assert [n.op_type for n in kept.graph.node].count("MatMul") == 2
 
 
 def test_int8_kernel_form_and_compiled_nets_pass_the_gate_on_several_inputs(tmp_path):
@@ -175,14 +181,14 @@ def test_int8_kernel_form_and_compiled_nets_pass_the_gate_on_several_inputs(tmp_
     pytest.importorskip("tvm")
     from mlc.compiler import importer
 
-    conv, attention = conv_net(), attention_net()
+    conv, attention = conv_net(), onnx.shape_inference.infer_shapes(attention_net())
     quantized, _ = quantize.quantize(conv, "int8", _feeds(conv, [1]), "seeded")
     script = importer.to_relax(quantized).script()
     assert script.count('out_dtype="int32"') == 3  # 2 convs, 1 Gemm
     assert "R.nn.conv2d(lv" in script and script.count('dtype="uint8") = R.quantize(') == 3
     quantized, _ = quantize.quantize(attention, "int8", _feeds(attention, [1]), "seeded")
     lines = [ln for ln in importer.to_relax(quantized).script().splitlines() if "R.matmul(" in ln]
-    assert sum('out_dtype="int32"' in ln for ln in lines) == 7 and sum("out_dtype=None" in ln for ln in lines) == 2
+    assert sum('out_dtype="int32"' in ln for ln in lines) == 9 and len(lines) == 9
 
     # one model holding both nets (one build): inputs image and a_x, outputs logits and a_logits
     both = onnx.compose.add_prefix(attention, "a_")
@@ -203,7 +209,9 @@ def test_int8_kernel_form_and_compiled_nets_pass_the_gate_on_several_inputs(tmp_
     assert (vnni in manifest.target.required_cpu_features) if vnni else manifest.compile.options["emulated"]
     assert manifest.quantization["mode"] == "int8"
     assert manifest.quantization["calibration"] == {"source": "user", "count": 8}
-    assert manifest.quantization["quantized"] == {"Conv": 2, "Gemm": 1, "MatMul": 7}
+    assert manifest.quantization["quantized"] == {"Conv": 2, "Gemm": 1, "MatMul": 7, "MatMul of two activations": 2}
+    assert not [n for n in result.notes if "pass quantize skipped" in n]  # prepare runs it, not the ONNX passes
+    assert [p.name for p in manifest.compile.passes].count("quantize") == 1
     assert len(manifest.reference.gate_cases) == 8 and not manifest.reference.gate_judges_reference
     assert result.check.gate.precision == "int8" and result.check.gate.passed, result.check.gate.to_json()
     for figures in result.check.gate.outputs:
@@ -211,7 +219,8 @@ def test_int8_kernel_form_and_compiled_nets_pass_the_gate_on_several_inputs(tmp_
         assert figures.top1_agreement + figures.top1_near_ties / 32 == 1.0 and figures.top1_agreement >= 0.96
         assert figures.max_abs_error > 1e-4  # int8 rounding shows: not an fp32 build
     # the artifact computes what the quantised graph says (ONNX Runtime on the same rewrite, the same calibration)
-    quantized, _ = quantize.quantize(onnx.load(path), "int8", [dict(np.load(f)) for f in calibration], "user")
+    quantized, _ = quantize.quantize(onnx.shape_inference.infer_shapes(onnx.load(path)), "int8",
+                                     [dict(np.load(f)) for f in calibration], "user")
     feeds = api.read_npz(tmp_path / "int8" / manifest.reference.inputs)
     ours = api.run(tmp_path / "int8", feeds, warmup=0, repeat=1).outputs
     theirs = _int8_run(quantized, feeds, ["logits", "a_logits"])

@@ -632,10 +632,15 @@ def _padded_keys(scores, keys: int, padded: int, pad_value: float):
 
 def _score_chain(bound, scores):
     """(the matmul under softmax's input `scores`, the ops between them, outermost first), or None. `bound(expr,
-    names)`: the call bound to `expr` if it is one of `names`."""
-    chain = (*_SCORE_OPS, "relax.matmul")
+    names)`: the call bound to `expr` if it is one of `names`. An int8 matmul's (--quantize) chain holds its
+    zero-point correction (subtract) and its cast to float32 (astype, kept as its dtype)."""
+    chain = (*_SCORE_OPS, "relax.astype", "relax.matmul")
     ops, call = [], bound(scores, chain)
     while call is not None and call.op.name != "relax.matmul":
+        if call.op.name == "relax.astype":
+            ops.append((call.op.name, str(call.attrs.dtype)))
+            call = bound(call.args[0], chain)
+            continue
         x, other = call.args
         if call.op.name in ("relax.add", "relax.multiply") and bound(x, chain) is None:
             x, other = other, x  # the operand the chain continues through comes second
@@ -644,14 +649,19 @@ def _score_chain(bound, scores):
     return None if call is None else (call, ops)
 
 
-def _padded_attention(matmul, ops, values, keys: int, padded: int):
+def _padded_attention(matmul, ops, values, keys: int, padded: int, quantize=None, out_dtype=None):
     """softmax(matmul [ops]) @ values with the keys zero-padded to `padded` and their scores masked with -inf;
-    None where an op's operand cannot be padded."""
+    None where an op's operand cannot be padded. `quantize`: the call that quantises the probabilities (--quantize
+    int8: the padded ones quantise to the zero point 0, and their rows of `values` are 0 anyway)."""
     import numpy as np
     from tvm import relax
 
-    scores = relax.op.matmul(matmul.args[0], _padded_keys(matmul.args[1], keys, padded, 0.0))
+    scores = relax.op.matmul(matmul.args[0], _padded_keys(matmul.args[1], keys, padded, 0.0),
+                             out_dtype=matmul.attrs.out_dtype)
     for name, other in reversed(ops):
+        if name == "relax.astype":
+            scores = relax.op.astype(scores, other)
+            continue
         other = _padded_keys(other, keys, padded, _SCORE_OPS[name])
         if other is None:
             return None
@@ -659,8 +669,12 @@ def _padded_attention(matmul, ops, values, keys: int, padded: int):
     mask = np.zeros(padded, "float32")
     mask[keys:] = -np.inf
     probs = relax.op.nn.softmax(relax.op.add(scores, relax.const(mask)), axis=-1)
+    if quantize is not None:
+        probs = relax.op.quantize(probs, *quantize.args[1:], axis=int(quantize.attrs.axis),
+                                  out_dtype=str(quantize.attrs.out_dtype))
     rank = len(values.ty.shape)
-    return relax.op.matmul(probs, relax.op.nn.pad(values, [0, 0] * (rank - 2) + [0, padded - keys, 0, 0]))
+    return relax.op.matmul(probs, relax.op.nn.pad(values, [0, 0] * (rank - 2) + [0, padded - keys, 0, 0]),
+                           out_dtype=out_dtype)
 
 
 def pad_attention(mod, config: dict, target):
@@ -688,8 +702,11 @@ def pad_attention(mod, config: dict, target):
             if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.matmul":
                 return call
             probs, values = call.args
-            softmax, shape = self.bound(probs, ("relax.nn.softmax",)), static_shape(values)
-            if softmax is None or shape is None or len(shape) < 2 or str(values.ty.dtype) != "float32" \
+            quantize = self.bound(probs, ("relax.quantize",))  # --quantize int8: P x V on uint8 x int8
+            softmax = self.bound(probs if quantize is None else quantize.args[0], ("relax.nn.softmax",))
+            shape = static_shape(values)
+            if softmax is None or shape is None or len(shape) < 2 \
+                    or str(values.ty.dtype) != ("float32" if quantize is None else "int8") \
                     or int(softmax.attrs.axis) not in (-1, len(shape) - 1):
                 return call
             keys = shape[-2]
@@ -697,7 +714,8 @@ def pad_attention(mod, config: dict, target):
             if keys % lanes == 0 or keys < 4 * lanes or found is None \
                     or (static_shape(found[0].args[1]) or [None])[-1] != keys:
                 return call
-            padded = _padded_attention(*found, values, keys, -(-keys // lanes) * lanes)
+            padded = _padded_attention(*found, values, keys, -(-keys // lanes) * lanes, quantize,
+                                       call.attrs.out_dtype)
             return call if padded is None else padded
 
     before = op_counts(mod)

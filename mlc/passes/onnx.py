@@ -1017,7 +1017,7 @@ def run(model: onnx.ModelProto, steps: Sequence[Step], dump_dir: Optional[Path] 
 def _run(model: onnx.ModelProto, steps: Sequence[Step], dump_dir: Optional[Path]
          ) -> tuple[onnx.ModelProto, list[dict], list[str]]:
     records, notes = [], []
-    onnx_steps = [s for s in steps if s.level == "onnx"]
+    onnx_steps = [s for s in steps if s.level == "onnx" and REGISTRY[s.name].run]  # not quantize: prepare runs it
     if dump_dir is not None:
         dump_dir.mkdir(parents=True, exist_ok=True)
         _dump(model, dump_dir / "onnx_00_input.onnx")

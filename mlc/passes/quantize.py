@@ -13,7 +13,11 @@ Each quantised node becomes plain ONNX that TVM imports as the int8 kernel and e
 A conv whose input has a zero point and padding gets an explicit Pad with the zero point (the padded input
 then dequantises to 0, as the fp32 conv's zeros), so the correction term is the same at every position.
 A conv's input channels are padded to a multiple of 4 (with zero weights), the depth int8 dot products take.
-Matmuls of two activations (attention), depthwise/grouped convs and ops on other types stay fp32."""
+
+int8 also takes a MatMul of two activations (attention's Q x K^T and P x V; `attention=False` keeps them fp32): the
+right operand is int8, symmetric per tensor (vpdpbusd multiplies uint8 by int8), and the zero point's share is
+zp_x times its column sums, computed at run time. relax_passes.pad_attention pads the keys of this form too.
+int8-dynamic keeps them fp32, as it does depthwise/grouped convs and ops on other types."""
 
 from __future__ import annotations
 
@@ -58,21 +62,29 @@ class Quantization:
 class _Candidate:
     node: onnx.NodeProto
     activation: str  # the float input that is quantised
-    weight: np.ndarray  # MatMul/Gemm: [K, N]; Conv: [O, C, kh, kw]
+    weight: Optional[np.ndarray]  # MatMul/Gemm: [K, N]; Conv: [O, C, kh, kw]; None: a MatMul of two activations
     bias: Optional[np.ndarray]  # added after the scale (Gemm: beta * C; Conv: [O])
     alpha: float = 1.0
+
+    @property
+    def right(self) -> Optional[str]:
+        """The second activation of a MatMul of two (attention's K^T or V), quantised as int8."""
+        return self.node.input[1] if self.weight is None else None
 
 
 def _attrs(node: onnx.NodeProto) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
-def candidates(model: onnx.ModelProto, mode: str) -> tuple[list[_Candidate], Counter]:
-    """The nodes --quantize rewrites, and the count of MatMul/Gemm/Conv it leaves fp32 by reason."""
+def candidates(model: onnx.ModelProto, mode: str, attention: bool = True) -> tuple[list[_Candidate], Counter]:
+    """The nodes --quantize rewrites, and the count of MatMul/Gemm/Conv it leaves fp32 by reason. `attention`: int8
+    takes MatMuls of two float32 activations too (attention's QK^T and PV)."""
     consts = constant_values(model)
     elem = {v.name: v.type.tensor_type.elem_type for v in list(model.graph.value_info) + list(model.graph.input)
             + list(model.graph.output)}
     elem.update({t.name: t.data_type for t in model.graph.initializer})
+    shapes = {v.name: v.type.tensor_type.shape for v in list(model.graph.value_info) + list(model.graph.input)
+              if v.type.tensor_type.HasField("shape")}
     found, kept = [], Counter()
     for node in model.graph.node:
         if node.op_type not in ("MatMul", "Gemm", "Conv"):
@@ -80,6 +92,13 @@ def candidates(model: onnx.ModelProto, mode: str) -> tuple[list[_Candidate], Cou
         attrs = _attrs(node)
         x, w = node.input[0], node.input[1] if len(node.input) > 1 else ""
         weight = consts.get(w)
+        if weight is None and x not in consts and node.op_type == "MatMul" and mode == "int8" and attention \
+                and all(elem.get(v) == TensorProto.FLOAT for v in (x, w)):
+            if all(_rank(shapes.get(v)) >= 2 for v in (x, w)):  # the column sums are over axis -2
+                found.append(_Candidate(node, x, None, None))  # attention's Q x K^T and P x V
+            else:
+                kept["MatMul: two activations, not both of known rank >= 2"] += 1
+            continue
         if weight is None or x in consts:
             kept[f"{node.op_type}: no constant weight"] += 1
             continue
@@ -115,6 +134,10 @@ def candidates(model: onnx.ModelProto, mode: str) -> tuple[list[_Candidate], Cou
             continue
         found.append(_Candidate(node, x, weight, None))
     return found, kept
+
+
+def _rank(shape) -> int:
+    return -1 if shape is None else len(shape.dim)
 
 
 def calibration_ranges(model: onnx.ModelProto, tensors: Sequence[str], feeds: Sequence[dict]) -> dict:
@@ -265,6 +288,32 @@ def _correction_and_scale(e: _Emitter, mode: str, zp, colsum, s_x, s_w, bshape: 
     return correction, scale
 
 
+def _quantize_symmetric(e: _Emitter, x: str, lo: float, hi: float) -> tuple[str, float]:
+    """x_s8 = clip(round(x / s), -128, 127) with s = max|x| / 127 over the calibration (the right operand of a matmul
+    of two activations: vpdpbusd multiplies uint8 by int8), and s."""
+    peak = max(abs(lo), abs(hi))
+    scale = float(np.float32(peak / 127.0)) if peak > 0 else 1.0
+    base = f"{x}_s8"
+    return e.op("QuantizeLinear", [x, e.const(f"{base}/scale", np.float32(scale)),
+                                   e.const(f"{base}/zero", np.int8(0))], base), scale
+
+
+def _activations_matmul(e: _Emitter, x_u8: str, s_x: float, zp: int, y_s8: str, s_y: float, out: str, base: str,
+                        version: int) -> None:
+    """MatMul(x, y) of two activations as MatMulInteger(x_u8, y_s8), less the zero point's share (zp times the
+    column sums of y_s8, computed at run time), scaled by s_x * s_y."""
+    acc = e.op("MatMulInteger", [x_u8, y_s8], base)
+    correction = None
+    if zp:
+        wide = e.op("Cast", [y_s8], base, to=TensorProto.INT32)
+        if version >= 13:
+            sums = e.op("ReduceSum", [wide, e.const(f"{base}/axes", np.array([-2], np.int64))], base, keepdims=1)
+        else:
+            sums = e.op("ReduceSum", [wide], base, axes=[-2], keepdims=1)
+        correction = e.op("Mul", [sums, e.const(f"{base}/zero", np.int32(zp))], base)
+    _epilogue(e, acc, correction, e.const(f"{base}/scale", np.float32(s_x * s_y)), None, out, base)
+
+
 def _pools_to_quantize_first(model: onnx.ModelProto, chosen: dict) -> dict[str, onnx.NodeProto]:
     """{activation: the MaxPool that makes it} where only quantised nodes read the pool's output: its input is
     quantised instead and the pool runs on uint8. Exact (quantising is monotonic: the max of the quantised values
@@ -281,11 +330,11 @@ def _pools_to_quantize_first(model: onnx.ModelProto, chosen: dict) -> dict[str, 
             and all(id(r) in chosen and chosen[id(r)].activation == node.output[0] for r in readers[node.output[0]])}
 
 
-def rewrite(model: onnx.ModelProto, mode: str, ranges: Optional[dict] = None) -> tuple[onnx.ModelProto, Counter,
-                                                                                      Counter]:
+def rewrite(model: onnx.ModelProto, mode: str, ranges: Optional[dict] = None, attention: bool = True
+            ) -> tuple[onnx.ModelProto, Counter, Counter]:
     """The model with its candidates quantised (`ranges`: calibration, for int8); returns it, the op types
     quantised and the ones kept fp32 by reason."""
-    found, kept = candidates(model, mode)
+    found, kept = candidates(model, mode, attention)
     chosen = {id(c.node): c for c in found}
     pools = _pools_to_quantize_first(model, chosen) if mode == "int8" else {}
     moved = {id(pool) for pool in pools.values()}
@@ -314,6 +363,13 @@ def rewrite(model: onnx.ModelProto, mode: str, ranges: Optional[dict] = None) ->
             else:
                 quantized_inputs[c.activation] = _quantize_dynamic(e, c.activation)
         x_u8, s_x, zp = quantized_inputs[c.activation]
+        if c.right:
+            if c.right not in quantized_inputs:
+                quantized_inputs[c.right] = _quantize_symmetric(e, c.right, *ranges[c.right])
+            _activations_matmul(e, x_u8, s_x, zp, *quantized_inputs[c.right], out, base, opset(model))
+            new_nodes.extend(e.nodes)
+            done["MatMul of two activations"] += 1
+            continue
         if node.op_type == "Conv":
             acc, colsum, s_w, bshape = _integer_conv(e, node, c, x_u8, zp, base)
         else:
@@ -340,9 +396,10 @@ def opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
-def quantize(model: onnx.ModelProto, mode: str, calibration: Sequence[dict], source: Optional[str]
-             ) -> tuple[onnx.ModelProto, Quantization]:
-    """The cleaned model quantised (`calibration`: input feeds for int8, `source` "user" or "seeded")."""
+def quantize(model: onnx.ModelProto, mode: str, calibration: Sequence[dict], source: Optional[str],
+             attention: bool = True) -> tuple[onnx.ModelProto, Quantization]:
+    """The cleaned model quantised (`calibration`: input feeds for int8, `source` "user" or "seeded"; `attention`:
+    candidates())."""
     if mode not in MODES:
         raise InputError(f"--quantize {mode}: choose one of {', '.join(MODES)}")
     original = opset(model)
@@ -350,9 +407,10 @@ def quantize(model: onnx.ModelProto, mode: str, calibration: Sequence[dict], sou
         model = _converted(model, original)
     ranges = None
     if mode == "int8":
-        found, _ = candidates(model, mode)
-        ranges = calibration_ranges(model, [c.activation for c in found], calibration) if found else {}
-    quantized, done, kept = rewrite(model, mode, ranges)
+        found, _ = candidates(model, mode, attention)
+        tensors = [c.activation for c in found] + [c.right for c in found if c.right]
+        ranges = calibration_ranges(model, tensors, calibration) if found else {}
+    quantized, done, kept = rewrite(model, mode, ranges, attention)
     info = Quantization(mode, source if mode == "int8" else None, len(calibration) if mode == "int8" else 0,
                         dict(done), dict(kept), original if original < MIN_OPSET else None)
     return quantized, info

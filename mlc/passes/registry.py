@@ -47,7 +47,7 @@ class Pass:
     level: str  # "onnx" or "relax"
     description: str
     opt_level: Optional[int]  # on by default from this -O level up (on the devices below); None: only on request
-    run: str  # "module:function", loaded when the pass runs
+    run: str  # "module:function", loaded when the pass runs; "": a step the pipeline runs itself (quantize)
     devices: tuple[str, ...] = ()  # on by default only for these target devices; () = every device
     config: Mapping[str, Option] = field(default_factory=dict)
     requested_by: str = ""  # the compile option that also runs it (its value is the step's config)
@@ -123,7 +123,9 @@ PASSES: tuple[Pass, ...] = (
          "seeded ones (int8), or scaled at run time (int8-dynamic); the graph before it is built where TVM fails on "
          "it. Run by mlc.pipeline.prepare after the other ONNX passes: it calibrates on the model's inputs",
          None, "", devices=("cpu",), requested_by="--quantize",
-         config={"mode": Option(str, "int8", "int8 (calibrated) or int8-dynamic", QUANTIZE_MODES)}),
+         config={"mode": Option(str, "int8", "int8 (calibrated) or int8-dynamic", QUANTIZE_MODES),
+                 "attention": Option(bool, True, "int8 also quantises matmuls of two activations (attention's QK^T "
+                                                 "and PV: uint8 x int8, calibrated per tensor)")}),
     Pass("mixed_precision", "relax",
          "matmul/conv compute in float16 (or bfloat16), accumulate and return float32 (relax.transform."
          "ToMixedPrecision); runs before the other Relax passes (it needs unfused ops)",

@@ -91,11 +91,11 @@ def prepare(model: ModelSpec, workdir: Path, timed: Timer, *, feeds: Optional[Ma
         notes = _skipped_passes(said)
         compiler.check_supported(cleaned, notes=notes)  # after the passes: lower_rnn makes LSTMs importable
     quantization, calibration_feeds, unquantized_path = None, [], None
-    quantize = next((s.config["mode"] for s in steps if s.name == "quantize"), None)
+    quantize = next((s.config for s in steps if s.name == "quantize"), None)
     if quantize:
         unquantized_path = workdir / "unquantized.onnx"
         onnx_passes.save(cleaned, unquantized_path)
-        with timed("quantize", f"Quantising matmul/conv to {quantize}"):
+        with timed("quantize", f"Quantising matmul/conv to {quantize['mode']}"):
             cleaned, quantization, calibration_feeds = _quantize(cleaned, quantize, inputs, calibration, records,
                                                                  notes, workdir, dump_ir)
     cleaned_path = workdir / "cleaned.onnx"
@@ -196,17 +196,17 @@ def _decide_inputs(model: ModelSpec, onnx_model: onnx.ModelProto, source_path: P
     return _Inputs(onnx_model, specs, fixed, feeds, frozen, samples, sample_info)
 
 
-def _quantize(cleaned: onnx.ModelProto, quantize: str, inputs: _Inputs, calibration: tuple, records: list,
+def _quantize(cleaned: onnx.ModelProto, config: dict, inputs: _Inputs, calibration: tuple, records: list,
               notes: list[Note], workdir: Path, dump_ir: Optional[str]):
-    """The cleaned graph quantised (its record appended to `records`; a note when calibrated on seeded inputs): the
-    graph, the manifest's quantization record and the calibration feeds."""
-    calibration_feeds, how = calibration_inputs(inputs.specs, inputs.feeds, calibration, quantize)
+    """The cleaned graph quantised as the quantize step's `config` says (its record appended to `records`; a note
+    when calibrated on seeded inputs): the graph, the manifest's quantization record and the calibration feeds."""
+    calibration_feeds, how = calibration_inputs(inputs.specs, inputs.feeds, calibration, config["mode"])
     if how == "seeded":
         notes.append(Note(NoteKind.CALIBRATION,
-                          f"--quantize {quantize}: calibrated on {len(calibration_feeds)} seeded random "
+                          f"--quantize {config['mode']}: calibrated on {len(calibration_feeds)} seeded random "
                           "inputs; real inputs calibrate better (--calibration FILE.npz, repeatable)"))
     cleaned = onnx_weights.materialized(cleaned, workdir)  # it reads every weight, and ONNX Runtime runs it
-    cleaned, quantization, record = quantize_graph(cleaned, quantize, calibration_feeds, how)
+    cleaned, quantization, record = quantize_graph(cleaned, config, calibration_feeds, how)
     records.append(record)
     if dump_ir:  # numbered after the ONNX passes' dumps
         onnx.save(cleaned, str(Path(dump_ir) / f"onnx_{len(records):02d}_quantize.onnx"))
@@ -325,12 +325,14 @@ def calibration_inputs(specs: list, feeds: Mapping[str, np.ndarray], files: tupl
     return out, "user"
 
 
-def quantize_graph(cleaned: onnx.ModelProto, mode: str, calibration: list, how: Optional[str]
+def quantize_graph(cleaned: onnx.ModelProto, config: dict, calibration: list, how: Optional[str]
                    ) -> tuple[onnx.ModelProto, dict, dict]:
-    """The cleaned graph quantised; the manifest's quantisation record and the pass record."""
+    """The cleaned graph quantised as the quantize step's `config` says; the manifest's quantisation record and the
+    pass record."""
     start = time.perf_counter()
     before = onnx_passes.op_counts(cleaned)
-    quantized, info = quantizing.quantize(cleaned, mode, calibration, how)
+    mode = config["mode"]
+    quantized, info = quantizing.quantize(cleaned, mode, calibration, how, config.get("attention", True))
     if not info.quantized:
         kept = "; ".join(f"{why} x{n}" for why, n in info.kept_fp32.items()) or "it has no MatMul, Gemm or Conv"
         raise UnsupportedModelError(f"--quantize {mode}: nothing to quantise in this model ({kept})")
@@ -448,10 +450,11 @@ def bind_to_reference(prepared: Prepared, steps: list, error: MlcError) -> bool:
     cleaned, records, said = onnx_passes.run(onnx_frontend.fix_input_shapes(model, prepared.fixed),
                                              [s for s in steps if s.level == "onnx"], weights_dir=workdir)
     if prepared.quantization:  # quantised again, on the same calibration feeds
-        mode, how = prepared.quantization["mode"], prepared.quantization["calibration"]["source"]
+        config = next(s.config for s in steps if s.name == "quantize")
         onnx_passes.save(cleaned, prepared.unquantized_path)
         cleaned = onnx_weights.materialized(cleaned, workdir)
-        cleaned, prepared.quantization, record = quantize_graph(cleaned, mode, prepared.calibration, how)
+        cleaned, prepared.quantization, record = quantize_graph(cleaned, config, prepared.calibration,
+                                                                prepared.quantization["calibration"]["source"])
         records.append(record)
     onnx_passes.save(cleaned, prepared.cleaned_path)
     bound = ", ".join(f"{d}={n}" for d, n in symbolic.items())
