@@ -1093,5 +1093,5 @@ _PATCHES = (_read_external_weights, _bfloat16_as_bfloat16, _keep_symbolic_range_
             _split_with_empty_parts, _dropout_mask, _batch_norm_training, _conv_transpose_output_shape,
             _blocked_quantization, _cast_to_float8, _resize_through_mlc, _fold_variadic_pairwise,
             _add_loss_converters, _name_failing_converter, _layer_norm_statistics, _pow_mixed_types, _is_inf_signs,
-            _bool_extreme_reductions, _clip_keeps_nan, _constant_indices_as_given, _empty_dynamic_slices, _mlc_converters,
-            _tensorization_falls_back, _bf16_tensor_cores)
+            _bool_extreme_reductions, _clip_keeps_nan, _constant_indices_as_given, _empty_dynamic_slices,
+            _mlc_converters, _tensorization_falls_back, _bf16_tensor_cores)
