@@ -530,10 +530,16 @@ def _clip(x, lo, hi):
     return te.compute(x.shape, lambda *i: te.min(hi, te.max(lo, x(*i))), name="compute")
 
 
-def _extremum(pick):
+def _extremum(pick, scalar_pick):
     def fn(a, b):
-        from tvm import topi
+        from tvm import te, topi
 
+        for tensor, scalar in ((a, b), (b, a)):
+            if hasattr(tensor, "shape") and not hasattr(scalar, "shape"):
+                # a constant (never NaN: _scalar_constant) first: LLVM's `c > x ? c : x` passes a NaN x, and x is
+                # read once (the isnan select below read it three times, and inlined into a fused kernel each
+                # copy was computed again: an LRN under --quantize's clamp took 13x its time)
+                return te.compute(tensor.shape, lambda *i: scalar_pick(scalar, tensor(*i)), name="compute")
         out = pick(a, b)
         for operand in (b, a):  # a NaN in either operand is the result, a's first (ONNX Runtime's Max/Min)
             if hasattr(operand, "shape"):
@@ -567,7 +573,7 @@ def nan_preserving_legalizations() -> dict:
     """LegalizeOps overrides (op name -> legalize function) for relu, clip, maximum and minimum on
     floats that keep NaN where ONNX Runtime and torch keep it. TVM's versions are max/min, which
     LLVM emits as `a > b ? a : b`: max(NaN, 0) is 0, so a NaN disappeared behind a Relu."""
-    from tvm import topi
+    from tvm import te, topi
 
     def relu(bb, call):
         if not _is_float(call.args[0]):
@@ -579,19 +585,20 @@ def nan_preserving_legalizations() -> dict:
             return bb.call_te(topi.clip, call.args[0], call.args[1], call.args[2], primfunc_name_hint="tir_clip")
         return bb.call_te(_clip, call.args[0], call.args[1], call.args[2], primfunc_name_hint="tir_clip")
 
-    def binary_op(pick, name):
+    def binary_op(pick, scalar_pick, name):
         def legalize(bb, call):
             a, b = call.args[0], _scalar_constant(call.args[1])
             if b is call.args[1]:
                 a = _scalar_constant(a)
             if not _is_float(call):
                 return bb.call_te(pick, a, b)
-            return bb.call_te(_extremum(pick), a, b, primfunc_name_hint=name)
+            return bb.call_te(_extremum(pick, scalar_pick), a, b, primfunc_name_hint=name)
 
         return legalize
 
     return {"relax.nn.relu": relu, "relax.clip": clip,
-            "relax.maximum": binary_op(topi.maximum, "maximum"), "relax.minimum": binary_op(topi.minimum, "minimum")}
+            "relax.maximum": binary_op(topi.maximum, te.max, "maximum"),
+            "relax.minimum": binary_op(topi.minimum, te.min, "minimum")}
 
 
 def _power_as_products(call):
