@@ -534,12 +534,12 @@ def _extremum(pick, scalar_pick):
     def fn(a, b):
         from tvm import te, topi
 
-        for tensor, scalar in ((a, b), (b, a)):
-            if hasattr(tensor, "shape") and not hasattr(scalar, "shape"):
-                # a constant (never NaN: _scalar_constant) first: LLVM's `c > x ? c : x` passes a NaN x, and x is
-                # read once (the isnan select below read it three times, and inlined into a fused kernel each
-                # copy was computed again: an LRN under --quantize's clamp took 13x its time)
-                return te.compute(tensor.shape, lambda *i: scalar_pick(scalar, tensor(*i)), name="compute")
+        tensor, scalar = (a, b) if hasattr(a, "shape") else (b, a)
+        if not hasattr(scalar, "shape"):
+            # a constant (never NaN: _scalar_constant) first: LLVM's `c > x ? c : x` passes a NaN x, and x is read
+            # once (the isnan select below read it three times, and inlined into a fused kernel each copy was
+            # computed again: an LRN under --quantize's clamp took 13x its time)
+            return te.compute(tensor.shape, lambda *i: scalar_pick(scalar, tensor(*i)), name="compute")
         out = pick(a, b)
         for operand in (b, a):  # a NaN in either operand is the result, a's first (ONNX Runtime's Max/Min)
             if hasattr(operand, "shape"):
