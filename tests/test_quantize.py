@@ -172,6 +172,14 @@ def test_attention_matmuls_are_quantised_with_their_activation_products():
     for kept, _ in (quantize.quantize(model, "int8", feeds, "user", attention=False),
                     quantize.quantize(model, "int8-dynamic", [], None)):
         assert [n.op_type for n in kept.graph.node].count("MatMul") == 2
+    # one tensor as both operands: quantised once as uint8 (left) and once as int8 (right)
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 8])
+    square = onnx.shape_inference.infer_shapes(_model([helper.make_node("MatMul", ["x", "x"], ["y"])], [x_info],
+                                                      ("y", TensorProto.FLOAT, [2, 8, 8]), {}))
+    quantized, info = quantize.quantize(square, "int8", _feeds(square, range(4)), "seeded")
+    assert info.quantized == {"MatMul of two activations": 1}
+    x = _feeds(square, [9])[0]
+    assert np.abs(_int8_run(quantized, x, ["y"])[0] - _ort(square, x)).max() < 0.05 * np.abs(_ort(square, x)).max()
 
 
 def test_int8_kernel_form_and_compiled_nets_pass_the_gate_on_several_inputs(tmp_path):

@@ -339,7 +339,7 @@ def rewrite(model: onnx.ModelProto, mode: str, ranges: Optional[dict] = None, at
     pools = _pools_to_quantize_first(model, chosen) if mode == "int8" else {}
     moved = {id(pool) for pool in pools.values()}
     e = _Emitter(model)
-    quantized_inputs: dict[str, tuple] = {}  # one quantise per activation (Q, K and V projections share it)
+    quantized_inputs: dict = {}  # one quantise per activation (Q, K and V projections share it)
     done = Counter()
     new_nodes: list[onnx.NodeProto] = []
     for node in model.graph.node:
@@ -364,9 +364,10 @@ def rewrite(model: onnx.ModelProto, mode: str, ranges: Optional[dict] = None, at
                 quantized_inputs[c.activation] = _quantize_dynamic(e, c.activation)
         x_u8, s_x, zp = quantized_inputs[c.activation]
         if c.right:
-            if c.right not in quantized_inputs:
-                quantized_inputs[c.right] = _quantize_symmetric(e, c.right, *ranges[c.right])
-            _activations_matmul(e, x_u8, s_x, zp, *quantized_inputs[c.right], out, base, opset(model))
+            right = (c.right, "int8")  # its own key: a tensor may be the left operand (uint8) of another matmul
+            if right not in quantized_inputs:
+                quantized_inputs[right] = _quantize_symmetric(e, c.right, *ranges[c.right])
+            _activations_matmul(e, x_u8, s_x, zp, *quantized_inputs[right], out, base, opset(model))
             new_nodes.extend(e.nodes)
             done["MatMul of two activations"] += 1
             continue
