@@ -978,6 +978,7 @@ def _extend_convert_map(table: dict) -> None:
     onnx_frontend._get_convert_map = convert_map
 
 
+@functools.lru_cache(maxsize=1)
 def _empty_dynamic_slices() -> None:
     """TVM's legalization of dynamic_strided_slice, with each extent at least 0: ONNX's Slice with start past
     end (for its step's sign) is empty, and TVM's ceildiv(end - start, step) went negative."""

@@ -330,6 +330,40 @@ def _pools_to_quantize_first(model: onnx.ModelProto, chosen: dict) -> dict[str, 
             and all(id(r) in chosen and chosen[id(r)].activation == node.output[0] for r in readers[node.output[0]])}
 
 
+def _quantized_activation(e: _Emitter, x: str, mode: str, ranges: Optional[dict], pools: dict, cache: dict):
+    """(x_u8, its scale, its zero point), quantised once per activation (Q, K and V projections share it); an x
+    made by a MaxPool in `pools` is quantised before the pool, which then runs on uint8."""
+    if x not in cache:
+        if mode != "int8":
+            cache[x] = _quantize_dynamic(e, x)
+            return cache[x]
+        s_x, zp = activation_params(*ranges[x])
+        pool = pools.get(x)
+        if pool is None:
+            x_u8 = _quantize_static(e, x, s_x, zp)
+        else:
+            x_u8 = e.op("MaxPool", [_quantize_static(e, pool.input[0], s_x, zp)], f"{x}_q8", **_attrs(pool))
+        cache[x] = (x_u8, s_x, zp)
+    return cache[x]
+
+
+def _weighted(e: _Emitter, c: _Candidate, mode: str, x_u8: str, s_x, zp, out: str, base: str) -> None:
+    """A MatMul/Gemm/Conv with a constant weight on the quantised input: the int8 kernel and its epilogue."""
+    node = c.node
+    if node.op_type == "Conv":
+        acc, colsum, s_w, bshape = _integer_conv(e, node, c, x_u8, zp, base)
+    else:
+        w_q, s_w = weight_params(c.weight, 1)
+        bshape = [-1]
+        acc = e.op("MatMulInteger", [x_u8, e.const(f"{base}/weight", w_q)], base)
+        colsum = w_q.astype(np.int32).sum(axis=0)
+    s_w = (s_w * np.float32(c.alpha)).astype(np.float32)
+    bias = None if c.bias is None else e.const(f"{base}/bias", np.asarray(
+        c.bias.reshape(bshape) if node.op_type == "Conv" else c.bias, np.float32))
+    correction, scale = _correction_and_scale(e, mode, zp, colsum, s_x, s_w, bshape, base)
+    _epilogue(e, acc, correction, scale, bias, out, base)
+
+
 def rewrite(model: onnx.ModelProto, mode: str, ranges: Optional[dict] = None, attention: bool = True
             ) -> tuple[onnx.ModelProto, Counter, Counter]:
     """The model with its candidates quantised (`ranges`: calibration, for int8); returns it, the op types
@@ -339,7 +373,7 @@ def rewrite(model: onnx.ModelProto, mode: str, ranges: Optional[dict] = None, at
     pools = _pools_to_quantize_first(model, chosen) if mode == "int8" else {}
     moved = {id(pool) for pool in pools.values()}
     e = _Emitter(model)
-    quantized_inputs: dict = {}  # one quantise per activation (Q, K and V projections share it)
+    quantized_inputs: dict = {}  # _quantized_activation's cache, and the right operands' int8 forms
     done = Counter()
     new_nodes: list[onnx.NodeProto] = []
     for node in model.graph.node:
@@ -350,41 +384,17 @@ def rewrite(model: onnx.ModelProto, mode: str, ranges: Optional[dict] = None, at
             continue
         e.nodes = []
         base, out = f"{node.output[0]}_int8", node.output[0]
-        if c.activation not in quantized_inputs:
-            if mode == "int8":
-                s_x, zp = activation_params(*ranges[c.activation])
-                pool = pools.get(c.activation)
-                if pool is None:
-                    x_u8 = _quantize_static(e, c.activation, s_x, zp)
-                else:
-                    x_u8 = e.op("MaxPool", [_quantize_static(e, pool.input[0], s_x, zp)], f"{c.activation}_q8",
-                                **_attrs(pool))
-                quantized_inputs[c.activation] = (x_u8, s_x, zp)
-            else:
-                quantized_inputs[c.activation] = _quantize_dynamic(e, c.activation)
-        x_u8, s_x, zp = quantized_inputs[c.activation]
+        x_u8, s_x, zp = _quantized_activation(e, c.activation, mode, ranges, pools, quantized_inputs)
         if c.right:
             right = (c.right, "int8")  # its own key: a tensor may be the left operand (uint8) of another matmul
             if right not in quantized_inputs:
                 quantized_inputs[right] = _quantize_symmetric(e, c.right, *ranges[c.right])
             _activations_matmul(e, x_u8, s_x, zp, *quantized_inputs[right], out, base, opset(model))
-            new_nodes.extend(e.nodes)
             done["MatMul of two activations"] += 1
-            continue
-        if node.op_type == "Conv":
-            acc, colsum, s_w, bshape = _integer_conv(e, node, c, x_u8, zp, base)
         else:
-            w_q, s_w = weight_params(c.weight, 1)
-            bshape = [-1]
-            acc = e.op("MatMulInteger", [x_u8, e.const(f"{base}/weight", w_q)], base)
-            colsum = w_q.astype(np.int32).sum(axis=0)
-        s_w = (s_w * np.float32(c.alpha)).astype(np.float32)
-        bias = None if c.bias is None else e.const(f"{base}/bias", np.asarray(
-            c.bias.reshape(bshape) if node.op_type == "Conv" else c.bias, np.float32))
-        correction, scale = _correction_and_scale(e, mode, zp, colsum, s_x, s_w, bshape, base)
-        _epilogue(e, acc, correction, scale, bias, out, base)
+            _weighted(e, c, mode, x_u8, s_x, zp, out, base)
+            done[node.op_type] += 1
         new_nodes.extend(e.nodes)
-        done[node.op_type] += 1
     result = onnx.ModelProto()
     result.CopyFrom(model)
     del result.graph.node[:]
