@@ -218,11 +218,12 @@ class _Emitter:
         return out
 
 
-def _quantize_static(e: _Emitter, x: str, scale: float, zero: int) -> str:
-    """x_u8 = clip(round(x / s) + zp, 0, 255) as uint8 (QuantizeLinear: one elementwise op in Relax)."""
-    base = f"{x}_q8"
+def _quantize_static(e: _Emitter, x: str, scale: float, zero: int, dtype=np.uint8) -> str:
+    """x_u8 = clip(round(x / s) + zp, 0, 255) as uint8, or as int8 with `dtype` (QuantizeLinear: one elementwise op
+    in Relax)."""
+    base = f"{x}_q8" if dtype is np.uint8 else f"{x}_s8"
     return e.op("QuantizeLinear", [x, e.const(f"{base}/scale", np.float32(scale)),
-                                   e.const(f"{base}/zero", np.uint8(zero))], base)
+                                   e.const(f"{base}/zero", dtype(zero))], base)
 
 
 def _quantize_dynamic(e: _Emitter, x: str) -> tuple[str, str, str]:
@@ -293,9 +294,7 @@ def _quantize_symmetric(e: _Emitter, x: str, lo: float, hi: float) -> tuple[str,
     of two activations: vpdpbusd multiplies uint8 by int8), and s."""
     peak = max(abs(lo), abs(hi))
     scale = float(np.float32(peak / 127.0)) if peak > 0 else 1.0
-    base = f"{x}_s8"
-    return e.op("QuantizeLinear", [x, e.const(f"{base}/scale", np.float32(scale)),
-                                   e.const(f"{base}/zero", np.int8(0))], base), scale
+    return _quantize_static(e, x, scale, 0, np.int8), scale
 
 
 def _activations_matmul(e: _Emitter, x_u8: str, s_x: float, zp: int, y_s8: str, s_y: float, out: str, base: str,

@@ -332,7 +332,7 @@ def quantize_graph(cleaned: onnx.ModelProto, config: dict, calibration: list, ho
     start = time.perf_counter()
     before = onnx_passes.op_counts(cleaned)
     mode = config["mode"]
-    quantized, info = quantizing.quantize(cleaned, mode, calibration, how, config.get("attention", True))
+    quantized, info = quantizing.quantize(cleaned, mode, calibration, how, config["attention"])
     if not info.quantized:
         kept = "; ".join(f"{why} x{n}" for why, n in info.kept_fp32.items()) or "it has no MatMul, Gemm or Conv"
         raise UnsupportedModelError(f"--quantize {mode}: nothing to quantise in this model ({kept})")
