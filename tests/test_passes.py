@@ -318,6 +318,23 @@ def test_fold_batchnorm(producer):
     _same_under_ort(model, out, {"x": RNG.standard_normal(x_shape).astype(np.float32)}, atol=1e-4)
 
 
+def test_batchnorm_as_affine_absorbs_the_per_channel_scale_after_it():
+    """DenseNet's BN after a concatenation, then Caffe2's Scale layer (Mul, Add by [C,1,1] constants): one Mul and one
+    Add. A Mul by a constant that varies along the width is not per channel and stays."""
+    inits = _bn_inits("bn_", 6) + [_init("s", 6, 1, 1), _init("t", 1, 6, 1, 1), _init("w", 5)]
+    nodes = [helper.make_node("Concat", ["x", "z"], ["c"], axis=1),
+             helper.make_node("BatchNormalization", ["c", "bn_scale", "bn_bias", "bn_mean", "bn_var"], ["n"]),
+             helper.make_node("Mul", ["s", "n"], ["m"]), helper.make_node("Add", ["m", "t"], ["a"]),
+             helper.make_node("Mul", ["a", "w"], ["y"])]
+    x_info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3, 4, 5]) for n in ("x", "z")]
+    model = _model(nodes, x_info, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    out = onnx_passes.batchnorm_as_affine(model, {})
+    assert [n.op_type for n in out.graph.node] == ["Concat", "Mul", "Add", "Mul"]
+    assert out.graph.node[2].output[0] == "a" and out.graph.node[3].input[1] == "w"
+    feeds = {n: RNG.standard_normal((2, 3, 4, 5)).astype(np.float32) for n in ("x", "z")}
+    _same_under_ort(model, out, feeds, atol=1e-5)
+
+
 def test_constant_folding_keeps_an_nd_matmul_add_as_is():
     """onnxslim would make x[2,3,4] @ W + b a Reshape -> Gemm -> Reshape; the last Reshape, a graph
     output, costs TVM a copy of the whole tensor (seed 001's 256 MB logits)."""

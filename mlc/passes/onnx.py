@@ -147,7 +147,7 @@ def fold_batchnorm(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
     folded: dict[int, onnx.NodeProto] = {}  # id(BN node) -> replacement
     dropped: set[int] = set()
     for bn in model.graph.node:
-        if bn.op_type != "BatchNormalization" or len([o for o in bn.output if o]) != 1:
+        if not _inference_batchnorm(bn):
             continue
         prev = producers.get(bn.input[0])
         if prev is None or prev.op_type not in ("Conv", "Gemm") or readers[prev.output[0]] != 1 \
@@ -186,6 +186,79 @@ def fold_batchnorm(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
     out = _copy_with_nodes(model, [folded.get(id(n), n) for n in model.graph.node if id(n) not in dropped])
     out.graph.initializer.extend(new_inits)
     return out
+
+
+def _inference_batchnorm(node: onnx.NodeProto) -> bool:
+    return (node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx")
+            and len([o for o in node.output if o]) == 1
+            and not any(a.name == "training_mode" and a.i for a in node.attribute))
+
+
+def batchnorm_as_affine(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
+    """An inference BatchNormalization that fold_batchnorm left (DenseNet's, after a concatenation) becomes x * a + b
+    per channel, absorbing the Mul/Add by per-channel constants after it (Caffe2's Scale layer): TVM's batch_norm
+    computes (x - mean) / sqrt(var + eps) per element, and each Mul/Add is more arithmetic per element. After
+    constant_folding, which makes the Scale layer's Unsqueezed parameters initializers."""
+    constants = constant_values(model)
+    readers: dict[str, list] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    graph_outputs = {o.name for o in model.graph.output}
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in infer_shapes(model).graph.value_info
+             if v.type.tensor_type.HasField("shape")}
+    ranks.update((v.name, len(v.type.tensor_type.shape.dim)) for v in model.graph.input)
+    replaced: dict[int, list] = {}  # id(BN node) -> its Mul and Add; the nodes it absorbed map to []
+    new_inits: list[onnx.TensorProto] = []
+    for bn in model.graph.node:
+        if (not _inference_batchnorm(bn) or any(i not in constants for i in bn.input[1:5])
+                or ranks.get(bn.input[0], 0) < 2):
+            continue
+        eps = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
+        gamma, beta, mean, var = (constants[i].astype(np.float64) for i in bn.input[1:5])
+        scale = gamma / np.sqrt(var + eps)
+        shift = beta - mean * scale
+        rank, out, absorbed = ranks[bn.input[0]], bn.output[0], []
+        while (out not in graph_outputs and len(readers.get(out, ())) == 1
+               and (factor := _channel_constant(readers[out][0], out, constants, rank, len(scale))) is not None):
+            node = readers[out][0]
+            if node.op_type == "Mul":
+                scale, shift = scale * factor, shift * factor
+            else:
+                shift = shift + factor
+            absorbed.append(node)
+            out = node.output[0]
+        dtype = constants[bn.input[1]].dtype
+        shape = [len(scale)] + [1] * (rank - 2)
+        a_name, b_name, mid = f"{out}_affine_scale", f"{out}_affine_shift", f"{out}_affine_scaled"
+        new_inits += [numpy_helper.from_array(scale.astype(dtype).reshape(shape), a_name),
+                      numpy_helper.from_array(shift.astype(dtype).reshape(shape), b_name)]
+        replaced[id(bn)] = [helper.make_node("Mul", [bn.input[0], a_name], [mid], name=f"{bn.name}_scale"),
+                            helper.make_node("Add", [mid, b_name], [out], name=f"{bn.name}_shift")]
+        replaced.update((id(node), []) for node in absorbed)
+    if not replaced:
+        return model
+    nodes = [new for n in model.graph.node for new in replaced.get(id(n), [n])]
+    out_model = _copy_with_nodes(model, nodes)
+    out_model.graph.initializer.extend(new_inits)
+    return out_model
+
+
+def _channel_constant(node: onnx.NodeProto, value: str, constants, rank: int, channels: int) -> Optional[np.ndarray]:
+    """The per-channel values (axis 1 of a rank-`rank` tensor) of the constant that `node`, a Mul or Add, applies to
+    `value`; None for any other node or a constant that varies along another axis."""
+    if node.op_type not in ("Mul", "Add") or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+        return None
+    other = node.input[1] if node.input[0] == value else node.input[0]
+    if other == value or other not in constants:
+        return None
+    c = np.asarray(constants[other])
+    if c.dtype.kind != "f" or c.ndim > rank:
+        return None
+    dims = (1,) * (rank - c.ndim) + c.shape
+    if any(d != 1 for i, d in enumerate(dims) if i != 1) or dims[1] not in (1, channels):
+        return None
+    return np.broadcast_to(c.reshape(-1).astype(np.float64), (channels,))
 
 
 _FOLDING_ROUNDS = 8

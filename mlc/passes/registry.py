@@ -101,6 +101,10 @@ PASSES: tuple[Pass, ...] = (
          "onnxslim: fold constant subgraphs (static shape arithmetic included), remove dead nodes, "
          "its pattern fusions except MatMul+Add -> Gemm (which adds Reshapes around N-D inputs), shape inference",
          1, f"{_ONNX}:constant_folding"),
+    Pass("batchnorm_as_affine", "onnx",
+         "an inference BatchNormalization not folded into a Conv (DenseNet's, after a concatenation) and the Mul/Add "
+         "by per-channel constants after it -> one Mul and one Add per channel",
+         2, f"{_ONNX}:batchnorm_as_affine"),
     Pass("static_control_flow", "onnx",
          "an If whose condition is known before run time -> the branch it takes (TVM imports both branches, and the "
          "other may not import); a Loop with a constant trip count, a Scan over static lengths and a SequenceMap over "
