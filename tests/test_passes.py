@@ -335,6 +335,20 @@ def test_batchnorm_as_affine_absorbs_the_per_channel_scale_after_it():
     _same_under_ort(model, out, feeds, atol=1e-5)
 
 
+def test_flatten_concats_reads_the_inner_concats_inputs():
+    """DenseNet's x2 = Concat(Concat(x0, n0), n1), the inner one also read by its layer: the outer Concat reads x0, n0
+    and n1 (the inner stays for its other reader); a Concat along another axis is left as it is."""
+    nodes = [helper.make_node("Concat", ["a", "b"], ["x1"], axis=1), helper.make_node("Relu", ["x1"], ["r"]),
+             helper.make_node("Concat", ["x1", "c"], ["x2"], axis=1),
+             helper.make_node("Concat", ["x2", "x2"], ["y"], axis=-1)]
+    info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3, 4]) for n in "abc"]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("r", "y")]
+    model = _model(nodes, info, outputs, [])
+    out = onnx_passes.flatten_concats(model, {})
+    assert [list(n.input) for n in out.graph.node] == [["a", "b"], ["x1"], ["a", "b", "c"], ["x2", "x2"]]
+    _same_under_ort(model, out, {n: RNG.standard_normal((2, 3, 4)).astype(np.float32) for n in "abc"})
+
+
 def test_constant_folding_keeps_an_nd_matmul_add_as_is():
     """onnxslim would make x[2,3,4] @ W + b a Reshape -> Gemm -> Reshape; the last Reshape, a graph
     output, costs TVM a copy of the whole tensor (seed 001's 256 MB logits)."""

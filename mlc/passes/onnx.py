@@ -188,6 +188,29 @@ def fold_batchnorm(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
     return out
 
 
+def flatten_concats(model: onnx.ModelProto, config: dict) -> onnx.ModelProto:
+    """A Concat of a Concat's output along the same axis reads that Concat's inputs instead. DenseNet's block is
+    x[k+1] = Concat(x[k], new[k]): each x[k], read by the next Concat and by its layer's BatchNorm, was copied whole
+    (quadratic in the block's depth); flattened, x[k] is read only by the BatchNorm's kernel, which fuses it."""
+    def axis(node: onnx.NodeProto) -> Optional[int]:
+        return next((a.i for a in node.attribute if a.name == "axis"), None)
+
+    flat: dict[str, tuple[int, list[str]]] = {}  # a Concat's output -> (its axis, the inputs it flattens to)
+    nodes, changed = [], False
+    for node in model.graph.node:
+        if node.op_type == "Concat" and node.domain in ("", "ai.onnx"):
+            along = axis(node)
+            inputs = [p for i in node.input for p in (flat[i][1] if flat.get(i, (None,))[0] == along else [i])]
+            flat[node.output[0]] = (along, inputs)
+            if inputs != list(node.input):
+                node, original = onnx.NodeProto(), node
+                node.CopyFrom(original)
+                node.input[:] = inputs
+                changed = True
+        nodes.append(node)
+    return _eliminate_unread_nodes(_copy_with_nodes(model, nodes)) if changed else model
+
+
 def _inference_batchnorm(node: onnx.NodeProto) -> bool:
     return (node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx")
             and len([o for o in node.output if o]) == 1

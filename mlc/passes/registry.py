@@ -105,6 +105,10 @@ PASSES: tuple[Pass, ...] = (
          "an inference BatchNormalization not folded into a Conv (DenseNet's, after a concatenation) and the Mul/Add "
          "by per-channel constants after it -> one Mul and one Add per channel",
          2, f"{_ONNX}:batchnorm_as_affine"),
+    Pass("flatten_concats", "onnx",
+         "a Concat of a Concat's output along the same axis reads that Concat's inputs (DenseNet's block: no "
+         "growing copy per layer; the inner Concat, read only by its layer's elementwise kernel, fuses into it)",
+         2, f"{_ONNX}:flatten_concats"),
     Pass("static_control_flow", "onnx",
          "an If whose condition is known before run time -> the branch it takes (TVM imports both branches, and the "
          "other may not import); a Loop with a constant trip count, a Scan over static lengths and a SequenceMap over "
