@@ -2,7 +2,7 @@
 
 Two phases, one process each (TVM's thread pool takes its size when it starts):
 
-- `--phase latency` (batch 1, 1 thread): per model, `mlc compile --quantize int8 --calibration ...`, the
+- `--phase latency` (batch 1, --threads, default 1; every engine at that count): per model, `mlc compile --quantize int8 --calibration ...`, the
   openvino-int8 baseline (nncf.quantize on the OpenVINO model read from the same ONNX), the ort-int8 baseline
   (quantize_static, QDQ) and OpenVINO fp32, all calibrated on the same .npz inputs; each round calls every engine
   once (the order rotating); p50s and the medians of the per-round ratios. Top-1 agreement with ONNX Runtime fp32
@@ -176,7 +176,7 @@ def _latency_row(args, folder: Path, name: str, baselines, Runner) -> dict:
     compile_s = time.perf_counter() - start
     runner = Runner(artifact)
     feed = {k: v.copy() for k, v in held_out[0].items()}  # refilled with each held-out input below
-    ctx = baselines.Context(None, onnx_path, list(feed), list(feed.values()), 1, folder / f"scratch-{slug}",
+    ctx = baselines.Context(None, onnx_path, list(feed), list(feed.values()), args.threads, folder / f"scratch-{slug}",
                             calibration=calibration)
     calls = {"mlc int8": lambda runner=runner, feed=feed: list(runner.run(feed).values())}
     failed = {}  # an engine that cannot take this model (NNCF's quantize raised on some of the Caffe2 graphs)
