@@ -2,11 +2,12 @@
 
 Two phases, one process each (TVM's thread pool takes its size when it starts):
 
-- `--phase latency` (batch 1, --threads, default 1; every engine at that count): per model, `mlc compile --quantize int8 --calibration ...`, the
-  openvino-int8 baseline (nncf.quantize on the OpenVINO model read from the same ONNX), the ort-int8 baseline
-  (quantize_static, QDQ) and OpenVINO fp32, all calibrated on the same .npz inputs; each round calls every engine
-  once (the order rotating); p50s and the medians of the per-round ratios. Top-1 agreement with ONNX Runtime fp32
-  where the model is trained: zoo:cnn's layers trained here on scikit-learn's digits (8x8, no download).
+- `--phase latency` (batch 1; --threads, default 1, for every engine): per model, `mlc compile --quantize int8
+  --calibration ...`, the openvino-int8 baseline (nncf.quantize on the OpenVINO model read from the same ONNX), the
+  ort-int8 baseline (quantize_static, QDQ) and OpenVINO fp32, all calibrated on the same .npz inputs; each round
+  calls every engine once (the order rotating); p50s and the medians of the per-round ratios. Top-1 agreement with
+  ONNX Runtime fp32 where the model is trained: zoo:cnn's layers trained here on scikit-learn's digits (8x8, no
+  download).
 - `--phase throughput` (batch 8, --threads, default every usable core): mlc fp32 at batch 8 (one batched call at a
   time), OpenVINO fp32 with the THROUGHPUT hint (the openvino-throughput baseline: its optimal number of requests in
   flight on an AsyncInferQueue) and ONNX Runtime fp32 with all threads; samples/s per round.
