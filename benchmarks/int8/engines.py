@@ -178,7 +178,7 @@ def _latency_row(args, folder: Path, name: str, baselines, Runner) -> dict:
     runner = Runner(artifact)
     feed = {k: v.copy() for k, v in held_out[0].items()}  # refilled with each held-out input below
     ctx = baselines.Context(None, onnx_path, list(feed), list(feed.values()), args.threads, folder / f"scratch-{slug}",
-                            calibration=calibration)
+                            calibration=calibration, spinning=False)  # ORT spinning took the next engine's cores
     calls = {"mlc int8": lambda runner=runner, feed=feed: list(runner.run(feed).values())}
     failed = {}  # an engine that cannot take this model (NNCF's quantize raised on some of the Caffe2 graphs)
     for label, baseline in (("openvino-int8", "openvino-int8"), ("ort-int8", "ort-int8"),

@@ -43,6 +43,8 @@ class Context:
     scratch: Path  # a folder of this cell's own (compiler caches)
     # int8 baselines' calibration feeds (input name -> array); None: the seeded inputs mlc's --quantize int8 uses
     calibration: Optional[list[dict[str, np.ndarray]]] = None
+    # False: ONNX Runtime's idle workers sleep (engines timed in turn in one process; see ort_session)
+    spinning: bool = True
 
 
 Setup = Callable[[Context], Callable[[], list[np.ndarray]]]
@@ -173,7 +175,7 @@ def ort_session(path: Path, threads: int, spinning: bool = True):
 @baseline("ort", ONNX_EXPORT, "ONNX Runtime (CPU provider, all graph optimisations) on mlc's ONNX export",
           compiles=True)
 def onnxruntime(ctx: Context):
-    session = ort_session(ctx.onnx_path, ctx.threads)
+    session = ort_session(ctx.onnx_path, ctx.threads, ctx.spinning)
     feeds = dict(zip(ctx.input_names, ctx.inputs))
     wanted = {i.name for i in session.get_inputs()}
     feeds = {k: v for k, v in feeds.items() if k in wanted}
@@ -239,7 +241,7 @@ def ort_int8_model(path: Path, calibration: list[dict[str, np.ndarray]], folder:
           compiles=True)
 def onnxruntime_int8(ctx: Context):
     quantized = ort_int8_model(ctx.onnx_path, calibration_feeds(ctx), ctx.scratch / "ort-int8")
-    session = ort_session(quantized, ctx.threads)
+    session = ort_session(quantized, ctx.threads, ctx.spinning)
     wanted = {i.name for i in session.get_inputs()}
     feeds = {k: v for k, v in zip(ctx.input_names, ctx.inputs) if k in wanted}
     run = lambda: session.run(None, feeds)  # noqa: E731
