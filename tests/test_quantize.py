@@ -420,6 +420,36 @@ def test_quantise_kernel_is_vectorized():
         assert (got[keep] == want[keep].astype(np.uint8)).all()
 
 
+def test_quantise_multiplies_by_the_inverse_scale():
+    """--quantize's per-tensor quantise computes x * (1 / scale), no divide per element (the costliest op of a
+    quantise kernel), within one step of ONNX's round(x / scale) on ties only."""
+    tvm = pytest.importorskip("tvm")
+    from tvm import relax
+
+    from mlc.compiler import relax_passes
+
+    x = relax.Var("x", relax.TensorType((4096,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        scale, zero = relax.const(np.float32(0.0137)), relax.const(np.uint8(3))
+        bb.emit_func_output(relax.op.quantize(x, scale, zero, axis=-1, out_dtype="uint8"))
+    mod = relax_passes.quantize_as_elementwise(bb.get())
+    ops = set()
+
+    def visit(expr):
+        if isinstance(expr, relax.Call):
+            ops.add(getattr(expr.op, "name", ""))
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
+    assert "relax.multiply" in ops and not ops & {"relax.divide", "relax.quantize"}, ops
+    host = tvm.target.Target({**targets.resolve("x86").tvm, "num-cores": 1})
+    vm = relax.VirtualMachine(tvm.compile(mod, host), tvm.cpu())
+    data = np.random.default_rng(0).uniform(-0.5, 3.5, 4096).astype(np.float32)
+    got = vm["main"](tvm.runtime.tensor(data)).numpy().astype(int)
+    want = np.clip(np.rint(data / np.float32(0.0137)) + 3, 0, 255).astype(int)
+    assert np.abs(got - want).max() <= 1 and (got != want).sum() <= 2
+
+
 def test_quantize_converts_an_older_opset_and_records_it(tmp_path):
     """--quantize on an opset-9 file (the Caffe2 model zoo's): the graph is converted to opset 11 by onnx's version
     converter, quantised, built and checked; the manifest records the conversion."""

@@ -234,8 +234,8 @@ def batchnorm_as_affine(model: onnx.ModelProto, config: dict) -> onnx.ModelProto
     replaced: dict[int, list] = {}  # id(BN node) -> its Mul and Add; the nodes it absorbed map to []
     new_inits: list[onnx.TensorProto] = []
     for bn in model.graph.node:
-        if (not _inference_batchnorm(bn) or any(i not in constants for i in bn.input[1:5])
-                or ranks.get(bn.input[0], 0) < 2):
+        if (not _inference_batchnorm(bn) or ranks.get(bn.input[0], 0) < 2
+                or any(i not in constants or np.ndim(constants[i]) != 1 for i in bn.input[1:5])):  # (not spatial=0)
             continue
         eps = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
         gamma, beta, mean, var = (constants[i].astype(np.float64) for i in bn.input[1:5])
