@@ -101,6 +101,15 @@ def constant_values(model: onnx.ModelProto, max_bytes: Optional[int] = None) -> 
     return values
 
 
+def readers_of(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
+    """{value name: the nodes of the main graph that read it, in graph order}."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    return readers
+
+
 def _elem_type(model: onnx.ModelProto) -> dict[str, int]:
     types = {}
     for v in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output):
@@ -223,10 +232,7 @@ def batchnorm_as_affine(model: onnx.ModelProto, config: dict) -> onnx.ModelProto
     computes (x - mean) / sqrt(var + eps) per element, and each Mul/Add is more arithmetic per element. After
     constant_folding, which makes the Scale layer's Unsqueezed parameters initializers."""
     constants = constant_values(model)
-    readers: dict[str, list] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    readers = readers_of(model)
     graph_outputs = {o.name for o in model.graph.output}
     ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in infer_shapes(model).graph.value_info
              if v.type.tensor_type.HasField("shape")}

@@ -30,7 +30,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from mlc.errors import InputError, UnsupportedModelError
-from mlc.passes.onnx import constant_values, prune_initializers
+from mlc.passes.onnx import constant_values, prune_initializers, readers_of
 from mlc.passes.registry import QUANTIZE_MODES
 
 MODES = QUANTIZE_MODES
@@ -318,10 +318,7 @@ def _pools_to_quantize_first(model: onnx.ModelProto, chosen: dict) -> dict[str, 
     quantised instead and the pool runs on uint8. Exact (quantising is monotonic: the max of the quantised values
     is the quantised max), and the conv before the pool then writes uint8, not float32, with its requantise as
     its epilogue (squeezenet's stem: 111 x 111 x 64 values)."""
-    readers: dict[str, list] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    readers = readers_of(model)
     outputs = {o.name for o in model.graph.output}
     return {node.output[0]: node for node in model.graph.node
             if node.op_type == "MaxPool" and len([o for o in node.output if o]) == 1
