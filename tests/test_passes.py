@@ -96,6 +96,8 @@ def test_precision_and_quantize_are_optional_steps_of_the_plan():
     ({"config": ["fuse_ops"]}, "expected PASS.KEY=VALUE"),
     ({"config": ["mixed_precision.out_dtype=float16"]}, "will not run; enable it with --enable-pass"),
     ({"config": ["quantize.attention=false"]}, "will not run; quantize runs when --quantize asks for it"),
+    ({"config": ["quantize.attention=false", "mixed_precision.out_dtype=float16"]},
+     "quantize runs when --quantize asks for it; enable the others with --enable-pass"),
     ({"enable": ["mixed_precision"], "config": ["mixed_precision.out_dtype=int8"]}, "expected one of float32, float16"),
 ])
 def test_bad_pass_choices_are_input_errors(kwargs, message):

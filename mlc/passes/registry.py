@@ -271,9 +271,11 @@ def plan(opt_level: int = DEFAULT_OPT_LEVEL, passes: Optional[Sequence[str]] = N
             steps.append(Step(p.name, p.level, values, p.name in explicit and not given, given))
     unused = sorted(set(settings) - chosen)
     if unused:
-        how = "; ".join(f"{name} runs when {REGISTRY[name].requested_by} asks for it" for name in unused
-                        if REGISTRY[name].opt_level is None) or "enable it with --enable-pass"
-        raise InputError(f"--pass-config for {', '.join(unused)}, which will not run; {how}")
+        hints = [f"{name} runs when {REGISTRY[name].requested_by} asks for it" for name in unused
+                 if REGISTRY[name].opt_level is None]
+        if len(hints) < len(unused):  # the others are off at this level
+            hints.append(f"enable {'the others' if hints else 'it'} with --enable-pass")
+        raise InputError(f"--pass-config for {', '.join(unused)}, which will not run; {'; '.join(hints)}")
     return steps
 
 
