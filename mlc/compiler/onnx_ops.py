@@ -524,14 +524,14 @@ def _matmul_integer(bb, inputs, attr, params, tvm_impl):
 def _conv_integer(bb, inputs, attr, params, tvm_impl):
     x, w = inputs[0], inputs[1]
     if _int8_pair(x, w, _optional_input(inputs, 2), _optional_input(inputs, 3)) and len(w.ty.shape.values) == 4 \
-            and int(attr.get("group", 1)) == 1 and _text(attr.get("auto_pad"), "NOTSET") in ("NOTSET", "VALID"):
+            and _text(attr.get("auto_pad"), "NOTSET") in ("NOTSET", "VALID"):
         from tvm import relax
 
         pads = [int(p) for p in attr.get("pads", [0] * 4)]
         return relax.op.nn.conv2d(x, w, strides=[int(s) for s in attr.get("strides", [1, 1])],
                                   padding=[pads[0], pads[1], pads[2], pads[3]],
-                                  dilation=[int(d) for d in attr.get("dilations", [1, 1])], groups=1,
-                                  out_dtype="int32")
+                                  dilation=[int(d) for d in attr.get("dilations", [1, 1])],
+                                  groups=int(attr.get("group", 1)), out_dtype="int32")
     return _integer_conv(bb, inputs[0], _optional_input(inputs, 2), inputs[1], _optional_input(inputs, 3), attr)
 
 

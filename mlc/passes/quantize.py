@@ -17,7 +17,8 @@ A conv's input channels are padded to a multiple of 4 (with zero weights), the d
 int8 also takes a MatMul of two activations (attention's Q x K^T and P x V; `attention=False` keeps them fp32): the
 right operand is int8, symmetric per tensor (vpdpbusd multiplies uint8 by int8), and the zero point's share is
 zp_x times its column sums, computed at run time. relax_passes.pad_attention pads the keys of this form too.
-int8-dynamic keeps them fp32, as it does depthwise/grouped convs and ops on other types."""
+A grouped conv is quantised per group (one ConvInteger with `group`) unless it is depthwise or its groups are narrow
+(GROUP_MIN_WIDTH). int8-dynamic keeps convs fp32, as it does ops on other types."""
 
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ MODES = QUANTIZE_MODES
 SEEDED_CALIBRATION = 8  # seeded calibration inputs when the user gives none
 MIN_OPSET = 11  # Round, Clip with inputs, Pad with a value input
 QUAD = 4  # int8 dot products (VNNI's vpdpbusd, ARM's sdot/udot) reduce 4 values per lane
+# A grouped conv of this many output channels a group or fewer stays fp32: its tile is narrower than a vector and
+# has no int8 dot product (grouped_conv pads wider groups to whole 16-lane vectors, and their depth to quads)
+GROUP_MIN_WIDTH = 8
 
 
 @dataclass
@@ -110,10 +114,15 @@ def candidates(model: onnx.ModelProto, mode: str, attention: bool = True) -> tup
             kept[f"{node.op_type}: bias not constant"] += 1
             continue
         if node.op_type == "Conv":
+            groups = int(attrs.get("group", 1))
             if mode != "int8":
                 kept["Conv: int8-dynamic quantises matmuls only"] += 1
-            elif weight.ndim != 4 or int(attrs.get("group", 1)) != 1:
-                kept["Conv: not a 2-D conv with groups 1"] += 1
+            elif weight.ndim != 4:
+                kept["Conv: not 2-D"] += 1
+            elif groups > 1 and weight.shape[1] == 1:
+                kept["Conv: depthwise"] += 1
+            elif groups > 1 and weight.shape[0] // groups <= GROUP_MIN_WIDTH:
+                kept[f"Conv: groups of {GROUP_MIN_WIDTH} or fewer output channels"] += 1
             elif attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID", "NOTSET", "VALID"):
                 kept["Conv: auto_pad"] += 1
             else:
@@ -263,7 +272,8 @@ def _integer_conv(e: _Emitter, node: onnx.NodeProto, c, x_u8: str, zp, base: str
     conv = {k: attrs[k] for k in ("strides", "dilations", "kernel_shape") if k in attrs}
     # input channels padded to a multiple of 4 (zero weights): the int8 dot-product instructions take the
     # depth in quads, and a 3-channel stem conv otherwise runs on plain int32 multiplies (3x its time)
-    extra = -w_q.shape[1] % QUAD
+    groups = int(attrs.get("group", 1))
+    extra = -w_q.shape[1] % QUAD if groups == 1 else 0
     w_q = np.pad(w_q, ((0, 0), (0, extra), (0, 0), (0, 0)))
     if zp and any(pads) or extra:  # padding must be the zero point, which dequantises to 0
         spatial = pads if zp else [0] * 4
@@ -273,7 +283,7 @@ def _integer_conv(e: _Emitter, node: onnx.NodeProto, c, x_u8: str, zp, base: str
         pads = [p - q for p, q in zip(pads, spatial)]
     else:
         x_in = x_u8
-    acc = e.op("ConvInteger", [x_in, e.const(f"{base}/weight", w_q)], base, pads=pads, group=1, **conv)
+    acc = e.op("ConvInteger", [x_in, e.const(f"{base}/weight", w_q)], base, pads=pads, group=groups, **conv)
     return acc, w_q.astype(np.int32).sum(axis=(1, 2, 3)), s_w, bshape
 
 
