@@ -965,7 +965,60 @@ def _parallelize_spatial(sch, spatial) -> None:
         sch.parallel(fused)
 
 
+def _amx_dense_shape(sch, block, n_spatial: int):
+    """(rows, columns, depth) of a u8 x s8 -> int32 dense layer out[.., M, N] = A[.., M, K] x W[K, N] (W constant)
+    whose shape fits AMX's tiles without padding (amx.ROWS rows, amx.COLS columns, amx.DEPTH depth); else None."""
+    from mlc.compiler import amx
+
+    stmt = sch.get(block)
+    loops = sch.get_loops(block)
+    if n_spatial < 2 or len(loops) != n_spatial + 1 or not int8_dot._int8_operands(stmt):
+        return None
+    rows, columns, depth = (_extent(sch, loop) for loop in loops[n_spatial - 2:])
+    if None in (rows, columns, depth) or rows % amx.ROWS or columns % amx.COLS or depth % amx.DEPTH:
+        return None
+    i, j, k = (iv.var for iv in stmt.iter_vars[n_spatial - 2:])
+    attrs = sch.mod["main"].attrs
+    constant = {int(n) for n in attrs.get("layout_free_buffers", [])} if attrs else set()
+    params = list(sch.mod["main"].params)
+    operands = [r for r in stmt.reads if str(r.source.dtype) != "int32"]
+    reads = {str(r.source.dtype): [x.min for x in r.region] for r in operands}
+    weight = next((r.source for r in stmt.reads if str(r.source.dtype) == "int8"), None)
+    if len(operands) != 2 or set(reads) != {"uint8", "int8"} or not any(weight.same_as(params[n]) for n in constant):
+        return None
+    a, w = reads["uint8"], reads["int8"]
+    if len(w) != 2 or not (w[0].same_as(k) and w[1].same_as(j)) or not (a[-1].same_as(k) and a[-2].same_as(i)):
+        return None
+    return rows, columns, depth
+
+
+def _schedule_amx_dense(sch, block, n_spatial: int, target) -> bool:
+    """A dense layer on AMX tiles (mlc.compiler.amx): blocks of amx.ROWS rows x W columns in parallel, each one
+    intrinsic call over the whole depth into a local accumulator, the epilogue on it. False where it does not
+    apply (no AMX, a shape the tiles do not divide)."""
+    from mlc.compiler import amx
+
+    shape = _amx_dense_shape(sch, block, n_spatial) if amx.has_amx(target) else None
+    if shape is None:
+        return False
+    rows, columns, depth = shape
+    width = next(w for w in amx.WIDTHS if columns % w == 0)
+    *outer, i, j, k = sch.get_loops(block)
+    _pack_weights(sch, block, sch.get(block).iter_vars[n_spatial - 1].var, 16, pairs=int8_dot.QUAD)
+    io, ii = sch.split(i, factors=[None, amx.ROWS])
+    jo, ji = sch.split(j, factors=[None, width])
+    sch.reorder(*outer, jo, io, ii, ji, k)
+    loops = _TileLoops(head=[*outer, jo, io], serial=[], rows=None, row_loop=None, col_loop=None)
+    _parallel_tiles_with_write_back(sch, block, loops, 16)
+    init = sch.decompose_reduction(block, ii)
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.tensorize(ii, amx.intrinsic(depth, width))
+    return True
+
+
 def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None, deferred=None) -> None:
+    if target is not None and _schedule_amx_dense(sch, block, n_spatial, target):
+        return
     stmt = sch.get(block)
     spatial, reduction = _loops_of(sch, block, n_spatial)
     last = stmt.iter_vars[n_spatial - 1].var

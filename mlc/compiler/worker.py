@@ -30,6 +30,9 @@ def _run(executable, weights: list, inputs_path: str, outputs_path: str) -> None
     import numpy as np
     import tvm
 
+    from mlc.runtime.runner import request_amx
+
+    request_amx()  # AMX kernels (compiler.amx) need the process's tile state; harmless elsewhere
     with np.load(inputs_path, allow_pickle=False) as data:
         # tvm.runtime.tensor copies into TVM-allocated (aligned) memory.
         args = [tvm.runtime.tensor(data[f"in_{i}"]) for i in range(len(data.files))]

@@ -114,17 +114,9 @@ def candidates(model: onnx.ModelProto, mode: str, attention: bool = True) -> tup
             kept[f"{node.op_type}: bias not constant"] += 1
             continue
         if node.op_type == "Conv":
-            groups = int(attrs.get("group", 1))
-            if mode != "int8":
-                kept["Conv: int8-dynamic quantises matmuls only"] += 1
-            elif weight.ndim != 4:
-                kept["Conv: not 2-D"] += 1
-            elif groups > 1 and weight.shape[1] == 1:
-                kept["Conv: depthwise"] += 1
-            elif groups > 1 and weight.shape[0] // groups <= GROUP_MIN_WIDTH:
-                kept[f"Conv: groups of {GROUP_MIN_WIDTH} or fewer output channels"] += 1
-            elif attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID", "NOTSET", "VALID"):
-                kept["Conv: auto_pad"] += 1
+            reason = _conv_kept_fp32(mode, weight, attrs)
+            if reason:
+                kept[reason] += 1
             else:
                 found.append(_Candidate(node, x, weight, bias))
             continue
@@ -143,6 +135,22 @@ def candidates(model: onnx.ModelProto, mode: str, attention: bool = True) -> tup
             continue
         found.append(_Candidate(node, x, weight, None))
     return found, kept
+
+
+def _conv_kept_fp32(mode: str, weight: np.ndarray, attrs: dict) -> Optional[str]:
+    """Why --quantize leaves a conv with a constant float32 weight fp32, or None where it quantises it."""
+    groups = int(attrs.get("group", 1))
+    if mode != "int8":
+        return "Conv: int8-dynamic quantises matmuls only"
+    if weight.ndim != 4:
+        return "Conv: not 2-D"
+    if groups > 1 and weight.shape[1] == 1:
+        return "Conv: depthwise"
+    if groups > 1 and weight.shape[0] // groups <= GROUP_MIN_WIDTH:
+        return f"Conv: groups of {GROUP_MIN_WIDTH} or fewer output channels"
+    if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID", "NOTSET", "VALID"):
+        return "Conv: auto_pad"
+    return None
 
 
 def _rank(shape) -> int:

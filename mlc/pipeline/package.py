@@ -125,8 +125,9 @@ def _target_info(preset: targets.Target, recipe: Recipe, precision: str, quantiz
     if precision == "bf16" and not recipe.options.get("emulated") and bf16:  # vdpbf16ps, bfdot
         info["required_cpu_features"] = list(dict.fromkeys(info["required_cpu_features"] + [bf16]))
     int8 = targets.int8_dot_feature(preset)
-    if quantized and not recipe.options.get("emulated") and int8:  # vpdpbusd, sdot/udot
-        info["required_cpu_features"] = list(dict.fromkeys(info["required_cpu_features"] + [int8]))
+    if quantized and not recipe.options.get("emulated") and int8:  # vpdpbusd, sdot/udot; AMX's tdpbusd
+        amx = ["amx_tile", "amx_int8"] if targets.has_amx(preset) else []
+        info["required_cpu_features"] = list(dict.fromkeys(info["required_cpu_features"] + [int8] + amx))
     return info
 
 

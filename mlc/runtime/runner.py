@@ -375,6 +375,22 @@ def _check_machine(manifest: Mapping[str, Any]) -> None:
         )
 
 
+AMX_FEATURES = ("amx_tile", "amx_int8")
+_ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158
+
+
+def request_amx() -> None:
+    """Ask Linux for AMX tile state for this process (arch_prctl ARCH_REQ_XCOMP_PERM; kernel 5.16+): an AMX
+    instruction before that is SIGILL. Idempotent; a no-op off x86-64 Linux."""
+    if platform.system() != "Linux" or HOST_ARCH != "x86_64":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) != 0:
+        raise ArtifactError(f"this artifact's kernels use AMX, and Linux refused this process AMX state "
+                            f"({os.strerror(ctypes.get_errno())}; kernel 5.16 or newer is needed); "
+                            "recompile for a target without AMX (e.g. --target x86-avx512)")
+
+
 def _load_tvm_runtime(library: Path, device_libraries: list[Path], device: str) -> None:
     import tvm_ffi
 
@@ -773,6 +789,8 @@ class Runner(_ArtifactRunner):
                  device: str | None = None):
         super().__init__(artifact_dir, verify, threads)
         _check_machine(self.manifest)
+        if any(f in AMX_FEATURES for f in self.manifest["target"].get("required_cpu_features", [])):
+            request_amx()
         kind = self.device_kind
         if kind not in _DEVICE_TYPES:
             raise ArtifactError(f"device '{kind}' is not supported by this runtime "

@@ -333,6 +333,12 @@ def int8_dot_feature(target: Target) -> str | None:
     return None
 
 
+def has_amx(target: Target) -> bool:
+    """Whether the target's CPU has AMX tiles (x86 Sapphire Rapids and later: int8 dense layers run on them)."""
+    cpu = _llvm_cpu(target)
+    return cpu is not None and not cpu[2] and cpu_features.has(cpu[0], cpu[1], "amx-tile", False)
+
+
 def has_int8_dot(target: Target) -> bool:
     """Whether the target's CPU has int8 dot-product instructions (--quantize)."""
     return int8_dot_feature(target) is not None

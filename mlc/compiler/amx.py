@@ -1,0 +1,117 @@
+"""int8 dense layers on Intel AMX (Sapphire Rapids and later): u8 x s8 -> int32 on tile registers, where the target
+has amx-int8. One tdpbusd multiplies a 16 x 64 uint8 tile of activations by a 16 x 16 x 4 int8 tile of weights
+(64 quads: the VNNI packing, [N/16, K/4, 16, 4]) into a 16 x 16 int32 tile.
+
+A kernel's 32 x W output block (W: 32-128 columns) is one intrinsic call over the whole depth: it configures the
+tiles (ldtilecfg), then for each 32 x 32 of it holds 4 accumulator tiles (2 row tiles x 2 column tiles) across the
+depth, and stores them to the block's accumulator, whose write-back runs the epilogue as on the VNNI path. The
+accumulators stay in tiles across the depth (stored and reloaded per 64 of depth, AMX ran no faster than VNNI),
+and ldtilecfg (hundreds of cycles) runs once per block. The blocks of a column panel are neighbours in the
+parallel loop, so a panel's weights are read from L2 by every row block. benchmarks/int8 has the timings.
+
+Linux hands out AMX state only to a process that asks (arch_prctl ARCH_REQ_XCOMP_PERM); an AMX instruction
+before that is SIGILL. mlc.runtime.runner.request_amx asks, when the Runner loads an artifact that requires AMX
+and in the compile worker before its check. Imports tvm."""
+
+from __future__ import annotations
+
+ROWS = 32  # two 16-row tiles of activations
+COLS = 32  # two 16-column tiles of weights per step
+DEPTH = 64  # bytes of a tile row: one tdpbusd's depth
+WIDTHS = (128, 96, 64, 32)  # output columns per block, the widest dividing N: ldtilecfg once per block
+ENABLED = True  # a module flag so a benchmark can build both (the VNNI tile where off)
+
+
+def has_amx(target) -> bool:
+    from tvm.target import codegen
+
+    if not ENABLED:
+        return False
+    try:
+        return bool(codegen.target_has_features("amx-int8", target))
+    except Exception:  # not an LLVM x86 target
+        return False
+
+
+def intrinsic(depth: int, width: int) -> str:
+    """Register (once) the tensor intrinsic for a ROWS x `width` int32 block += [ROWS, depth] uint8 x the packed
+    [width/16, depth/4, 16, 4] int8 weights; returns its name."""
+    from tvm.s_tir import TensorIntrin
+
+    name = f"mlc_amx_u8s8_{ROWS}x{width}x{depth}"
+    if TensorIntrin.get(name, allow_missing=True) is None:
+        TensorIntrin.register(name, _description(depth, width), _implementation(depth, width))
+    return name
+
+
+def _description(depth: int, width: int):
+    from tvm.script import tirx as T
+
+    quads = depth // 4
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (ROWS, depth), "uint8", offset_factor=1)
+        B = T.match_buffer(b, (width // 16, quads, 16, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (ROWS, width), "int32", offset_factor=1, scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:ROWS, 0:width], A[0:ROWS, 0:depth], B[0:width // 16, 0:quads, 0:16, 0:4])
+            T.writes(C[0:ROWS, 0:width])
+            for i, j, k in T.grid(ROWS, width, depth):
+                with T.sblock("update"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                    C[vi, vj] = C[vi, vj] + T.cast(A[vi, vk], "int32") * T.cast(
+                        B[vj // 16, vk // 4, vj % 16, vk % 4], "int32")
+
+    return desc
+
+
+def _implementation(depth: int, width: int):
+    from tvm import tirx
+    from tvm.script import tirx as T
+
+    quads = depth // 4
+    a_stride, b_stride, c_stride = (tirx.Var(n, "int32") for n in ("a_stride", "b_stride", "c_stride"))
+
+    def call(name_, *args):
+        return T.call_llvm_intrin("void", T.llvm_lookup_intrinsic_id(f"llvm.x86.{name_}"), *args)
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (ROWS, depth), "uint8", offset_factor=1, strides=[a_stride, 1])
+        B = T.match_buffer(b, (width // 16, quads, 16, 4), "int8", offset_factor=1, strides=[b_stride, 64, 4, 1])
+        C = T.match_buffer(c, (ROWS, width), "int32", offset_factor=1, scope="local", strides=[c_stride, 1])
+        with T.sblock("root"):
+            T.reads(C[0:ROWS, 0:width], A[0:ROWS, 0:depth], B[0:width // 16, 0:quads, 0:16, 0:4])
+            T.writes(C[0:ROWS, 0:width])
+            # the ldtilecfg operand: palette 1; tiles 0-7 of 16 rows x 64 bytes (C: 16 int32, A: 64 uint8, B: 16
+            # quads of int8)
+            cfg = T.alloc_buffer((64,), "uint8", scope="local")
+            for i in range(64):
+                cfg[i] = T.uint8(0)
+            cfg[0] = T.uint8(1)
+            for t in range(8):
+                cfg[16 + 2 * t] = T.uint8(64)
+                cfg[48 + t] = T.uint8(16)
+            T.evaluate(call("ldtilecfg", T.address_of(cfg[0])))
+            for p in range(width // COLS):  # tile numbers are immediates: written out
+                T.evaluate(call("tileloadd64", T.int8(0), T.address_of(C[0, p * COLS]), T.int64(c_stride * 4)))
+                T.evaluate(call("tileloadd64", T.int8(1), T.address_of(C[0, p * COLS + 16]), T.int64(c_stride * 4)))
+                T.evaluate(call("tileloadd64", T.int8(2), T.address_of(C[16, p * COLS]), T.int64(c_stride * 4)))
+                T.evaluate(call("tileloadd64", T.int8(3), T.address_of(C[16, p * COLS + 16]), T.int64(c_stride * 4)))
+                for kb in range(depth // DEPTH):
+                    T.evaluate(call("tileloadd64", T.int8(4), T.address_of(A[0, kb * DEPTH]), T.int64(a_stride)))
+                    T.evaluate(call("tileloadd64", T.int8(5), T.address_of(A[16, kb * DEPTH]), T.int64(a_stride)))
+                    T.evaluate(call("tileloadd64", T.int8(6), T.address_of(B[2 * p, kb * 16, 0, 0]), T.int64(64)))
+                    T.evaluate(call("tileloadd64", T.int8(7), T.address_of(B[2 * p + 1, kb * 16, 0, 0]),
+                                    T.int64(64)))
+                    T.evaluate(call("tdpbusd", T.int8(0), T.int8(4), T.int8(6)))
+                    T.evaluate(call("tdpbusd", T.int8(1), T.int8(4), T.int8(7)))
+                    T.evaluate(call("tdpbusd", T.int8(2), T.int8(5), T.int8(6)))
+                    T.evaluate(call("tdpbusd", T.int8(3), T.int8(5), T.int8(7)))
+                T.evaluate(call("tilestored64", T.int8(0), T.address_of(C[0, p * COLS]), T.int64(c_stride * 4)))
+                T.evaluate(call("tilestored64", T.int8(1), T.address_of(C[0, p * COLS + 16]), T.int64(c_stride * 4)))
+                T.evaluate(call("tilestored64", T.int8(2), T.address_of(C[16, p * COLS]), T.int64(c_stride * 4)))
+                T.evaluate(call("tilestored64", T.int8(3), T.address_of(C[16, p * COLS + 16]), T.int64(c_stride * 4)))
+
+    return impl
