@@ -43,12 +43,13 @@ def _amx_host() -> bool:
     return host_runs(SAPPHIRE_RAPIDS) and {"amx_tile", "amx_int8"} <= host_cpu_flags()
 
 
-@pytest.mark.parametrize("shape", [(32, 64, 32), (64, 768, 96), (128, 256, 3072)],
-                         ids=["one-block", "bert-qkv-like", "wide"])
+@pytest.mark.parametrize("shape", [(32, 512, 64), (64, 768, 96), (128, 256, 3072), (197, 384, 64), (49, 512, 256)],
+                         ids=["one-block", "bert-qkv-like", "wide", "vit-197-rows", "7x7-rows"])
 def test_int8_dense_runs_on_amx_tiles(shape):
-    """On a target with AMX, a dense layer whose rows, columns and depth the tiles divide runs on tdpbusd, the tiles
-    configured once per block (ldtilecfg) and the accumulators stored once (tilestored); exact where the host has
-    AMX. (On VNNI alone: 0.6-0.7 TOP/s on one Sapphire Rapids core; on AMX 1.0-2.1, benchmarks/int8.)"""
+    """On a target with AMX, a dense layer whose columns and depth the tiles divide runs on tdpbusd, the tiles
+    configured once per block (ldtilecfg) and the accumulators stored once (tilestored), its rows zero-padded to
+    whole blocks where they are not (197, 49); exact where the host has AMX. (On VNNI alone: 0.6-0.7 TOP/s on one
+    Sapphire Rapids core; on AMX 1.0-2.1, benchmarks/int8.)"""
     executable, asm, x, expected = _dense(*shape, SAPPHIRE_RAPIDS)
     assert "tdpbusd" in asm and "ldtilecfg" in asm and "tilestored" in asm
     assert "vpdpbusd" not in asm
@@ -64,10 +65,11 @@ def test_int8_dense_runs_on_amx_tiles(shape):
     np.testing.assert_array_equal(got, expected)
 
 
-@pytest.mark.parametrize("shape,target", [((40, 64, 32), SAPPHIRE_RAPIDS), ((32, 48, 32), SAPPHIRE_RAPIDS),
-                                          ((32, 64, 32), ZNVER4)], ids=["rows-40", "depth-48", "no-amx"])
+@pytest.mark.parametrize("shape,target", [((40, 64, 32), SAPPHIRE_RAPIDS), ((64, 720, 64), SAPPHIRE_RAPIDS),
+                                          ((64, 768, 96), ZNVER4)], ids=["tiny", "depth-720", "no-amx"])
 def test_other_dense_layers_stay_on_vnni(shape, target):
-    """Rows or depth the tiles do not divide, or a target without AMX: the VNNI register tile, as before."""
+    """A layer too small to pay for the tiles, a depth they do not divide, or a target without AMX: the VNNI
+    register tile, as before."""
     _, asm, _, _ = _dense(*shape, target)
     assert "vpdpbusd" in asm and "tdpbusd" not in asm.replace("vpdpbusd", "")
 

@@ -967,7 +967,8 @@ def _parallelize_spatial(sch, spatial) -> None:
 
 def _amx_dense_shape(sch, block, n_spatial: int):
     """(rows, columns, depth) of a u8 x s8 -> int32 dense layer out[.., M, N] = A[.., M, K] x W[K, N] (W constant)
-    whose shape fits AMX's tiles without padding (amx.ROWS rows, amx.COLS columns, amx.DEPTH depth); else None."""
+    of static shape whose columns and depth fit AMX's tiles (amx.COLS, amx.DEPTH), big enough to pay for the tile
+    set-up (amx.MIN_MACS); else None."""
     from mlc.compiler import amx
 
     stmt = sch.get(block)
@@ -975,7 +976,8 @@ def _amx_dense_shape(sch, block, n_spatial: int):
     if n_spatial < 2 or len(loops) != n_spatial + 1 or not int8_dot._int8_operands(stmt):
         return None
     rows, columns, depth = (_extent(sch, loop) for loop in loops[n_spatial - 2:])
-    if None in (rows, columns, depth) or rows % amx.ROWS or columns % amx.COLS or depth % amx.DEPTH:
+    if None in (rows, columns, depth) or columns % amx.COLS or depth % amx.DEPTH \
+            or rows * columns * depth < amx.MIN_MACS:
         return None
     i, j, k = (iv.var for iv in stmt.iter_vars[n_spatial - 2:])
     attrs = sch.mod["main"].attrs
@@ -994,14 +996,24 @@ def _amx_dense_shape(sch, block, n_spatial: int):
 
 def _schedule_amx_dense(sch, block, n_spatial: int, target) -> bool:
     """A dense layer on AMX tiles (mlc.compiler.amx): blocks of amx.ROWS rows x W columns in parallel, each one
-    intrinsic call over the whole depth into a local accumulator, the epilogue on it. False where it does not
-    apply (no AMX, a shape the tiles do not divide)."""
+    intrinsic call over the whole depth into a local accumulator, the epilogue on it. Rows the blocks do not divide
+    (a ViT's 197 tokens) are zero-padded in the kernel (`pad_einsum`: a copy of the activations). False where it
+    does not apply (no AMX, columns or depth the tiles do not divide)."""
     from mlc.compiler import amx
 
     shape = _amx_dense_shape(sch, block, n_spatial) if amx.has_amx(target) else None
     if shape is None:
         return False
     rows, columns, depth = shape
+    if rows % amx.ROWS:
+        factors = [1] * (n_spatial + 1)
+        factors[n_spatial - 2] = amx.ROWS
+        try:
+            sch.pad_einsum(block, factors)
+        except Exception:  # not an einsum TVM can pad: the VNNI tile
+            return False
+        for pad in int8_dot.input_pads(sch, block):
+            _schedule_spatial(sch, pad, vector_lanes(target))
     width = next(w for w in amx.WIDTHS if columns % w == 0)
     *outer, i, j, k = sch.get_loops(block)
     _pack_weights(sch, block, sch.get(block).iter_vars[n_spatial - 1].var, 16, pairs=int8_dot.QUAD)
