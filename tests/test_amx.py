@@ -98,3 +98,57 @@ def test_int8_artifacts_for_amx_require_it_and_ask_linux_for_it(monkeypatch):
     monkeypatch.setattr(runner.ctypes, "CDLL", lambda *a, **k: Refusing())
     with pytest.raises(runner.ArtifactError, match="Linux refused this process AMX state"):
         runner.request_amx()
+
+
+def _pointwise(height: int, width: int, channels: int, out: int, stride: int, target: dict):
+    """A u8 x s8 -> int32 1x1 conv (NHWC) with an epilogue, built as schedules.build builds a quantised model's."""
+    pytest.importorskip("tvm")
+    from tvm import relax
+
+    from mlc.compiler import schedules
+
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 256, (1, height, width, channels)).astype(np.uint8)
+    weight = rng.integers(-128, 128, (1, 1, channels, out)).astype(np.int8)
+    shift = rng.integers(-1000, 1000, out).astype(np.int32)
+    bb = relax.BlockBuilder()
+    var = relax.Var("x", relax.TensorType(x.shape, "uint8"))
+    with bb.function("main", [var]):
+        with bb.dataflow():
+            acc = bb.emit(relax.op.nn.conv2d(var, relax.const(weight, "int8"), strides=stride, data_layout="NHWC",
+                                             kernel_layout="HWIO", out_dtype="int32"))
+            y = bb.emit_output(bb.emit(relax.op.astype(relax.op.subtract(acc, relax.const(shift)), "float32")))
+        bb.emit_func_output(y)
+    executable, report = schedules.build(bb.get(), target, None, True, [])
+    assert not report["unscheduled"], report
+    expected = (np.einsum("nhwc,co->nhwo", x[:, ::stride, ::stride].astype(np.int64), weight[0, 0].astype(np.int64))
+                - shift).astype(np.float32)
+    return executable, executable.mod.imports[0].inspect_source("asm"), x, expected
+
+
+@pytest.mark.parametrize("shape", [(14, 14, 256, 128), (7, 7, 512, 64), (28, 28, 192, 96)],
+                         ids=["14x14", "7x7-49-rows", "28x28-depth-192"])
+def test_int8_pointwise_convs_run_on_amx_as_rows_of_pixels(shape):
+    """A 1x1 conv (stride 1) reads its NHWC image as rows of pixels (relax_passes.int8_pointwise_convs_as_rows), its
+    (h, w) merged into one row axis that the AMX tiles span across image rows; its output rows go back through the
+    epilogue. Exact where the host has AMX."""
+    executable, asm, x, expected = _pointwise(*shape, 1, SAPPHIRE_RAPIDS)
+    assert "tdpbusd" in asm.replace("vpdpbusd", "")
+    if not _amx_host():
+        return
+    import tvm
+    from tvm import relax
+
+    from mlc.runtime.runner import request_amx
+
+    request_amx()
+    got = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("shape,stride", [((56, 56, 64, 256), 1), ((14, 14, 256, 128), 2)],
+                         ids=["depth-64", "stride-2"])
+def test_shallow_and_strided_pointwise_convs_stay_on_vnni(shape, stride):
+    """A depth of 64 (AMX's tile stores cost more than it saves there) and a strided 1x1 conv keep the VNNI conv."""
+    _, asm, _, _ = _pointwise(*shape, stride, SAPPHIRE_RAPIDS)
+    assert "vpdpbusd" in asm and "tdpbusd" not in asm.replace("vpdpbusd", "")

@@ -336,6 +336,61 @@ def _out_width_channels(call) -> Optional[tuple[int, int]]:
         return None
 
 
+def _pointwise_matmul(x_rows, weight, height: int, width: int):
+    """out[n, h, w, o] = sum_k x_rows[n, h * width + w, k] * weight[k, o], int32: a 1x1 conv reading its NHWC input as
+    rows (the same memory), so the schedule can merge (h, w) into the one row axis AMX tiles span."""
+    from tvm import te
+
+    k = te.reduce_axis((0, x_rows.shape[2]), "k")
+    return te.compute((x_rows.shape[0], height, width, weight.shape[1]),
+                      lambda n, h, w, o: te.sum(x_rows[n, h * width + w, k].astype("int32")
+                                                * weight[k, o].astype("int32"), axis=k), name="pointwise_matmul")
+
+
+def int8_pointwise_convs_as_rows(mod, target):
+    """uint8 x int8 1x1 convs (stride 1, no padding, groups 1, NHWC, static) whose channels fit AMX's tiles, as a dense
+    layer over the image's pixels (`_pointwise_matmul`), on targets with AMX (mlc.compiler.amx): schedule_rules then
+    runs them on the tiles, as it runs dense layers. `mod` itself elsewhere."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    from mlc.compiler import amx
+
+    if target.kind.name != "llvm" or not amx.has_amx(target):
+        return mod
+    conv2d = tvm.ir.Op.get("relax.nn.conv2d")
+
+    def pointwise(call) -> bool:
+        at = call.attrs
+        shape, kernel = getattr(call.args[0].ty, "shape", None), getattr(call.args[1].ty, "shape", None)
+        if (str(at.data_layout), str(at.kernel_layout), str(at.out_layout)) != ("NHWC", "HWIO", "NHWC") \
+                or int(at.groups) != 1 or any(int(v) != 1 for v in list(at.strides) + list(at.dilation)) \
+                or any(int(p) for p in at.padding) or shape is None or kernel is None \
+                or (str(call.args[0].ty.dtype), str(call.args[1].ty.dtype)) != ("uint8", "int8"):
+            return False
+        try:
+            n, h, w, c = (int(v) for v in shape)
+            kh, kw, _, o = (int(v) for v in kernel)
+        except (TypeError, ValueError):  # symbolic
+            return False
+        return (kh, kw) == (1, 1) and c % amx.DEPTH == 0 and c >= amx.MIN_DEPTH and o % amx.COLS == 0 \
+            and n * h * w * c * o >= amx.MIN_MACS
+
+    @mutator
+    class Rewrite(PyExprMutator):
+        def visit_call_(self, call):
+            call = self.builder_.normalize(super().visit_call_(call))
+            if not call.op.same_as(conv2d) or not pointwise(call):
+                return call
+            n, h, w, c = (int(v) for v in call.args[0].ty.shape)
+            rows = self.builder_.normalize(relax.op.reshape(call.args[0], [n, h * w, c]))
+            weight = self.builder_.normalize(relax.op.reshape(call.args[1], [c, int(call.args[1].ty.shape[3])]))
+            return self.builder_.call_te(_pointwise_matmul, rows, weight, h, w, primfunc_name_hint="conv2d_rows")
+
+    return rewrite_functions(Rewrite(mod), mod)
+
+
 def int8_conv_rows(mod, target):
     """uint8 x int8 convs (--quantize int8) whose output rows (the width) the register tile does not divide, computed
     on extra columns of zero padding and sliced off: vpdpbusd's tile takes no predicated tail (tensorize), and such

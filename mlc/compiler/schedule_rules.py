@@ -967,8 +967,8 @@ def _parallelize_spatial(sch, spatial) -> None:
 
 def _amx_dense_shape(sch, block, n_spatial: int):
     """(rows, columns, depth) of a u8 x s8 -> int32 dense layer out[.., M, N] = A[.., M, K] x W[K, N] (W constant)
-    of static shape whose columns and depth fit AMX's tiles (amx.COLS, amx.DEPTH), big enough to pay for the tile
-    set-up (amx.MIN_MACS); else None."""
+    of static shape whose columns and depth fit AMX's tiles (amx.COLS, amx.DEPTH), big and deep enough to pay for
+    them (amx.MIN_MACS, amx.MIN_DEPTH); else None."""
     from mlc.compiler import amx
 
     stmt = sch.get(block)
@@ -976,7 +976,7 @@ def _amx_dense_shape(sch, block, n_spatial: int):
     if n_spatial < 2 or len(loops) != n_spatial + 1 or not int8_dot._int8_operands(stmt):
         return None
     rows, columns, depth = (_extent(sch, loop) for loop in loops[n_spatial - 2:])
-    if None in (rows, columns, depth) or columns % amx.COLS or depth % amx.DEPTH \
+    if None in (rows, columns, depth) or columns % amx.COLS or depth % amx.DEPTH or depth < amx.MIN_DEPTH \
             or rows * columns * depth < amx.MIN_MACS:
         return None
     i, j, k = (iv.var for iv in stmt.iter_vars[n_spatial - 2:])
@@ -994,6 +994,28 @@ def _amx_dense_shape(sch, block, n_spatial: int):
     return rows, columns, depth
 
 
+def _merge_pixel_rows(sch, block, n_spatial: int) -> int:
+    """relax_passes.int8_pointwise_convs_as_rows's 1x1 conv out[.., h, w, o] reading A[.., h * W + w, k]: the output
+    (an intermediate the epilogue reads) laid out as rows too and (h, w) merged into one row iterator, so the block
+    is a dense layer out[.., h * W + w, o]. Returns its spatial loop count (unchanged where this does not apply)."""
+    from tvm import tirx
+
+    stmt = sch.get(block)
+    if n_spatial < 3 or not stmt.name_hint.startswith("pointwise_matmul"):
+        return n_spatial
+    output = stmt.writes[0].source
+    if any(output.same_as(b) for b in sch.mod["main"].params):  # no epilogue: a parameter stays 4-D
+        return n_spatial
+    width = int(output.shape[-2])
+    sch.transform_layout(block, ("write", 0), lambda *i: [*i[:-3], i[-3] * width + i[-2], i[-1]])
+
+    def merged(*v):
+        return (*v[:n_spatial - 3], v[n_spatial - 3] * width + v[n_spatial - 2], *v[n_spatial - 1:])
+
+    sch.transform_block_layout(block, tirx.IndexMap.from_func(merged, ndim=len(sch.get_loops(block))))
+    return n_spatial - 1
+
+
 def _schedule_amx_dense(sch, block, n_spatial: int, target) -> bool:
     """A dense layer on AMX tiles (mlc.compiler.amx): blocks of amx.ROWS rows x W columns in parallel, each one
     intrinsic call over the whole depth into a local accumulator, the epilogue on it. Rows the blocks do not divide
@@ -1001,7 +1023,10 @@ def _schedule_amx_dense(sch, block, n_spatial: int, target) -> bool:
     does not apply (no AMX, columns or depth the tiles do not divide)."""
     from mlc.compiler import amx
 
-    shape = _amx_dense_shape(sch, block, n_spatial) if amx.has_amx(target) else None
+    if not amx.has_amx(target):
+        return False
+    n_spatial = _merge_pixel_rows(sch, block, n_spatial)
+    shape = _amx_dense_shape(sch, block, n_spatial)
     if shape is None:
         return False
     rows, columns, depth = shape
@@ -1023,7 +1048,7 @@ def _schedule_amx_dense(sch, block, n_spatial: int, target) -> bool:
     loops = _TileLoops(head=[*outer, jo, io], serial=[], rows=None, row_loop=None, col_loop=None)
     _parallel_tiles_with_write_back(sch, block, loops, 16)
     init = sch.decompose_reduction(block, ii)
-    sch.vectorize(sch.get_loops(init)[-1])
+    sch.tensorize(sch.get_loops(init)[-2], amx.zero_intrinsic(width))
     sch.tensorize(ii, amx.intrinsic(depth, width))
     return True
 
