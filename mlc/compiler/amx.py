@@ -40,8 +40,10 @@ def has_amx(target) -> bool:
 
 
 def intrinsic(depth: int, width: int) -> str:
-    """Register (once) the tensor intrinsic for a ROWS x `width` int32 block += [ROWS, depth] uint8 x the packed
-    [width/16, depth/4, 16, 4] int8 weights; returns its name."""
+    """Register (once) the tensor intrinsic for a ROWS x `width` int32 block of [ROWS, depth] uint8 x the packed
+    [width/16, depth/4, 16, 4] int8 weights over the whole depth; returns its name. Its description is the
+    reduction's update (+=, what tensorize matches); its implementation starts the tiles from zero, which is the
+    same because the block's init is `zero_intrinsic` right before it."""
     from tvm.s_tir import TensorIntrin
 
     name = f"mlc_amx_u8s8_{ROWS}x{width}x{depth}"
