@@ -76,7 +76,8 @@ def test_other_dense_layers_stay_on_vnni(shape, target):
 
 def test_int8_artifacts_for_amx_require_it_and_ask_linux_for_it(monkeypatch):
     """An int8 build for a CPU with AMX requires amx_tile and amx_int8 of the machine (a host without them gets a
-    clean refusal, not SIGILL); loading it asks Linux for the tile state, whose refusal is a one-line error."""
+    clean refusal, not SIGILL); loading it asks Linux for the tile state, whose refusal is a one-line error; a host
+    without AMX is not asked."""
     from mlc.pipeline.package import _target_info
     from mlc.runtime import runner
 
@@ -96,8 +97,12 @@ def test_int8_artifacts_for_amx_require_it_and_ask_linux_for_it(monkeypatch):
     monkeypatch.setattr(runner, "HOST_ARCH", "x86_64")
     monkeypatch.setattr(runner.platform, "system", lambda: "Linux")
     monkeypatch.setattr(runner.ctypes, "CDLL", lambda *a, **k: Refusing())
+    monkeypatch.setattr(runner, "host_cpu_flags", lambda: {"avx512f", "amx_tile", "amx_int8"})
     with pytest.raises(runner.ArtifactError, match="Linux refused this process AMX state"):
         runner.request_amx()
+    # a CPU without AMX is never asked (the compile worker calls this before every check; Linux says EINVAL there)
+    monkeypatch.setattr(runner, "host_cpu_flags", lambda: {"avx512f", "avx512_vnni"})
+    runner.request_amx()
 
 
 def _pointwise(height: int, width: int, channels: int, out: int, stride: int, target: dict):

@@ -381,8 +381,9 @@ _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158
 
 def request_amx() -> None:
     """Ask Linux for AMX tile state for this process (arch_prctl ARCH_REQ_XCOMP_PERM; kernel 5.16+): an AMX
-    instruction before that is SIGILL. Idempotent; a no-op off x86-64 Linux."""
-    if platform.system() != "Linux" or HOST_ARCH != "x86_64":
+    instruction before that is SIGILL. Idempotent; a no-op off x86-64 Linux and on CPUs without AMX (whose code
+    has no AMX instruction: `_check_machine` refuses an artifact that needs it)."""
+    if platform.system() != "Linux" or HOST_ARCH != "x86_64" or "amx_tile" not in host_cpu_flags():
         return
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) != 0:
