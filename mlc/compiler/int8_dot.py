@@ -88,11 +88,17 @@ def depth_padding(sch, reduction) -> int:
     return 1 if depth % QUAD == 0 else QUAD
 
 
+def constant_params(sch) -> list:
+    """The kernel's parameters that hold constants (its `layout_free_buffers`: the weights, which the build may
+    repack and pad at compile time), in parameter order."""
+    attrs = sch.mod["main"].attrs
+    params = list(sch.mod["main"].params)
+    return [params[i] for i in sorted({int(i) for i in (attrs.get("layout_free_buffers", []) if attrs else [])})]
+
+
 def input_pads(sch, block) -> list:
     """The blocks that `pad_einsum` put before `block` to copy a computed (not constant) input into its padded
     shape: the activations, whose padding runs at inference (the weights' is folded at compile time)."""
-    attrs = sch.mod["main"].attrs
-    params = list(sch.mod["main"].params)
-    constant = [params[int(i)] for i in (attrs.get("layout_free_buffers", []) if attrs else [])]
+    constant = constant_params(sch)
     return [p for p in sch.get_producers(block)
             if not any(r.source.same_as(c) for r in sch.get(p).reads for c in constant)]

@@ -361,31 +361,34 @@ def int8_pointwise_convs_as_rows(mod, target):
         return mod
     conv2d = tvm.ir.Op.get("relax.nn.conv2d")
 
-    def pointwise(call) -> bool:
+    def pointwise(call) -> Optional[tuple[int, int, int, int, int]]:
+        """(n, h, w, c, o) of a conv this rewrites, else None."""
         at = call.attrs
         shape, kernel = getattr(call.args[0].ty, "shape", None), getattr(call.args[1].ty, "shape", None)
         if (str(at.data_layout), str(at.kernel_layout), str(at.out_layout)) != ("NHWC", "HWIO", "NHWC") \
                 or int(at.groups) != 1 or any(int(v) != 1 for v in list(at.strides) + list(at.dilation)) \
                 or any(int(p) for p in at.padding) or shape is None or kernel is None \
                 or (str(call.args[0].ty.dtype), str(call.args[1].ty.dtype)) != ("uint8", "int8"):
-            return False
+            return None
         try:
             n, h, w, c = (int(v) for v in shape)
             kh, kw, _, o = (int(v) for v in kernel)
         except (TypeError, ValueError):  # symbolic
-            return False
-        return (kh, kw) == (1, 1) and c % amx.DEPTH == 0 and c >= amx.MIN_DEPTH and o % amx.COLS == 0 \
+            return None
+        fits = (kh, kw) == (1, 1) and c % amx.DEPTH == 0 and c >= amx.MIN_DEPTH and o % amx.COLS == 0 \
             and n * h * w * c * o >= amx.MIN_MACS
+        return (n, h, w, c, o) if fits else None
 
     @mutator
     class Rewrite(PyExprMutator):
         def visit_call_(self, call):
             call = self.builder_.normalize(super().visit_call_(call))
-            if not call.op.same_as(conv2d) or not pointwise(call):
+            dims = pointwise(call) if call.op.same_as(conv2d) else None
+            if dims is None:
                 return call
-            n, h, w, c = (int(v) for v in call.args[0].ty.shape)
+            n, h, w, c, o = dims
             rows = self.builder_.normalize(relax.op.reshape(call.args[0], [n, h * w, c]))
-            weight = self.builder_.normalize(relax.op.reshape(call.args[1], [c, int(call.args[1].ty.shape[3])]))
+            weight = self.builder_.normalize(relax.op.reshape(call.args[1], [c, o]))
             return self.builder_.call_te(_pointwise_matmul, rows, weight, h, w, primfunc_name_hint="conv2d_rows")
 
     return rewrite_functions(Rewrite(mod), mod)

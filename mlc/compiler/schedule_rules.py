@@ -351,12 +351,9 @@ def _pack_weights(sch, block, last, width: int, pairs: int = 0) -> None:
     zero-padded is read through its padding block, which becomes the repacking block. A dot-product
     tile (`pairs`) needs its pairs side by side whatever the input: an activation (attention's K^T or V in
     bf16) is packed so at run time, in the kernel (`_pack_at_run_time`)."""
-    func_attrs = sch.mod["main"].attrs
-    layout_free = {int(i) for i in func_attrs.get("layout_free_buffers", [])} if func_attrs else set()
-    if not layout_free and not pairs:
+    constant = int8_dot.constant_params(sch)
+    if not constant and not pairs:
         return
-    params = list(sch.mod["main"].params)
-    constant = [params[i] for i in sorted(layout_free)]
 
     def is_constant(region) -> bool:
         return any(region.source.same_as(c) for c in constant)
@@ -980,13 +977,11 @@ def _amx_dense_shape(sch, block, n_spatial: int):
             or rows * columns * depth < amx.MIN_MACS:
         return None
     i, j, k = (iv.var for iv in stmt.iter_vars[n_spatial - 2:])
-    attrs = sch.mod["main"].attrs
-    constant = {int(n) for n in attrs.get("layout_free_buffers", [])} if attrs else set()
-    params = list(sch.mod["main"].params)
     operands = [r for r in stmt.reads if str(r.source.dtype) != "int32"]
     reads = {str(r.source.dtype): [x.min for x in r.region] for r in operands}
-    weight = next((r.source for r in stmt.reads if str(r.source.dtype) == "int8"), None)
-    if len(operands) != 2 or set(reads) != {"uint8", "int8"} or not any(weight.same_as(params[n]) for n in constant):
+    weight = next((r.source for r in operands if str(r.source.dtype) == "int8"), None)
+    if len(operands) != 2 or set(reads) != {"uint8", "int8"} \
+            or not any(weight.same_as(c) for c in int8_dot.constant_params(sch)):
         return None
     a, w = reads["uint8"], reads["int8"]
     if len(w) != 2 or not (w[0].same_as(k) and w[1].same_as(j)) or not (a[-1].same_as(k) and a[-2].same_as(i)):
