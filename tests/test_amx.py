@@ -105,8 +105,10 @@ def test_int8_artifacts_for_amx_require_it_and_ask_linux_for_it(monkeypatch):
     runner.request_amx()
 
 
-def _pointwise(height: int, width: int, channels: int, out: int, stride: int, target: dict):
-    """A u8 x s8 -> int32 1x1 conv (NHWC) with an epilogue, built as schedules.build builds a quantised model's."""
+def _conv(height: int, width: int, channels: int, out: int, stride: int, target: dict, kernel: int = 1,
+          padding: int = 0):
+    """A u8 x s8 -> int32 conv (NHWC, square kernel) with an epilogue, built as schedules.build builds a quantised
+    model's: (executable, assembly, activations, expected output)."""
     pytest.importorskip("tvm")
     from tvm import relax
 
@@ -114,31 +116,27 @@ def _pointwise(height: int, width: int, channels: int, out: int, stride: int, ta
 
     rng = np.random.default_rng(1)
     x = rng.integers(0, 256, (1, height, width, channels)).astype(np.uint8)
-    weight = rng.integers(-128, 128, (1, 1, channels, out)).astype(np.int8)
+    weight = rng.integers(-128, 128, (kernel, kernel, channels, out)).astype(np.int8)
     shift = rng.integers(-1000, 1000, out).astype(np.int32)
     bb = relax.BlockBuilder()
     var = relax.Var("x", relax.TensorType(x.shape, "uint8"))
     with bb.function("main", [var]):
         with bb.dataflow():
-            acc = bb.emit(relax.op.nn.conv2d(var, relax.const(weight, "int8"), strides=stride, data_layout="NHWC",
-                                             kernel_layout="HWIO", out_dtype="int32"))
+            acc = bb.emit(relax.op.nn.conv2d(var, relax.const(weight, "int8"), strides=stride, padding=padding,
+                                             data_layout="NHWC", kernel_layout="HWIO", out_dtype="int32"))
             y = bb.emit_output(bb.emit(relax.op.astype(relax.op.subtract(acc, relax.const(shift)), "float32")))
         bb.emit_func_output(y)
     executable, report = schedules.build(bb.get(), target, None, True, [])
     assert not report["unscheduled"], report
-    expected = (np.einsum("nhwc,co->nhwo", x[:, ::stride, ::stride].astype(np.int64), weight[0, 0].astype(np.int64))
-                - shift).astype(np.float32)
-    return executable, executable.mod.imports[0].inspect_source("asm"), x, expected
+    padded = np.pad(x, [(0, 0), (padding, padding), (padding, padding), (0, 0)]).astype(np.int64)
+    rows, cols = (padded.shape[1] - kernel) // stride + 1, (padded.shape[2] - kernel) // stride + 1
+    expected = sum(np.einsum("nhwc,co->nhwo", padded[:, i:i + stride * rows:stride, j:j + stride * cols:stride],
+                             weight[i, j].astype(np.int64)) for i in range(kernel) for j in range(kernel))
+    return executable, executable.mod.imports[0].inspect_source("asm"), x, (expected - shift).astype(np.float32)
 
 
-@pytest.mark.parametrize("shape", [(14, 14, 256, 128), (7, 7, 512, 64), (28, 28, 192, 96)],
-                         ids=["14x14", "7x7-49-rows", "28x28-depth-192"])
-def test_int8_pointwise_convs_run_on_amx_as_rows_of_pixels(shape):
-    """A 1x1 conv (stride 1) reads its NHWC image as rows of pixels (relax_passes.int8_pointwise_convs_as_rows), its
-    (h, w) merged into one row axis that the AMX tiles span across image rows; its output rows go back through the
-    epilogue. Exact where the host has AMX."""
-    executable, asm, x, expected = _pointwise(*shape, 1, SAPPHIRE_RAPIDS)
-    assert "tdpbusd" in asm.replace("vpdpbusd", "")
+def _run_exactly(executable, x, expected) -> None:
+    """The kernel's output equals `expected`, where the host has AMX."""
     if not _amx_host():
         return
     import tvm
@@ -151,9 +149,35 @@ def test_int8_pointwise_convs_run_on_amx_as_rows_of_pixels(shape):
     np.testing.assert_array_equal(got, expected)
 
 
-@pytest.mark.parametrize("shape,stride", [((56, 56, 64, 256), 1), ((14, 14, 256, 128), 2)],
-                         ids=["depth-64", "stride-2"])
-def test_shallow_and_strided_pointwise_convs_stay_on_vnni(shape, stride):
-    """A depth of 64 (AMX's tile stores cost more than it saves there) and a strided 1x1 conv keep the VNNI conv."""
-    _, asm, _, _ = _pointwise(*shape, stride, SAPPHIRE_RAPIDS)
+@pytest.mark.parametrize("shape", [(14, 14, 256, 128), (7, 7, 512, 64), (28, 28, 192, 96)],
+                         ids=["14x14", "7x7-49-rows", "28x28-depth-192"])
+def test_int8_pointwise_convs_run_on_amx_as_rows_of_pixels(shape):
+    """A 1x1 conv (stride 1) reads its NHWC image as rows of pixels (relax_passes.int8_convs_as_rows), its (h, w)
+    merged into one row axis that the AMX tiles span across image rows; its output rows go back through the
+    epilogue. Exact where the host has AMX."""
+    executable, asm, x, expected = _conv(*shape, 1, SAPPHIRE_RAPIDS)
+    assert "tdpbusd" in asm.replace("vpdpbusd", "")
+    _run_exactly(executable, x, expected)
+
+
+@pytest.mark.parametrize("shape,kernel,padding", [((28, 28, 128, 64), 3, 1), ((7, 7, 256, 32), 3, 1),
+                                                  ((13, 13, 64, 96), 3, 1), ((12, 12, 64, 32), 5, 0)],
+                         ids=["28x28", "7x7-twice-the-rows", "13x13-depth-64", "5x5-unpadded"])
+def test_int8_kxk_convs_run_on_amx_as_shifted_rows(shape, kernel, padding):
+    """A stride-1 KxK conv reads its zero-padded image as rows (relax_passes._tap_matmul): each tap is the rows a
+    fixed offset further on, all taps accumulate in the same tiles, and the columns and rows computed past the
+    output (to whole 32-row blocks) are cropped after the fused epilogue. Exact where the host has AMX (3x3, one
+    core: 1.2-2.1 TOP/s against VNNI's 0.5-0.6)."""
+    executable, asm, x, expected = _conv(*shape, 1, SAPPHIRE_RAPIDS, kernel, padding)
+    assert "tdpbusd" in asm.replace("vpdpbusd", "") and "vpdpbusd" not in asm
+    _run_exactly(executable, x, expected)
+
+
+@pytest.mark.parametrize("shape,stride,kernel", [((56, 56, 64, 256), 1, 1), ((14, 14, 256, 128), 2, 1),
+                                                 ((14, 14, 128, 128), 2, 3), ((5, 5, 256, 64), 1, 3)],
+                         ids=["1x1-depth-64", "1x1-stride-2", "3x3-stride-2", "3x3-5x5-image"])
+def test_other_convs_stay_on_vnni(shape, stride, kernel):
+    """A 1x1 conv of depth 64 (AMX's tile stores cost more than it saves there), strided convs, and a conv whose
+    image is so small that whole row blocks are over amx.MAX_PADDED_ROWS times its output keep the VNNI conv."""
+    _, asm, _, _ = _conv(*shape, stride, SAPPHIRE_RAPIDS, kernel, kernel // 2)
     assert "vpdpbusd" in asm and "tdpbusd" not in asm.replace("vpdpbusd", "")

@@ -172,3 +172,36 @@ def test_bf16_dense_with_symbolic_rows_runs_on_vdpbf16ps():
     feed = RNG.standard_normal((1, ROWS, 768)).astype(ml_dtypes.bfloat16)
     got = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(feed)).numpy()
     np.testing.assert_allclose(got, np.maximum(feed.astype(np.float64) @ w.astype(np.float64), 0), atol=2e-4)
+
+
+def test_crops_sink_below_their_epilogue_but_not_past_a_full_operand():
+    """relax_passes.sink_crops moves a crop of padded output (a conv computed on extra columns) below the
+    elementwise ops after it whose other operands are per channel, so the conv keeps its epilogue fused; it stops
+    at an operand that varies along the cropped axis (a residual), and leaves crops that drop over half alone."""
+    pytest.importorskip("tvm")
+    import tvm
+    from tvm import relax
+
+    from mlc.compiler.relax_passes import sink_crops
+
+    def ops_after(crop_end: int, residual: bool) -> list[str]:
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType((1, 4, 8, 16), "int32"))
+        r = relax.Var("r", relax.TensorType((1, 4, crop_end, 16), "float32"))
+        with bb.function("main", [x, r]):
+            with bb.dataflow():
+                y = bb.emit(relax.op.strided_slice(x, axes=[2], begin=[0], end=[crop_end]))
+                y = bb.emit(relax.op.astype(y, "float32"))
+                y = bb.emit(relax.op.multiply(y, relax.const(np.ones(16, np.float32))))
+                y = bb.emit(relax.op.add(y, r) if residual else relax.op.nn.relu(y))
+                out = bb.emit_output(relax.op.astype(y, "uint8"))
+            bb.emit_func_output(out)
+        mod = sink_crops(bb.get())
+        tvm.ir.assert_structural_equal(relax.transform.Normalize()(mod), mod)
+        return [b.value.op.name for b in mod["main"].body.blocks[0].bindings]
+
+    assert ops_after(6, residual=False) == ["relax.astype", "relax.multiply", "relax.nn.relu", "relax.astype",
+                                            "relax.strided_slice"]
+    assert ops_after(6, residual=True) == ["relax.astype", "relax.multiply", "relax.strided_slice", "relax.add",
+                                           "relax.astype"]
+    assert ops_after(3, residual=False)[0] == "relax.strided_slice"

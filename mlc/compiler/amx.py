@@ -1,6 +1,6 @@
-"""int8 dense layers on Intel AMX (Sapphire Rapids and later): u8 x s8 -> int32 on tile registers, where the target
-has amx-int8. One tdpbusd multiplies a 16 x 64 uint8 tile of activations by a 16 x 16 x 4 int8 tile of weights
-(64 quads: the VNNI packing, [N/16, K/4, 16, 4]) into a 16 x 16 int32 tile.
+"""int8 dense layers and convs on Intel AMX (Sapphire Rapids and later): u8 x s8 -> int32 on tile registers, where
+the target has amx-int8. One tdpbusd multiplies a 16 x 64 uint8 tile of activations by a 16 x 16 x 4 int8 tile of
+weights (64 quads: the VNNI packing, [N/16, K/4, 16, 4]) into a 16 x 16 int32 tile.
 
 A kernel's 32 x W output block (W: 32-128 columns) is one intrinsic call over the whole depth: it configures the
 tiles (ldtilecfg), then for each 32 x 32 of it holds 4 accumulator tiles (2 row tiles x 2 column tiles) across the
@@ -8,6 +8,9 @@ depth, and stores them to the block's accumulator, whose write-back runs the epi
 accumulators stay in tiles across the depth (stored and reloaded per 64 of depth, AMX ran no faster than VNNI),
 and ldtilecfg (hundreds of cycles) runs once per block. The blocks of a column panel are neighbours in the
 parallel loop, so a panel's weights are read from L2 by every row block. benchmarks/int8 has the timings.
+
+Convs of stride 1 come as dense layers over rows of pixels (relax_passes.int8_convs_as_rows): a KxK conv's taps
+are the same rows shifted by i * (padded width) + j, so one call runs all taps into the same accumulators.
 
 Linux hands out AMX state only to a process that asks (arch_prctl ARCH_REQ_XCOMP_PERM); an AMX instruction
 before that is SIGILL. mlc.runtime.runner.request_amx asks, when the Runner loads an artifact that requires AMX
@@ -25,6 +28,10 @@ MIN_MACS = 1 << 20
 # Shallower layers stay on VNNI too: per output, AMX adds tile stores and the write-back's read, which a depth of 64
 # or 128 does not pay for (a 1x1 conv 56 x 56 x 64 -> 256: 0.34 ms on AMX, 0.20 on VNNI; depth 192: 2x faster)
 MIN_DEPTH = 192
+# A KxK conv runs on rows of its padded image (relax_passes.int8_convs_as_rows), computed on padding columns and
+# rows to whole row blocks; where that is more than this many times its output, it stays on VNNI (a 3x3 conv on
+# 7 x 7 computes 96 rows for 49 and still runs in half VNNI's time)
+MAX_PADDED_ROWS = 2.5
 ENABLED = True  # a module flag so a benchmark can build both (the VNNI tile where off)
 
 
@@ -39,16 +46,18 @@ def has_amx(target) -> bool:
         return False
 
 
-def intrinsic(depth: int, width: int) -> str:
+def intrinsic(depth: int, width: int, taps: tuple = ()) -> str:
     """Register (once) the tensor intrinsic for a ROWS x `width` int32 block of [ROWS, depth] uint8 x the packed
-    [width/16, depth/4, 16, 4] int8 weights over the whole depth; returns its name. Its description is the
+    [width/16, depth/4, 16, 4] int8 weights over the whole depth; returns its name. With `taps` (I, J, step), a
+    conv's taps read as rows (relax_passes._tap_matmul): tap (i, j) multiplies the rows i * step + j further on by
+    its own weights [width/16, I, J, depth/4, 16, 4], all into the same accumulators. Its description is the
     reduction's update (+=, what tensorize matches); its implementation starts the tiles from zero, which is the
     same because the block's init is `zero_intrinsic` right before it."""
     from tvm.s_tir import TensorIntrin
 
-    name = f"mlc_amx_u8s8_{ROWS}x{width}x{depth}"
+    name = f"mlc_amx_u8s8_{ROWS}x{width}x{depth}" + "".join(f"_{t}" for t in taps)
     if TensorIntrin.get(name, allow_missing=True) is None:
-        TensorIntrin.register(name, _description(depth, width), _implementation(depth, width))
+        TensorIntrin.register(name, _description(depth, width, taps), _implementation(depth, width, taps))
     return name
 
 
@@ -86,67 +95,87 @@ def zero_intrinsic(width: int) -> str:
     return name
 
 
-def _description(depth: int, width: int):
+def _operand_shapes(depth: int, width: int, taps: tuple) -> tuple[tuple, tuple]:
+    """The shapes of a block's activations (its rows and the rows its taps reach) and packed weights."""
+    tap_rows, tap_cols, step = taps or (1, 1, 0)
+    return ((ROWS + (tap_rows - 1) * step + tap_cols - 1, depth),
+            (width // 16, *taps[:2], depth // 4, 16, 4))
+
+
+def _description(depth: int, width: int, taps: tuple):
     from tvm.script import tirx as T
 
-    quads = depth // 4
+    a_shape, b_shape = _operand_shapes(depth, width, taps)
+    b_region = tuple(slice(0, n) for n in b_shape)
+    tap_rows, tap_cols, step = taps or (1, 1, 0)
+    has_taps = bool(taps)
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (ROWS, depth), "uint8", offset_factor=1)
-        B = T.match_buffer(b, (width // 16, quads, 16, 4), "int8", offset_factor=1)
+        A = T.match_buffer(a, a_shape, "uint8", offset_factor=1)
+        B = T.match_buffer(b, b_shape, "int8", offset_factor=1)
         C = T.match_buffer(c, (ROWS, width), "int32", offset_factor=1, scope="local")
         with T.sblock("root"):
-            T.reads(C[0:ROWS, 0:width], A[0:ROWS, 0:depth], B[0:width // 16, 0:quads, 0:16, 0:4])
+            T.reads(C[0:ROWS, 0:width], A[0:a_shape[0], 0:depth], B[b_region])
             T.writes(C[0:ROWS, 0:width])
-            for i, j, k in T.grid(ROWS, width, depth):
-                with T.sblock("update"):
-                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                    C[vi, vj] = C[vi, vj] + T.cast(A[vi, vk], "int32") * T.cast(
-                        B[vj // 16, vk // 4, vj % 16, vk % 4], "int32")
+            if has_taps:
+                for i, j, ti, tj, k in T.grid(ROWS, width, tap_rows, tap_cols, depth):
+                    with T.sblock("update"):
+                        vi, vj, vti, vtj, vk = T.axis.remap("SSRRR", [i, j, ti, tj, k])
+                        C[vi, vj] = C[vi, vj] + T.cast(A[vi + vti * step + vtj, vk], "int32") * T.cast(
+                            B[vj // 16, vti, vtj, vk // 4, vj % 16, vk % 4], "int32")
+            else:
+                for i, j, k in T.grid(ROWS, width, depth):
+                    with T.sblock("update"):
+                        vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                        C[vi, vj] = C[vi, vj] + T.cast(A[vi, vk], "int32") * T.cast(
+                            B[vj // 16, vk // 4, vj % 16, vk % 4], "int32")
 
     return desc
 
 
-def _implementation(depth: int, width: int):
+def _implementation(depth: int, width: int, taps: tuple):
     from tvm import tirx
     from tvm.script import tirx as T
 
-    quads = depth // 4
-    a_stride, b_stride, c_stride = (tirx.Var(n, "int32") for n in ("a_stride", "b_stride", "c_stride"))
+    a_shape, b_shape = _operand_shapes(depth, width, taps)
+    b_region = tuple(slice(0, n) for n in b_shape)
+    tap_rows, tap_cols, step = taps or (1, 1, 0)
+    has_taps = bool(taps)
+    a_stride, c_stride = (tirx.Var(n, "int32") for n in ("a_stride", "c_stride"))
+    b_strides = [tirx.Var(f"b_stride{d}", "int32") for d in range(len(b_shape) - 3)] + [64, 4, 1]
 
-    def call(name_, *args):
-        return T.call_llvm_intrin("void", T.llvm_lookup_intrinsic_id(f"llvm.x86.{name_}"), *args)
+    call = _x86_call
+    configure_tiles = _tile_configuration()
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (ROWS, depth), "uint8", offset_factor=1, strides=[a_stride, 1])
-        B = T.match_buffer(b, (width // 16, quads, 16, 4), "int8", offset_factor=1, strides=[b_stride, 64, 4, 1])
+        A = T.match_buffer(a, a_shape, "uint8", offset_factor=1, strides=[a_stride, 1])
+        B = T.match_buffer(b, b_shape, "int8", offset_factor=1, strides=b_strides)
         C = T.match_buffer(c, (ROWS, width), "int32", offset_factor=1, scope="local", strides=[c_stride, 1])
         with T.sblock("root"):
-            T.reads(C[0:ROWS, 0:width], A[0:ROWS, 0:depth], B[0:width // 16, 0:quads, 0:16, 0:4])
+            T.reads(C[0:ROWS, 0:width], A[0:a_shape[0], 0:depth], B[b_region])
             T.writes(C[0:ROWS, 0:width])
-            # the ldtilecfg operand: palette 1; tiles 0-7 of 16 rows x 64 bytes (C: 16 int32, A: 64 uint8, B: 16
-            # quads of int8)
-            cfg = T.alloc_buffer((64,), "uint8", scope="local")
-            for i in range(64):
-                cfg[i] = T.uint8(0)
-            cfg[0] = T.uint8(1)
-            for t in range(8):
-                cfg[16 + 2 * t] = T.uint8(64)
-                cfg[48 + t] = T.uint8(16)
-            T.evaluate(call("ldtilecfg", T.address_of(cfg[0])))
+            configure_tiles()
             for p in range(width // COLS):  # tile numbers are immediates: written out
                 T.evaluate(call("tilezero", T.int8(0)))  # C = A x B: zero_intrinsic leaves C unfilled
                 T.evaluate(call("tilezero", T.int8(1)))
                 T.evaluate(call("tilezero", T.int8(2)))
                 T.evaluate(call("tilezero", T.int8(3)))
-                for kb in range(depth // DEPTH):
-                    T.evaluate(call("tileloadd64", T.int8(4), T.address_of(A[0, kb * DEPTH]), T.int64(a_stride)))
-                    T.evaluate(call("tileloadd64", T.int8(5), T.address_of(A[16, kb * DEPTH]), T.int64(a_stride)))
-                    T.evaluate(call("tileloadd64", T.int8(6), T.address_of(B[2 * p, kb * 16, 0, 0]), T.int64(64)))
-                    T.evaluate(call("tileloadd64", T.int8(7), T.address_of(B[2 * p + 1, kb * 16, 0, 0]),
-                                    T.int64(64)))
+                for ti, tj, kb in T.grid(tap_rows, tap_cols, depth // DEPTH):
+                    row = ti * step + tj
+                    T.evaluate(call("tileloadd64", T.int8(4), T.address_of(A[row, kb * DEPTH]), T.int64(a_stride)))
+                    T.evaluate(call("tileloadd64", T.int8(5), T.address_of(A[row + 16, kb * DEPTH]),
+                                    T.int64(a_stride)))
+                    if has_taps:
+                        T.evaluate(call("tileloadd64", T.int8(6), T.address_of(B[2 * p, ti, tj, kb * 16, 0, 0]),
+                                        T.int64(64)))
+                        T.evaluate(call("tileloadd64", T.int8(7), T.address_of(B[2 * p + 1, ti, tj, kb * 16, 0, 0]),
+                                        T.int64(64)))
+                    else:
+                        T.evaluate(call("tileloadd64", T.int8(6), T.address_of(B[2 * p, kb * 16, 0, 0]), T.int64(64)))
+                        T.evaluate(call("tileloadd64", T.int8(7), T.address_of(B[2 * p + 1, kb * 16, 0, 0]),
+                                        T.int64(64)))
                     T.evaluate(call("tdpbusd", T.int8(0), T.int8(4), T.int8(6)))
                     T.evaluate(call("tdpbusd", T.int8(1), T.int8(4), T.int8(7)))
                     T.evaluate(call("tdpbusd", T.int8(2), T.int8(5), T.int8(6)))
@@ -157,3 +186,31 @@ def _implementation(depth: int, width: int):
                 T.evaluate(call("tilestored64", T.int8(3), T.address_of(C[16, p * COLS + 16]), T.int64(c_stride * 4)))
 
     return impl
+
+
+def _x86_call(name: str, *args):
+    from tvm.script import tirx as T
+
+    return T.call_llvm_intrin("void", T.llvm_lookup_intrinsic_id(f"llvm.x86.{name}"), *args)
+
+
+def _tile_configuration():
+    """A TVMScript macro that configures the 8 tiles (ldtilecfg)."""
+    from tvm.script import tirx as T
+
+    call = _x86_call
+
+    @T.macro
+    def configure_tiles():
+        # the ldtilecfg operand: palette 1; tiles 0-7 of 16 rows x 64 bytes (C: 16 int32, A: 64 uint8, B: 16 quads
+        # of int8)
+        cfg = T.alloc_buffer((64,), "uint8", scope="local")
+        for i in range(64):
+            cfg[i] = T.uint8(0)
+        cfg[0] = T.uint8(1)
+        for t in range(8):
+            cfg[16 + 2 * t] = T.uint8(64)
+            cfg[48 + t] = T.uint8(16)
+        T.evaluate(call("ldtilecfg", T.address_of(cfg[0])))
+
+    return configure_tiles

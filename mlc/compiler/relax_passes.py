@@ -7,6 +7,7 @@ here is the only fusion; on GPU it is the target's pipeline, which legalizes and
 
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from collections import Counter
@@ -347,10 +348,36 @@ def _pointwise_matmul(x_rows, weight, height: int, width: int):
                                                 * weight[k, o].astype("int32"), axis=k), name="pointwise_matmul")
 
 
-def int8_pointwise_convs_as_rows(mod, target):
-    """uint8 x int8 1x1 convs (stride 1, no padding, groups 1, NHWC, static) whose channels fit AMX's tiles, as a dense
-    layer over the image's pixels (`_pointwise_matmul`), on targets with AMX (mlc.compiler.amx): schedule_rules then
-    runs them on the tiles, as it runs dense layers. `mod` itself elsewhere."""
+def _tap_matmul(x_rows, weight, height: int, width: int):
+    """out[n, h, w, o] = sum_{i, j, k} x_rows[n, h * width + w + i * width + j, k] * weight[i, j, k, o], int32: a
+    stride-1 KxK conv over its zero-padded NHWC input read as rows of `width` pixels (the same memory). Each output
+    pixel's taps are the rows `i * width + j` after its own, so merged (h, w) is a row axis AMX tiles span, and
+    each tap a shifted dense layer; the columns past the conv's output width are computed and cropped."""
+    from tvm import te
+
+    i, j, k = (te.reduce_axis((0, weight.shape[a]), n) for a, n in enumerate("ijk"))
+    return te.compute((x_rows.shape[0], height, width, weight.shape[3]),
+                      lambda n, h, w, o: te.sum(x_rows[n, h * width + w + i * width + j, k].astype("int32")
+                                                * weight[i, j, k, o].astype("int32"), axis=[i, j, k]),
+                      name="tap_matmul")
+
+
+def _padded_rows(out_height: int, width: int) -> tuple[int, int]:
+    """The fewest (rows, width) of a tap conv's computed output, at least (out_height, width), whose pixel count
+    AMX's row blocks divide: their extra rows and columns are zero padding, computed and cropped."""
+    from mlc.compiler import amx
+
+    return min(((h, w) for h in range(out_height, out_height + amx.ROWS)
+                for w in range(width, width + amx.ROWS) if h * w % amx.ROWS == 0), key=lambda hw: (hw[0] * hw[1], hw))
+
+
+def int8_convs_as_rows(mod, target):
+    """uint8 x int8 convs (stride 1, groups 1, NHWC, static) whose channels fit AMX's tiles, as dense layers over
+    the image's pixels on targets with AMX (mlc.compiler.amx), which schedule_rules runs on the tiles:
+    - a 1x1 conv without padding reads its input as rows (`_pointwise_matmul`);
+    - a KxK conv reads its padded input as rows (`_tap_matmul`), computed on `_padded_rows` and cropped, where
+      that padding adds at most amx.MAX_PADDED_ROWS of the output (a 7 x 7 image needs twice its pixels).
+    `mod` itself elsewhere."""
     import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
@@ -361,37 +388,116 @@ def int8_pointwise_convs_as_rows(mod, target):
         return mod
     conv2d = tvm.ir.Op.get("relax.nn.conv2d")
 
-    def pointwise(call) -> Optional[tuple[int, int, int, int, int]]:
-        """(n, h, w, c, o) of a conv this rewrites, else None."""
+    def dims(call) -> Optional[tuple[int, ...]]:
+        """(n, h, w, c, kh, kw, o) of a conv this rewrites, else None."""
         at = call.attrs
-        shape, kernel = getattr(call.args[0].ty, "shape", None), getattr(call.args[1].ty, "shape", None)
+        shape, kernel = static_shape(call.args[0]), static_shape(call.args[1])
         if (str(at.data_layout), str(at.kernel_layout), str(at.out_layout)) != ("NHWC", "HWIO", "NHWC") \
                 or int(at.groups) != 1 or any(int(v) != 1 for v in list(at.strides) + list(at.dilation)) \
-                or any(int(p) for p in at.padding) or shape is None or kernel is None \
+                or shape is None or kernel is None \
                 or (str(call.args[0].ty.dtype), str(call.args[1].ty.dtype)) != ("uint8", "int8"):
             return None
-        try:
-            n, h, w, c = (int(v) for v in shape)
-            kh, kw, _, o = (int(v) for v in kernel)
-        except (TypeError, ValueError):  # symbolic
-            return None
-        fits = (kh, kw) == (1, 1) and c % amx.DEPTH == 0 and c >= amx.MIN_DEPTH and o % amx.COLS == 0 \
-            and n * h * w * c * o >= amx.MIN_MACS
-        return (n, h, w, c, o) if fits else None
+        (n, h, w, c), (kh, kw, _, o) = shape, kernel
+        out_h, out_w = static_shape(call)[1:3]
+        fits = c % amx.DEPTH == 0 and kh * kw * c >= amx.MIN_DEPTH and o % amx.COLS == 0 \
+            and n * out_h * out_w * kh * kw * c * o >= amx.MIN_MACS
+        if (kh, kw) == (1, 1):
+            fits = fits and not any(int(p) for p in at.padding)
+        else:
+            rows, width = _padded_rows(out_h, w + int(at.padding[1]) + int(at.padding[3]))
+            fits = fits and rows * width <= amx.MAX_PADDED_ROWS * out_h * out_w
+        return (n, h, w, c, kh, kw, o) if fits else None
 
     @mutator
     class Rewrite(PyExprMutator):
         def visit_call_(self, call):
             call = self.builder_.normalize(super().visit_call_(call))
-            dims = pointwise(call) if call.op.same_as(conv2d) else None
-            if dims is None:
+            sizes = dims(call) if call.op.same_as(conv2d) else None
+            if sizes is None:
                 return call
-            n, h, w, c, o = dims
-            rows = self.builder_.normalize(relax.op.reshape(call.args[0], [n, h * w, c]))
-            weight = self.builder_.normalize(relax.op.reshape(call.args[1], [c, o]))
-            return self.builder_.call_te(_pointwise_matmul, rows, weight, h, w, primfunc_name_hint="conv2d_rows")
+            (n, h, w, c, kh, kw, o), (x, weight) = sizes, call.args
+            if (kh, kw) == (1, 1):
+                rows = self.builder_.normalize(relax.op.reshape(x, [n, h * w, c]))
+                weight = self.builder_.normalize(relax.op.reshape(weight, [c, o]))
+                return self.builder_.call_te(_pointwise_matmul, rows, weight, h, w, primfunc_name_hint="conv2d_rows")
+            top, left, bottom, right = (int(p) for p in call.attrs.padding)
+            out_h, out_w = static_shape(call)[1:3]
+            height, width = _padded_rows(out_h, w + left + right)
+            # one more row of zeros: the last pixel's taps read up to kw - 1 past its image row
+            bottom += height - out_h + 1
+            padded = relax.op.nn.pad(x, [0, 0, top, bottom, left, width - w - left, 0, 0])
+            rows = self.builder_.normalize(relax.op.reshape(padded, [n, (h + top + bottom) * width, c]))
+            out = self.builder_.call_te(_tap_matmul, rows, weight, height, width, primfunc_name_hint="conv2d_taps")
+            return relax.op.strided_slice(out, axes=[1, 2], begin=[0, 0], end=[out_h, out_w])
 
     return rewrite_functions(Rewrite(mod), mod)
+
+
+_ELEMENTWISE = frozenset(f"relax.{op}" for op in (
+    "add", "subtract", "multiply", "divide", "maximum", "minimum", "astype", "round", "floor", "ceil", "clip",
+    "nn.relu", "sigmoid", "tanh", "right_shift", "left_shift"))
+
+
+def sink_crops(mod):
+    """A strided_slice moved below the elementwise ops it feeds, op(slice(x), c) -> slice(op(x, c)), where the other
+    operands do not vary along the sliced axes (a conv's bias, scales, quantisation), so that a conv computed on
+    padding and cropped (`int8_convs_as_rows`, `int8_conv_rows`) keeps its epilogue fused, and the crop, on its
+    narrowest values, joins the next layer's padding. Only crops that keep at least half of their input: the ops
+    run on all of it."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, PyExprVisitor, mutator, visitor
+
+    strided_slice = tvm.ir.Op.get("relax.strided_slice")
+    uses: Counter = Counter()
+
+    @visitor
+    class CountUses(PyExprVisitor):
+        def visit_var_(self, var):
+            uses[var] += 1
+
+        def visit_dataflow_var_(self, var):
+            uses[var] += 1
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            CountUses().visit_expr(func)
+
+    def uniform_along(expr, axes: list[int], rank: int) -> bool:
+        if not isinstance(expr.ty, relax.TensorType):
+            return not isinstance(expr.ty, relax.TupleType)  # a PrimValue (clip's bounds)
+        shape = static_shape(expr)
+        if shape is None:
+            return False
+        lead = rank - len(shape)
+        return all(a < lead or shape[a - lead] == 1 for a in axes)
+
+    def keeps_most(crop) -> bool:
+        kept, whole = static_shape(crop), static_shape(crop.args[0])
+        return kept is not None and whole is not None and 2 * math.prod(kept) >= math.prod(whole)
+
+    @mutator
+    class Sink(PyExprMutator):
+        def visit_call_(self, call):
+            call = self.builder_.normalize(super().visit_call_(call))
+            if not isinstance(call.op, tvm.ir.Op) or call.op.name not in _ELEMENTWISE:
+                return call
+            for index, arg in enumerate(call.args):
+                crop = self.lookup_binding(arg) if isinstance(arg, relax.Var) and uses[arg] == 1 else None
+                if not isinstance(crop, relax.Call) or not crop.op.same_as(strided_slice) or not keeps_most(crop):
+                    continue
+                axes, rank = [int(a) for a in crop.args[1].fields], len(call.ty.shape)
+                if not all(uniform_along(a, axes, rank) for i, a in enumerate(call.args) if i != index):
+                    continue
+                args = [crop.args[0] if i == index else a for i, a in enumerate(call.args)]
+                inner = self.builder_.emit(relax.Call(call.op, args, call.attrs, call.ty_args))
+                sunk.append(crop)
+                return relax.Call(crop.op, [inner, *crop.args[1:]], crop.attrs, crop.ty_args)
+            return call
+
+    sunk: list = []
+    mod = rewrite_functions(Sink(mod), mod)
+    return relax.transform.DeadCodeElimination()(mod) if sunk else mod
 
 
 def int8_conv_rows(mod, target):

@@ -963,20 +963,26 @@ def _parallelize_spatial(sch, spatial) -> None:
 
 
 def _amx_dense_shape(sch, block, n_spatial: int):
-    """(rows, columns, depth) of a u8 x s8 -> int32 dense layer out[.., M, N] = A[.., M, K] x W[K, N] (W constant)
-    of static shape whose columns and depth fit AMX's tiles (amx.COLS, amx.DEPTH), big and deep enough to pay for
-    them (amx.MIN_MACS, amx.MIN_DEPTH); else None."""
+    """(rows, columns, depth, taps) of a u8 x s8 -> int32 dense layer out[.., M, N] = A[.., M, K] x W[K, N] (taps
+    ()), or of relax_passes._tap_matmul's conv once `_merge_pixel_rows` made its pixels rows, out[.., M, N] =
+    sum A[.., M + i * step + j, K] x W[i, j, K, N] (taps (I, J, step)), W constant, of static shape whose columns
+    and depth fit AMX's tiles (amx.COLS, amx.DEPTH), big and deep enough to pay for them (amx.MIN_MACS,
+    amx.MIN_DEPTH over all taps); else None."""
+    import tvm
+    from tvm import tirx
+
     from mlc.compiler import amx
 
     stmt = sch.get(block)
     loops = sch.get_loops(block)
-    if n_spatial < 2 or len(loops) != n_spatial + 1 or not int8_dot._int8_operands(stmt):
+    tap_count = len(loops) - n_spatial - 1
+    if n_spatial < 2 or tap_count not in (0, 2) or not int8_dot._int8_operands(stmt):
         return None
-    rows, columns, depth = (_extent(sch, loop) for loop in loops[n_spatial - 2:])
-    if None in (rows, columns, depth) or columns % amx.COLS or depth % amx.DEPTH or depth < amx.MIN_DEPTH \
-            or rows * columns * depth < amx.MIN_MACS:
+    rows, columns, *taps, depth = (_extent(sch, loop) for loop in loops[n_spatial - 2:])
+    if None in (rows, columns, depth, *taps) or columns % amx.COLS or depth % amx.DEPTH \
+            or depth * math.prod(taps) < amx.MIN_DEPTH or rows * columns * depth * math.prod(taps) < amx.MIN_MACS:
         return None
-    i, j, k = (iv.var for iv in stmt.iter_vars[n_spatial - 2:])
+    i, j, *tap_vars, k = (iv.var for iv in stmt.iter_vars[n_spatial - 2:])
     operands = [r for r in stmt.reads if str(r.source.dtype) != "int32"]
     reads = {str(r.source.dtype): [x.min for x in r.region] for r in operands}
     weight = next((r.source for r in operands if str(r.source.dtype) == "int8"), None)
@@ -984,19 +990,28 @@ def _amx_dense_shape(sch, block, n_spatial: int):
             or not any(weight.same_as(c) for c in int8_dot.constant_params(sch)):
         return None
     a, w = reads["uint8"], reads["int8"]
-    if len(w) != 2 or not (w[0].same_as(k) and w[1].same_as(j)) or not (a[-1].same_as(k) and a[-2].same_as(i)):
+    analyzer, row = tvm.sym.Analyzer(), i
+    if tap_vars:  # the row a tap reads: i + ti * step + tj
+        step = analyzer.simplify(a[-2] - i - tap_vars[1])
+        if not isinstance(step, tirx.Mul) or not step.a.same_as(tap_vars[0]) or not isinstance(step.b, tirx.IntImm):
+            return None
+        row = i + step + tap_vars[1]
+        taps.append(int(step.b))
+    if len(w) != 2 + tap_count or not all(x.same_as(v) for x, v in zip(w, [*tap_vars, k, j])) \
+            or not a[-1].same_as(k) or not analyzer.can_prove_equal(a[-2], row):
         return None
-    return rows, columns, depth
+    return rows, columns, depth, tuple(taps)
 
 
 def _merge_pixel_rows(sch, block, n_spatial: int) -> int:
-    """relax_passes.int8_pointwise_convs_as_rows's 1x1 conv out[.., h, w, o] reading A[.., h * W + w, k]: the output
-    (an intermediate the epilogue reads) laid out as rows too and (h, w) merged into one row iterator, so the block
-    is a dense layer out[.., h * W + w, o]. Returns its spatial loop count (unchanged where this does not apply)."""
+    """relax_passes.int8_convs_as_rows's convs out[.., h, w, o] reading A[.., h * W + w (+ a tap's offset), k]: the
+    output (an intermediate the epilogue reads) laid out as rows too and (h, w) merged into one row iterator, so
+    the block is a dense layer out[.., h * W + w, o]. Returns its spatial loop count (unchanged where this does not
+    apply)."""
     from tvm import tirx
 
     stmt = sch.get(block)
-    if n_spatial < 3 or not stmt.name_hint.startswith("pointwise_matmul"):
+    if n_spatial < 3 or not stmt.name_hint.startswith(("pointwise_matmul", "tap_matmul")):
         return n_spatial
     output = stmt.writes[0].source
     if any(output.same_as(b) for b in sch.mod["main"].params):  # no epilogue: a parameter stays 4-D
@@ -1013,9 +1028,10 @@ def _merge_pixel_rows(sch, block, n_spatial: int) -> int:
 
 def _schedule_amx_dense(sch, block, n_spatial: int, target) -> bool:
     """A dense layer on AMX tiles (mlc.compiler.amx): blocks of amx.ROWS rows x W columns in parallel, each one
-    intrinsic call over the whole depth into a local accumulator, the epilogue on it. Rows the blocks do not divide
-    (a ViT's 197 tokens) are zero-padded in the kernel (`pad_einsum`: a copy of the activations). False where it
-    does not apply (no AMX, columns or depth the tiles do not divide)."""
+    intrinsic call over the whole depth (and the taps of a conv read as rows) into a local accumulator, the epilogue
+    on it. Rows the blocks do not divide (a ViT's 197 tokens) are zero-padded in the kernel (`pad_einsum`: a copy
+    of the activations; a conv's rows come padded). False where it does not apply (no AMX, columns or depth the
+    tiles do not divide)."""
     from mlc.compiler import amx
 
     if not amx.has_amx(target):
@@ -1024,8 +1040,10 @@ def _schedule_amx_dense(sch, block, n_spatial: int, target) -> bool:
     shape = _amx_dense_shape(sch, block, n_spatial)
     if shape is None:
         return False
-    rows, columns, depth = shape
+    rows, columns, depth, taps = shape
     if rows % amx.ROWS:
+        if taps:  # int8_convs_as_rows pads a conv's rows
+            return False
         factors = [1] * (n_spatial + 1)
         factors[n_spatial - 2] = amx.ROWS
         try:
@@ -1035,16 +1053,17 @@ def _schedule_amx_dense(sch, block, n_spatial: int, target) -> bool:
         for pad in int8_dot.input_pads(sch, block):
             _schedule_spatial(sch, pad, vector_lanes(target))
     width = next(w for w in amx.WIDTHS if columns % w == 0)
-    *outer, i, j, k = sch.get_loops(block)
+    *outer, i, j = sch.get_loops(block)[:n_spatial]
+    reduction = sch.get_loops(block)[n_spatial:]
     _pack_weights(sch, block, sch.get(block).iter_vars[n_spatial - 1].var, 16, pairs=int8_dot.QUAD)
     io, ii = sch.split(i, factors=[None, amx.ROWS])
     jo, ji = sch.split(j, factors=[None, width])
-    sch.reorder(*outer, jo, io, ii, ji, k)
+    sch.reorder(*outer, jo, io, ii, ji, *reduction)
     loops = _TileLoops(head=[*outer, jo, io], serial=[], rows=None, row_loop=None, col_loop=None)
     _parallel_tiles_with_write_back(sch, block, loops, 16)
     init = sch.decompose_reduction(block, ii)
     sch.tensorize(sch.get_loops(init)[-2], amx.zero_intrinsic(width))
-    sch.tensorize(ii, amx.intrinsic(depth, width))
+    sch.tensorize(ii, amx.intrinsic(depth, width, taps))
     return True
 
 
