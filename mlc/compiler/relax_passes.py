@@ -372,9 +372,10 @@ def _padded_rows(out_height: int, width: int) -> tuple[int, int]:
 
 
 def int8_convs_as_rows(mod, target):
-    """uint8 x int8 convs (stride 1, groups 1, NHWC, static) whose channels fit AMX's tiles, as dense layers over
-    the image's pixels on targets with AMX (mlc.compiler.amx), which schedule_rules runs on the tiles:
-    - a 1x1 conv without padding reads its input as rows (`_pointwise_matmul`);
+    """uint8 x int8 convs (groups 1, NHWC, static) whose channels fit AMX's tiles, as dense layers over the image's
+    pixels on targets with AMX (mlc.compiler.amx), which schedule_rules runs on the tiles:
+    - a 1x1 conv without padding reads its input as rows (`_pointwise_matmul`), a strided one the pixels it reads
+      (a copy of a quarter of the image at stride 2);
     - a KxK conv reads its padded input as rows (`_tap_matmul`), computed on `_padded_rows` and cropped, where
       that padding adds at most amx.MAX_PADDED_ROWS of the output (a 7 x 7 image needs twice its pixels).
     `mod` itself elsewhere."""
@@ -393,11 +394,12 @@ def int8_convs_as_rows(mod, target):
         at = call.attrs
         shape, kernel = static_shape(call.args[0]), static_shape(call.args[1])
         if (str(at.data_layout), str(at.kernel_layout), str(at.out_layout)) != ("NHWC", "HWIO", "NHWC") \
-                or int(at.groups) != 1 or any(int(v) != 1 for v in list(at.strides) + list(at.dilation)) \
-                or shape is None or kernel is None \
+                or int(at.groups) != 1 or any(int(v) != 1 for v in at.dilation) or shape is None or kernel is None \
                 or (str(call.args[0].ty.dtype), str(call.args[1].ty.dtype)) != ("uint8", "int8"):
             return None
         (n, h, w, c), (kh, kw, _, o) = shape, kernel
+        if any(int(v) != 1 for v in at.strides) and (kh, kw) != (1, 1):
+            return None
         out_h, out_w = static_shape(call)[1:3]
         fits = c % amx.DEPTH == 0 and kh * kw * c >= amx.MIN_DEPTH and o % amx.COLS == 0 \
             and n * out_h * out_w * kh * kw * c * o >= amx.MIN_MACS
@@ -417,6 +419,10 @@ def int8_convs_as_rows(mod, target):
                 return call
             (n, h, w, c, kh, kw, o), (x, weight) = sizes, call.args
             if (kh, kw) == (1, 1):
+                strides = [int(v) for v in call.attrs.strides]
+                if strides != [1, 1]:  # the pixels a strided 1x1 conv reads, as an image of its output's size
+                    x = self.builder_.normalize(relax.op.strided_slice(x, [1, 2], [0, 0], [h, w], strides))
+                    h, w = static_shape(call)[1:3]
                 rows = self.builder_.normalize(relax.op.reshape(x, [n, h * w, c]))
                 weight = self.builder_.normalize(relax.op.reshape(weight, [c, o]))
                 return self.builder_.call_te(_pointwise_matmul, rows, weight, h, w, primfunc_name_hint="conv2d_rows")
@@ -428,7 +434,8 @@ def int8_convs_as_rows(mod, target):
             padded = relax.op.nn.pad(x, [0, 0, top, bottom, left, width - w - left, 0, 0])
             rows = self.builder_.normalize(relax.op.reshape(padded, [n, (h + top + bottom) * width, c]))
             out = self.builder_.call_te(_tap_matmul, rows, weight, height, width, primfunc_name_hint="conv2d_taps")
-            return relax.op.strided_slice(out, axes=[1, 2], begin=[0, 0], end=[out_h, out_w])
+            # assume_inbound (it is) marks the crop for sink_crops, which leaves it in a kernel of its own
+            return relax.op.strided_slice(out, axes=[1, 2], begin=[0, 0], end=[out_h, out_w], assume_inbound=True)
 
     return rewrite_functions(Rewrite(mod), mod)
 
@@ -497,7 +504,33 @@ def sink_crops(mod):
 
     sunk: list = []
     mod = rewrite_functions(Sink(mod), mod)
-    return relax.transform.DeadCodeElimination()(mod) if sunk else mod
+    mod = relax.transform.DeadCodeElimination()(mod) if sunk else mod
+    return _crops_apart(mod) if any(gv.name_hint.startswith("conv2d_taps") for gv in mod.functions) else mod
+
+
+def _crops_apart(mod):
+    """The crops of tap convs (`int8_convs_as_rows`, marked assume_inbound) as kernels of their own (op_pattern
+    opaque, which FuseOps keeps apart): fused into the conv's kernel, the epilogue read the accumulators through the
+    crop, which no write-back of a 32-row block can take (its rows are no rectangle of pixels), and it ran after
+    the kernel as one scalar loop over 4 bytes per output. Apart, the epilogue is elementwise on the accumulators
+    and the crop copies its narrow output."""
+    import tvm
+    from tvm import topi
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    strided_slice = tvm.ir.Op.get("relax.strided_slice")
+
+    @mutator
+    class Apart(PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if not call.op.same_as(strided_slice) or not call.attrs.assume_inbound:
+                return call
+            end = static_shape(call)
+            return self.builder_.call_te(lambda x: topi.strided_slice(x, [0] * len(end), end),
+                                         call.args[0], primfunc_name_hint="crop", primfunc_attrs={"op_pattern": 8})
+
+    return rewrite_functions(Apart(mod), mod)
 
 
 def int8_conv_rows(mod, target):
