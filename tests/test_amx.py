@@ -166,24 +166,28 @@ def test_int8_pointwise_convs_run_on_amx_as_rows_of_pixels(shape, stride):
     _run_exactly(executable, x, expected)
 
 
-@pytest.mark.parametrize("shape,kernel,padding", [((28, 28, 128, 64), 3, 1), ((7, 7, 256, 32), 3, 1),
-                                                  ((13, 13, 64, 96), 3, 1), ((12, 12, 64, 32), 5, 0)],
-                         ids=["28x28", "7x7-twice-the-rows", "13x13-depth-64", "5x5-unpadded"])
-def test_int8_kxk_convs_run_on_amx_as_shifted_rows(shape, kernel, padding):
-    """A stride-1 KxK conv reads its zero-padded image as rows (relax_passes._tap_matmul): each tap is the rows a
-    fixed offset further on, all taps accumulate in the same tiles, and the columns and rows computed past the
-    output (to whole 32-row blocks) are cropped after the fused epilogue. Exact where the host has AMX (3x3, one
-    core: 1.2-2.1 TOP/s against VNNI's 0.5-0.6)."""
-    executable, asm, x, expected = _conv(*shape, 1, SAPPHIRE_RAPIDS, kernel, padding)
+@pytest.mark.parametrize("shape,kernel,padding,stride", [
+    ((28, 28, 128, 64), 3, 1, 1), ((7, 7, 256, 32), 3, 1, 1), ((13, 13, 64, 96), 3, 1, 1), ((12, 12, 64, 32), 5, 0, 1),
+    ((28, 28, 128, 64), 3, 1, 2), ((27, 27, 128, 32), 5, 2, 2), ((30, 30, 64, 64), 3, 0, 3)],
+    ids=["28x28", "7x7-twice-the-rows", "13x13-depth-64", "5x5-unpadded", "stride-2", "5x5-stride-2-odd-image",
+         "stride-3"])
+def test_int8_kxk_convs_run_on_amx_as_shifted_rows(shape, kernel, padding, stride):
+    """A KxK conv reads its zero-padded image as rows (relax_passes._tap_matmul), dealt into one phase per stride:
+    each tap is the rows of its phase a fixed offset further on, a tile's rows `stride` pixels apart; all taps
+    accumulate in the same tiles, and the columns and rows computed past the output (to whole 32-row blocks) are
+    cropped after the fused epilogue. Exact where the host has AMX (3x3, one core: 1.2-2.1 TOP/s against VNNI's
+    0.5-0.6)."""
+    executable, asm, x, expected = _conv(*shape, stride, SAPPHIRE_RAPIDS, kernel, padding)
     assert "tdpbusd" in asm.replace("vpdpbusd", "") and "vpdpbusd" not in asm
     _run_exactly(executable, x, expected)
 
 
-@pytest.mark.parametrize("shape,stride,kernel", [((56, 56, 64, 256), 1, 1), ((14, 14, 128, 128), 2, 3),
-                                                 ((5, 5, 256, 64), 1, 3)],
-                         ids=["1x1-depth-64", "3x3-stride-2", "3x3-5x5-image"])
+@pytest.mark.parametrize("shape,stride,kernel", [((56, 56, 64, 256), 1, 1), ((5, 5, 256, 64), 1, 3),
+                                                 ((28, 28, 96, 64), 1, 3)],
+                         ids=["1x1-depth-64", "3x3-5x5-image", "depth-96"])
 def test_other_convs_stay_on_vnni(shape, stride, kernel):
-    """A 1x1 conv of depth 64 (AMX's tile stores cost more than it saves there), strided KxK convs, and a conv whose
-    image is so small that whole row blocks are over amx.MAX_PADDED_ROWS times its output keep the VNNI conv."""
+    """A 1x1 conv of depth 64 (AMX's tile stores cost more than it saves there), a conv whose image is so small
+    that whole row blocks are over amx.MAX_PADDED_ROWS times its output, and depths the tiles do not divide keep
+    the VNNI conv."""
     _, asm, _, _ = _conv(*shape, stride, SAPPHIRE_RAPIDS, kernel, kernel // 2)
     assert "vpdpbusd" in asm and "tdpbusd" not in asm.replace("vpdpbusd", "")

@@ -48,9 +48,10 @@ def has_amx(target) -> bool:
 
 def intrinsic(depth: int, width: int, taps: tuple = ()) -> str:
     """Register (once) the tensor intrinsic for a ROWS x `width` int32 block of [ROWS, depth] uint8 x the packed
-    [width/16, depth/4, 16, 4] int8 weights over the whole depth; returns its name. With `taps` (I, J, step), a
-    conv's taps read as rows (relax_passes._tap_matmul): tap (i, j) multiplies the rows i * step + j further on by
-    its own weights [width/16, I, J, depth/4, 16, 4], all into the same accumulators. Its description is the
+    [width/16, depth/4, 16, 4] int8 weights over the whole depth; returns its name. With `taps` (I, J, step,
+    stride), a conv's taps read as rows (relax_passes._tap_matmul): tap (i, j) multiplies the rows of phase
+    i % stride, i // stride * step + j further on (a tile's rows `stride` apart), by its own weights [width/16, I, J,
+    depth/4, 16, 4], all into the same accumulators. Its description is the
     reduction's update (+=, what tensorize matches); its implementation starts the tiles from zero, which is the
     same because the block's init is `zero_intrinsic` right before it."""
     from tvm.s_tir import TensorIntrin
@@ -96,18 +97,21 @@ def zero_intrinsic(width: int) -> str:
 
 
 def _operand_shapes(depth: int, width: int, taps: tuple) -> tuple[tuple, tuple]:
-    """The shapes of a block's activations (its rows and the rows its taps reach) and packed weights."""
-    tap_rows, tap_cols, step = taps or (1, 1, 0)
-    return ((ROWS + (tap_rows - 1) * step + tap_cols - 1, depth),
-            (width // 16, *taps[:2], depth // 4, 16, 4))
+    """The shapes of a block's activations and packed weights: a dense layer's rows, or a conv's phases (one per
+    stride, relax_passes._tap_matmul) over the rows its taps reach."""
+    if not taps:
+        return (ROWS, depth), (width // 16, depth // 4, 16, 4)
+    tap_rows, tap_cols, step, stride = taps
+    return ((stride, stride * (ROWS - 1) + (tap_rows - 1) // stride * step + tap_cols, depth),
+            (width // 16, tap_rows, tap_cols, depth // 4, 16, 4))
 
 
 def _description(depth: int, width: int, taps: tuple):
     from tvm.script import tirx as T
 
     a_shape, b_shape = _operand_shapes(depth, width, taps)
-    b_region = tuple(slice(0, n) for n in b_shape)
-    tap_rows, tap_cols, step = taps or (1, 1, 0)
+    a_region, b_region = (tuple(slice(0, n) for n in shape) for shape in (a_shape, b_shape))
+    tap_rows, tap_cols, step, stride = taps or (1, 1, 0, 1)
     has_taps = bool(taps)
 
     @T.prim_func(s_tir=True)
@@ -116,13 +120,14 @@ def _description(depth: int, width: int, taps: tuple):
         B = T.match_buffer(b, b_shape, "int8", offset_factor=1)
         C = T.match_buffer(c, (ROWS, width), "int32", offset_factor=1, scope="local")
         with T.sblock("root"):
-            T.reads(C[0:ROWS, 0:width], A[0:a_shape[0], 0:depth], B[b_region])
+            T.reads(C[0:ROWS, 0:width], A[a_region], B[b_region])
             T.writes(C[0:ROWS, 0:width])
             if has_taps:
                 for i, j, ti, tj, k in T.grid(ROWS, width, tap_rows, tap_cols, depth):
                     with T.sblock("update"):
                         vi, vj, vti, vtj, vk = T.axis.remap("SSRRR", [i, j, ti, tj, k])
-                        C[vi, vj] = C[vi, vj] + T.cast(A[vi + vti * step + vtj, vk], "int32") * T.cast(
+                        C[vi, vj] = C[vi, vj] + T.cast(
+                            A[vti % stride, vi * stride + vti // stride * step + vtj, vk], "int32") * T.cast(
                             B[vj // 16, vti, vtj, vk // 4, vj % 16, vk % 4], "int32")
             else:
                 for i, j, k in T.grid(ROWS, width, depth):
@@ -139,22 +144,24 @@ def _implementation(depth: int, width: int, taps: tuple):
     from tvm.script import tirx as T
 
     a_shape, b_shape = _operand_shapes(depth, width, taps)
-    b_region = tuple(slice(0, n) for n in b_shape)
-    tap_rows, tap_cols, step = taps or (1, 1, 0)
+    a_region, b_region = (tuple(slice(0, n) for n in shape) for shape in (a_shape, b_shape))
+    tap_rows, tap_cols, step, stride = taps or (1, 1, 0, 1)
     has_taps = bool(taps)
-    a_stride, c_stride = (tirx.Var(n, "int32") for n in ("a_stride", "c_stride"))
+    a_strides = [tirx.Var(f"a_stride{d}", "int32") for d in range(len(a_shape) - 1)] + [1]
     b_strides = [tirx.Var(f"b_stride{d}", "int32") for d in range(len(b_shape) - 3)] + [64, 4, 1]
+    c_stride = tirx.Var("c_stride", "int32")
+    row_bytes = T.int64(a_strides[-2] * stride)  # a tile's rows: pixels `stride` apart in their phase
 
     call = _x86_call
     configure_tiles = _tile_configuration()
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, a_shape, "uint8", offset_factor=1, strides=[a_stride, 1])
+        A = T.match_buffer(a, a_shape, "uint8", offset_factor=1, strides=a_strides)
         B = T.match_buffer(b, b_shape, "int8", offset_factor=1, strides=b_strides)
         C = T.match_buffer(c, (ROWS, width), "int32", offset_factor=1, scope="local", strides=[c_stride, 1])
         with T.sblock("root"):
-            T.reads(C[0:ROWS, 0:width], A[0:a_shape[0], 0:depth], B[b_region])
+            T.reads(C[0:ROWS, 0:width], A[a_region], B[b_region])
             T.writes(C[0:ROWS, 0:width])
             configure_tiles()
             for p in range(width // COLS):  # tile numbers are immediates: written out
@@ -163,16 +170,19 @@ def _implementation(depth: int, width: int, taps: tuple):
                 T.evaluate(call("tilezero", T.int8(2)))
                 T.evaluate(call("tilezero", T.int8(3)))
                 for ti, tj, kb in T.grid(tap_rows, tap_cols, depth // DEPTH):
-                    row = ti * step + tj
-                    T.evaluate(call("tileloadd64", T.int8(4), T.address_of(A[row, kb * DEPTH]), T.int64(a_stride)))
-                    T.evaluate(call("tileloadd64", T.int8(5), T.address_of(A[row + 16, kb * DEPTH]),
-                                    T.int64(a_stride)))
                     if has_taps:
+                        row = ti // stride * step + tj
+                        T.evaluate(call("tileloadd64", T.int8(4), T.address_of(A[ti % stride, row, kb * DEPTH]),
+                                        row_bytes))
+                        T.evaluate(call("tileloadd64", T.int8(5),
+                                        T.address_of(A[ti % stride, row + 16 * stride, kb * DEPTH]), row_bytes))
                         T.evaluate(call("tileloadd64", T.int8(6), T.address_of(B[2 * p, ti, tj, kb * 16, 0, 0]),
                                         T.int64(64)))
                         T.evaluate(call("tileloadd64", T.int8(7), T.address_of(B[2 * p + 1, ti, tj, kb * 16, 0, 0]),
                                         T.int64(64)))
                     else:
+                        T.evaluate(call("tileloadd64", T.int8(4), T.address_of(A[0, kb * DEPTH]), row_bytes))
+                        T.evaluate(call("tileloadd64", T.int8(5), T.address_of(A[16, kb * DEPTH]), row_bytes))
                         T.evaluate(call("tileloadd64", T.int8(6), T.address_of(B[2 * p, kb * 16, 0, 0]), T.int64(64)))
                         T.evaluate(call("tileloadd64", T.int8(7), T.address_of(B[2 * p + 1, kb * 16, 0, 0]),
                                         T.int64(64)))

@@ -348,17 +348,21 @@ def _pointwise_matmul(x_rows, weight, height: int, width: int):
                                                 * weight[k, o].astype("int32"), axis=k), name="pointwise_matmul")
 
 
-def _tap_matmul(x_rows, weight, height: int, width: int):
-    """out[n, h, w, o] = sum_{i, j, k} x_rows[n, h * width + w + i * width + j, k] * weight[i, j, k, o], int32: a
-    stride-1 KxK conv over its zero-padded NHWC input read as rows of `width` pixels (the same memory). Each output
-    pixel's taps are the rows `i * width + j` after its own, so merged (h, w) is a row axis AMX tiles span, and
-    each tap a shifted dense layer; the columns past the conv's output width are computed and cropped."""
+def _tap_matmul(phases, weight, height: int, width: int):
+    """out[n, h, w, o] = sum_{i, j, k} phases[n, i % s, s * (h * width + w) + (i // s) * s * width + j, k]
+    * weight[i, j, k, o], int32: a KxK conv of stride s over its zero-padded NHWC input of s * width columns, its
+    rows dealt into s phases (input row s * r + q is row r of phase q) and each phase read as rows of pixels. An
+    output pixel's taps are then rows a fixed offset after the pixel at s times its own index, so merged (h, w) is a
+    row axis AMX tiles span (at a row stride of s pixels), and each tap a shifted dense layer; the columns past the
+    conv's output width are computed and cropped. At stride 1 there is one phase, the image itself."""
     from tvm import te
 
+    stride = int(phases.shape[1])
     i, j, k = (te.reduce_axis((0, weight.shape[a]), n) for a, n in enumerate("ijk"))
-    return te.compute((x_rows.shape[0], height, width, weight.shape[3]),
-                      lambda n, h, w, o: te.sum(x_rows[n, h * width + w + i * width + j, k].astype("int32")
-                                                * weight[i, j, k, o].astype("int32"), axis=[i, j, k]),
+    return te.compute((phases.shape[0], height, width, weight.shape[3]),
+                      lambda n, h, w, o: te.sum(
+                          phases[n, i % stride, stride * (h * width + w) + i // stride * stride * width + j,
+                                 k].astype("int32") * weight[i, j, k, o].astype("int32"), axis=[i, j, k]),
                       name="tap_matmul")
 
 
@@ -371,13 +375,60 @@ def _padded_rows(out_height: int, width: int) -> tuple[int, int]:
                 for w in range(width, width + amx.ROWS) if h * w % amx.ROWS == 0), key=lambda hw: (hw[0] * hw[1], hw))
 
 
+def _tap_rows(call) -> tuple[int, int]:
+    """A KxK conv's output rows and the least width `_tap_matmul` computes them on: its padded input's columns
+    over the stride."""
+    stride, width = int(call.attrs.strides[1]), static_shape(call.args[0])[2]
+    return static_shape(call)[1], -(-(width + int(call.attrs.padding[1]) + int(call.attrs.padding[3])) // stride)
+
+
+def _amx_conv_dims(call) -> Optional[tuple[int, ...]]:
+    """(n, h, w, c, kh, kw, o) of a uint8 x int8 conv `int8_convs_as_rows` puts on AMX's tiles, else None."""
+    from mlc.compiler import amx
+
+    at = call.attrs
+    shape, kernel = static_shape(call.args[0]), static_shape(call.args[1])
+    if (str(at.data_layout), str(at.kernel_layout), str(at.out_layout)) != ("NHWC", "HWIO", "NHWC") \
+            or int(at.groups) != 1 or any(int(v) != 1 for v in at.dilation) or shape is None or kernel is None \
+            or (str(call.args[0].ty.dtype), str(call.args[1].ty.dtype)) != ("uint8", "int8") \
+            or len({int(v) for v in at.strides}) != 1:
+        return None
+    (n, h, w, c), (kh, kw, _, o) = shape, kernel
+    out_h, out_w = static_shape(call)[1:3]
+    fits = c % amx.DEPTH == 0 and kh * kw * c >= amx.MIN_DEPTH and o % amx.COLS == 0 \
+        and n * out_h * out_w * kh * kw * c * o >= amx.MIN_MACS
+    if (kh, kw) == (1, 1):
+        fits = fits and not any(int(p) for p in at.padding)
+    else:
+        rows, width = _padded_rows(*_tap_rows(call))
+        fits = fits and rows * width <= amx.MAX_PADDED_ROWS * out_h * out_w
+    return (n, h, w, c, kh, kw, o) if fits else None
+
+
+def _conv_phases(call, n: int, h: int, w: int, c: int):
+    """A KxK conv's input zero-padded to `_padded_rows` (s times its columns, and rows for the last taps) and dealt
+    into its stride's phases, [n, s, rows, c] (`_tap_matmul`)."""
+    from tvm import relax
+
+    stride, kernel_h = int(call.attrs.strides[0]), static_shape(call.args[1])[0]
+    top, left, _, _ = (int(p) for p in call.attrs.padding)
+    height, width = _padded_rows(*_tap_rows(call))
+    # each phase's rows: the output's, those its taps reach below, and one of zeros (the last pixel's taps read up
+    # to kw - 1 past its image row)
+    rows = height + (kernel_h - 1) // stride + 1
+    padded = relax.op.nn.pad(call.args[0], [0, 0, top, stride * rows - h - top, left, stride * width - w - left, 0, 0])
+    dealt = relax.op.permute_dims(relax.op.reshape(padded, [n, rows, stride, stride * width, c]), [0, 2, 1, 3, 4])
+    return relax.op.reshape(dealt, [n, stride, rows * stride * width, c])
+
+
 def int8_convs_as_rows(mod, target):
     """uint8 x int8 convs (groups 1, NHWC, static) whose channels fit AMX's tiles, as dense layers over the image's
     pixels on targets with AMX (mlc.compiler.amx), which schedule_rules runs on the tiles:
     - a 1x1 conv without padding reads its input as rows (`_pointwise_matmul`), a strided one the pixels it reads
       (a copy of a quarter of the image at stride 2);
-    - a KxK conv reads its padded input as rows (`_tap_matmul`), computed on `_padded_rows` and cropped, where
-      that padding adds at most amx.MAX_PADDED_ROWS of the output (a 7 x 7 image needs twice its pixels).
+    - a KxK conv reads its padded input, dealt into one phase per stride, as rows (`_tap_matmul`), computed on
+      `_padded_rows` and cropped, where that padding adds at most amx.MAX_PADDED_ROWS of the output (a 7 x 7 image
+      needs twice its pixels).
     `mod` itself elsewhere."""
     import tvm
     from tvm import relax
@@ -389,32 +440,11 @@ def int8_convs_as_rows(mod, target):
         return mod
     conv2d = tvm.ir.Op.get("relax.nn.conv2d")
 
-    def dims(call) -> Optional[tuple[int, ...]]:
-        """(n, h, w, c, kh, kw, o) of a conv this rewrites, else None."""
-        at = call.attrs
-        shape, kernel = static_shape(call.args[0]), static_shape(call.args[1])
-        if (str(at.data_layout), str(at.kernel_layout), str(at.out_layout)) != ("NHWC", "HWIO", "NHWC") \
-                or int(at.groups) != 1 or any(int(v) != 1 for v in at.dilation) or shape is None or kernel is None \
-                or (str(call.args[0].ty.dtype), str(call.args[1].ty.dtype)) != ("uint8", "int8"):
-            return None
-        (n, h, w, c), (kh, kw, _, o) = shape, kernel
-        if any(int(v) != 1 for v in at.strides) and (kh, kw) != (1, 1):
-            return None
-        out_h, out_w = static_shape(call)[1:3]
-        fits = c % amx.DEPTH == 0 and kh * kw * c >= amx.MIN_DEPTH and o % amx.COLS == 0 \
-            and n * out_h * out_w * kh * kw * c * o >= amx.MIN_MACS
-        if (kh, kw) == (1, 1):
-            fits = fits and not any(int(p) for p in at.padding)
-        else:
-            rows, width = _padded_rows(out_h, w + int(at.padding[1]) + int(at.padding[3]))
-            fits = fits and rows * width <= amx.MAX_PADDED_ROWS * out_h * out_w
-        return (n, h, w, c, kh, kw, o) if fits else None
-
     @mutator
     class Rewrite(PyExprMutator):
         def visit_call_(self, call):
             call = self.builder_.normalize(super().visit_call_(call))
-            sizes = dims(call) if call.op.same_as(conv2d) else None
+            sizes = _amx_conv_dims(call) if call.op.same_as(conv2d) else None
             if sizes is None:
                 return call
             (n, h, w, c, kh, kw, o), (x, weight) = sizes, call.args
@@ -426,14 +456,10 @@ def int8_convs_as_rows(mod, target):
                 rows = self.builder_.normalize(relax.op.reshape(x, [n, h * w, c]))
                 weight = self.builder_.normalize(relax.op.reshape(weight, [c, o]))
                 return self.builder_.call_te(_pointwise_matmul, rows, weight, h, w, primfunc_name_hint="conv2d_rows")
-            top, left, bottom, right = (int(p) for p in call.attrs.padding)
+            phases = self.builder_.normalize(_conv_phases(call, n, h, w, c))
+            out = self.builder_.call_te(_tap_matmul, phases, weight,
+                                        *_padded_rows(*_tap_rows(call)), primfunc_name_hint="conv2d_taps")
             out_h, out_w = static_shape(call)[1:3]
-            height, width = _padded_rows(out_h, w + left + right)
-            # one more row of zeros: the last pixel's taps read up to kw - 1 past its image row
-            bottom += height - out_h + 1
-            padded = relax.op.nn.pad(x, [0, 0, top, bottom, left, width - w - left, 0, 0])
-            rows = self.builder_.normalize(relax.op.reshape(padded, [n, (h + top + bottom) * width, c]))
-            out = self.builder_.call_te(_tap_matmul, rows, weight, height, width, primfunc_name_hint="conv2d_taps")
             # assume_inbound (it is) marks the crop for sink_crops, which leaves it in a kernel of its own
             return relax.op.strided_slice(out, axes=[1, 2], begin=[0, 0], end=[out_h, out_w], assume_inbound=True)
 
@@ -445,17 +471,11 @@ _ELEMENTWISE = frozenset(f"relax.{op}" for op in (
     "nn.relu", "sigmoid", "tanh", "right_shift", "left_shift"))
 
 
-def sink_crops(mod):
-    """A strided_slice moved below the elementwise ops it feeds, op(slice(x), c) -> slice(op(x, c)), where the other
-    operands do not vary along the sliced axes (a conv's bias, scales, quantisation), so that a conv computed on
-    padding and cropped (`int8_convs_as_rows`, `int8_conv_rows`) keeps its epilogue fused, and the crop, on its
-    narrowest values, joins the next layer's padding. Only crops that keep at least half of their input: the ops
-    run on all of it."""
-    import tvm
+def _use_counts(mod) -> Counter:
+    """How many times each Relax variable of `mod` is used."""
     from tvm import relax
-    from tvm.relax.expr_functor import PyExprMutator, PyExprVisitor, mutator, visitor
+    from tvm.relax.expr_functor import PyExprVisitor, visitor
 
-    strided_slice = tvm.ir.Op.get("relax.strided_slice")
     uses: Counter = Counter()
 
     @visitor
@@ -469,6 +489,21 @@ def sink_crops(mod):
     for func in mod.functions.values():
         if isinstance(func, relax.Function):
             CountUses().visit_expr(func)
+    return uses
+
+
+def sink_crops(mod):
+    """A strided_slice moved below the elementwise ops it feeds, op(slice(x), c) -> slice(op(x, c)), where the other
+    operands do not vary along the sliced axes (a conv's bias, scales, quantisation), so that a conv computed on
+    padding and cropped (`int8_convs_as_rows`, `int8_conv_rows`) keeps its epilogue fused, and the crop, on its
+    narrowest values, joins the next layer's padding. Only crops that keep at least half of their input: the ops
+    run on all of it."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    strided_slice = tvm.ir.Op.get("relax.strided_slice")
+    uses = _use_counts(mod)
 
     def uniform_along(expr, axes: list[int], rank: int) -> bool:
         if not isinstance(expr.ty, relax.TensorType):

@@ -23,6 +23,7 @@ kernel a rule cannot handle is left unscheduled. Imports tvm."""
 from __future__ import annotations
 
 import math
+from typing import Optional
 from dataclasses import dataclass
 
 from mlc.compiler import int8_dot, shared_tables
@@ -962,15 +963,12 @@ def _parallelize_spatial(sch, spatial) -> None:
         sch.parallel(fused)
 
 
-def _amx_dense_shape(sch, block, n_spatial: int):
+def _amx_dense_shape(sch, block, n_spatial: int, row_width=None):
     """(rows, columns, depth, taps) of a u8 x s8 -> int32 dense layer out[.., M, N] = A[.., M, K] x W[K, N] (taps
-    ()), or of relax_passes._tap_matmul's conv once `_merge_pixel_rows` made its pixels rows, out[.., M, N] =
-    sum A[.., M + i * step + j, K] x W[i, j, K, N] (taps (I, J, step)), W constant, of static shape whose columns
-    and depth fit AMX's tiles (amx.COLS, amx.DEPTH), big and deep enough to pay for them (amx.MIN_MACS,
-    amx.MIN_DEPTH over all taps); else None."""
-    import tvm
-    from tvm import tirx
-
+    ()), or of relax_passes._tap_matmul's conv once `_merge_pixel_rows` made its pixels rows of `row_width`
+    (`_tap_rows`: taps (I, J, step, stride)), W constant, of static shape whose columns and depth fit AMX's tiles
+    (amx.COLS, amx.DEPTH), big and deep enough to pay for them (amx.MIN_MACS, amx.MIN_DEPTH over all taps); else
+    None."""
     from mlc.compiler import amx
 
     stmt = sch.get(block)
@@ -984,38 +982,59 @@ def _amx_dense_shape(sch, block, n_spatial: int):
         return None
     i, j, *tap_vars, k = (iv.var for iv in stmt.iter_vars[n_spatial - 2:])
     operands = [r for r in stmt.reads if str(r.source.dtype) != "int32"]
-    reads = {str(r.source.dtype): [x.min for x in r.region] for r in operands}
-    weight = next((r.source for r in operands if str(r.source.dtype) == "int8"), None)
+    reads = {str(r.source.dtype): r for r in operands}
     if len(operands) != 2 or set(reads) != {"uint8", "int8"} \
-            or not any(weight.same_as(c) for c in int8_dot.constant_params(sch)):
+            or not any(reads["int8"].source.same_as(c) for c in int8_dot.constant_params(sch)):
         return None
-    a, w = reads["uint8"], reads["int8"]
-    analyzer, row = tvm.sym.Analyzer(), i
-    if tap_vars:  # the row a tap reads: i + ti * step + tj
-        step = analyzer.simplify(a[-2] - i - tap_vars[1])
-        if not isinstance(step, tirx.Mul) or not step.a.same_as(tap_vars[0]) or not isinstance(step.b, tirx.IntImm):
+    a, w = ([x.min for x in reads[t].region] for t in ("uint8", "int8"))
+    if tap_vars:
+        tap_rows = _tap_rows(reads["uint8"], i, tap_vars, taps, row_width)
+        if tap_rows is None:
             return None
-        row = i + step + tap_vars[1]
-        taps.append(int(step.b))
+        taps.extend(tap_rows)
+    elif not a[-2].same_as(i):
+        return None
     if len(w) != 2 + tap_count or not all(x.same_as(v) for x, v in zip(w, [*tap_vars, k, j])) \
-            or not a[-1].same_as(k) or not analyzer.can_prove_equal(a[-2], row):
+            or not a[-1].same_as(k):
         return None
     return rows, columns, depth, tuple(taps)
 
 
-def _merge_pixel_rows(sch, block, n_spatial: int) -> int:
+def _tap_rows(activations, i, tap_vars, taps, row_width):
+    """(step, stride) where `activations` (a BufferRegion) is relax_passes._tap_matmul's input read at merged pixel
+    row i and taps (ti, tj) of extents `taps`: [.., ti % stride, stride * i + ti // stride * step + tj, k] with
+    step = stride * row_width; else None."""
+    import tvm
+    from tvm import tirx
+
+    if row_width is None or len(activations.region) < 3:
+        return None
+    stride = activations.source.shape[-3]
+    (ti, tj), analyzer = tap_vars, tvm.sym.Analyzer()
+    for var, extent in zip(tap_vars, taps):  # TE folds ti // stride to 0 where the kernel is no taller than it
+        analyzer.bind(var, tvm.ir.Range(0, extent))
+    phase, row = (x.min for x in activations.region[-3:-1])
+    step = stride * row_width
+    if not isinstance(stride, tirx.IntImm) \
+            or not analyzer.can_prove_equal(row, stride * i + tirx.floordiv(ti, stride) * step + tj) \
+            or not analyzer.can_prove_equal(phase, tirx.floormod(ti, stride)):
+        return None
+    return int(step), int(stride)
+
+
+def _merge_pixel_rows(sch, block, n_spatial: int) -> tuple[int, Optional[int]]:
     """relax_passes.int8_convs_as_rows's convs out[.., h, w, o] reading A[.., h * W + w (+ a tap's offset), k]: the
     output (an intermediate the epilogue reads) laid out as rows too and (h, w) merged into one row iterator, so
-    the block is a dense layer out[.., h * W + w, o]. Returns its spatial loop count (unchanged where this does not
-    apply)."""
+    the block is a dense layer out[.., h * W + w, o]. Returns its spatial loop count and W (unchanged and None
+    where this does not apply)."""
     from tvm import tirx
 
     stmt = sch.get(block)
     if n_spatial < 3 or not stmt.name_hint.startswith(("pointwise_matmul", "tap_matmul")):
-        return n_spatial
+        return n_spatial, None
     output = stmt.writes[0].source
     if any(output.same_as(b) for b in sch.mod["main"].params):  # no epilogue: a parameter stays 4-D
-        return n_spatial
+        return n_spatial, None
     width = int(output.shape[-2])
     sch.transform_layout(block, ("write", 0), lambda *i: [*i[:-3], i[-3] * width + i[-2], i[-1]])
 
@@ -1023,7 +1042,7 @@ def _merge_pixel_rows(sch, block, n_spatial: int) -> int:
         return (*v[:n_spatial - 3], v[n_spatial - 3] * width + v[n_spatial - 2], *v[n_spatial - 1:])
 
     sch.transform_block_layout(block, tirx.IndexMap.from_func(merged, ndim=len(sch.get_loops(block))))
-    return n_spatial - 1
+    return n_spatial - 1, width
 
 
 def _schedule_amx_dense(sch, block, n_spatial: int, target) -> bool:
@@ -1036,8 +1055,8 @@ def _schedule_amx_dense(sch, block, n_spatial: int, target) -> bool:
 
     if not amx.has_amx(target):
         return False
-    n_spatial = _merge_pixel_rows(sch, block, n_spatial)
-    shape = _amx_dense_shape(sch, block, n_spatial)
+    n_spatial, row_width = _merge_pixel_rows(sch, block, n_spatial)
+    shape = _amx_dense_shape(sch, block, n_spatial, row_width)
     if shape is None:
         return False
     rows, columns, depth, taps = shape
