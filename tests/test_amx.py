@@ -155,8 +155,9 @@ def _run_exactly(executable, x, expected) -> None:
 
 
 @pytest.mark.parametrize("shape,stride", [((14, 14, 256, 128), 1), ((7, 7, 512, 64), 1), ((28, 28, 192, 96), 1),
-                                          ((28, 28, 256, 128), 2), ((15, 15, 512, 64), 2)],
-                         ids=["14x14", "7x7-49-rows", "28x28-depth-192", "stride-2", "stride-2-odd-image"])
+                                          ((28, 28, 256, 128), 2), ((15, 15, 512, 64), 2), ((14, 14, 224, 64), 1)],
+                         ids=["14x14", "7x7-49-rows", "28x28-depth-192", "stride-2", "stride-2-odd-image",
+                              "depth-224-padded"])
 def test_int8_pointwise_convs_run_on_amx_as_rows_of_pixels(shape, stride):
     """A 1x1 conv reads its NHWC image as rows of pixels (relax_passes.int8_convs_as_rows), its (h, w) merged into
     one row axis that the AMX tiles span across image rows (a strided conv: the pixels it reads, copied); its
@@ -168,9 +169,10 @@ def test_int8_pointwise_convs_run_on_amx_as_rows_of_pixels(shape, stride):
 
 @pytest.mark.parametrize("shape,kernel,padding,stride", [
     ((28, 28, 128, 64), 3, 1, 1), ((7, 7, 256, 32), 3, 1, 1), ((13, 13, 64, 96), 3, 1, 1), ((12, 12, 64, 32), 5, 0, 1),
-    ((28, 28, 128, 64), 3, 1, 2), ((27, 27, 128, 32), 5, 2, 2), ((30, 30, 64, 64), 3, 0, 3)],
+    ((28, 28, 128, 64), 3, 1, 2), ((27, 27, 128, 32), 5, 2, 2), ((30, 30, 64, 64), 3, 0, 3),
+    ((14, 14, 96, 64), 3, 1, 1)],
     ids=["28x28", "7x7-twice-the-rows", "13x13-depth-64", "5x5-unpadded", "stride-2", "5x5-stride-2-odd-image",
-         "stride-3"])
+         "stride-3", "depth-96-padded"])
 def test_int8_kxk_convs_run_on_amx_as_shifted_rows(shape, kernel, padding, stride):
     """A KxK conv reads its zero-padded image as rows (relax_passes._tap_matmul), dealt into one phase per stride:
     each tap is the rows of its phase a fixed offset further on, a tile's rows `stride` pixels apart; all taps
@@ -183,11 +185,11 @@ def test_int8_kxk_convs_run_on_amx_as_shifted_rows(shape, kernel, padding, strid
 
 
 @pytest.mark.parametrize("shape,stride,kernel", [((56, 56, 64, 256), 1, 1), ((5, 5, 256, 64), 1, 3),
-                                                 ((28, 28, 96, 64), 1, 3)],
-                         ids=["1x1-depth-64", "3x3-5x5-image", "depth-96"])
+                                                 ((28, 28, 32, 64), 1, 3)],
+                         ids=["1x1-depth-64", "3x3-5x5-image", "depth-32"])
 def test_other_convs_stay_on_vnni(shape, stride, kernel):
     """A 1x1 conv of depth 64 (AMX's tile stores cost more than it saves there), a conv whose image is so small
-    that whole row blocks are over amx.MAX_PADDED_ROWS times its output, and depths the tiles do not divide keep
-    the VNNI conv."""
+    that whole row blocks are over amx.MAX_PADDED_ROWS times its output, and a depth that whole tile rows would
+    double keep the VNNI conv."""
     _, asm, _, _ = _conv(*shape, stride, SAPPHIRE_RAPIDS, kernel, kernel // 2)
     assert "vpdpbusd" in asm and "tdpbusd" not in asm.replace("vpdpbusd", "")

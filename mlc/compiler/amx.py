@@ -32,6 +32,9 @@ MIN_DEPTH = 192
 # rows to whole row blocks; where that is more than this many times its output, it stays on VNNI (a 3x3 conv on
 # 7 x 7 computes 96 rows for 49 and still runs in half VNNI's time)
 MAX_PADDED_ROWS = 2.5
+# Convs whose depth is no multiple of a tile row (DEPTH) get zero channels to one, up to this many times their depth
+# (96 -> 128); more stays on VNNI
+MAX_PADDED_DEPTH = 1.5
 ENABLED = True  # a module flag so a benchmark can build both (the VNNI tile where off)
 
 

@@ -384,6 +384,8 @@ def _tap_rows(call) -> tuple[int, int]:
 
 def _amx_conv_dims(call) -> Optional[tuple[int, ...]]:
     """(n, h, w, c, kh, kw, o) of a uint8 x int8 conv `int8_convs_as_rows` puts on AMX's tiles, else None."""
+    import tvm
+
     from mlc.compiler import amx
 
     at = call.attrs
@@ -395,7 +397,9 @@ def _amx_conv_dims(call) -> Optional[tuple[int, ...]]:
         return None
     (n, h, w, c), (kh, kw, _, o) = shape, kernel
     out_h, out_w = static_shape(call)[1:3]
-    fits = c % amx.DEPTH == 0 and kh * kw * c >= amx.MIN_DEPTH and o % amx.COLS == 0 \
+    depth = c + -c % amx.DEPTH  # zero channels to whole tile rows, in the input's padding and a constant weight
+    fits = (depth == c or isinstance(call.args[1], tvm.ir.GenericConst) and depth <= amx.MAX_PADDED_DEPTH * c) \
+        and kh * kw * depth >= amx.MIN_DEPTH and o % amx.COLS == 0 \
         and n * out_h * out_w * kh * kw * c * o >= amx.MIN_MACS
     if (kh, kw) == (1, 1):
         fits = fits and not any(int(p) for p in at.padding)
@@ -405,9 +409,9 @@ def _amx_conv_dims(call) -> Optional[tuple[int, ...]]:
     return (n, h, w, c, kh, kw, o) if fits else None
 
 
-def _conv_phases(call, n: int, h: int, w: int, c: int):
-    """A KxK conv's input zero-padded to `_padded_rows` (s times its columns, and rows for the last taps) and dealt
-    into its stride's phases, [n, s, rows, c] (`_tap_matmul`)."""
+def _conv_phases(call, n: int, h: int, w: int, c: int, extra: int):
+    """A KxK conv's input zero-padded to `_padded_rows` (s times its columns, and rows for the last taps) and by
+    `extra` channels, and dealt into its stride's phases, [n, s, rows, c + extra] (`_tap_matmul`)."""
     from tvm import relax
 
     stride, kernel_h = int(call.attrs.strides[0]), static_shape(call.args[1])[0]
@@ -416,14 +420,17 @@ def _conv_phases(call, n: int, h: int, w: int, c: int):
     # each phase's rows: the output's, those its taps reach below, and one of zeros (the last pixel's taps read up
     # to kw - 1 past its image row)
     rows = height + (kernel_h - 1) // stride + 1
-    padded = relax.op.nn.pad(call.args[0], [0, 0, top, stride * rows - h - top, left, stride * width - w - left, 0, 0])
-    dealt = relax.op.permute_dims(relax.op.reshape(padded, [n, rows, stride, stride * width, c]), [0, 2, 1, 3, 4])
-    return relax.op.reshape(dealt, [n, stride, rows * stride * width, c])
+    padded = relax.op.nn.pad(call.args[0], [0, 0, top, stride * rows - h - top, left, stride * width - w - left,
+                                            0, extra])
+    dealt = relax.op.permute_dims(relax.op.reshape(padded, [n, rows, stride, stride * width, c + extra]),
+                                  [0, 2, 1, 3, 4])
+    return relax.op.reshape(dealt, [n, stride, rows * stride * width, c + extra])
 
 
 def int8_convs_as_rows(mod, target):
-    """uint8 x int8 convs (groups 1, NHWC, static) whose channels fit AMX's tiles, as dense layers over the image's
-    pixels on targets with AMX (mlc.compiler.amx), which schedule_rules runs on the tiles:
+    """uint8 x int8 convs (groups 1, NHWC, static) whose channels fit AMX's tiles (input channels zero-padded to
+    whole tile rows where that adds at most amx.MAX_PADDED_DEPTH), as dense layers over the image's pixels on
+    targets with AMX (mlc.compiler.amx), which schedule_rules runs on the tiles:
     - a 1x1 conv without padding reads its input as rows (`_pointwise_matmul`), a strided one the pixels it reads
       (a copy of a quarter of the image at stride 2);
     - a KxK conv reads its padded input, dealt into one phase per stride, as rows (`_tap_matmul`), computed on
@@ -448,15 +455,19 @@ def int8_convs_as_rows(mod, target):
             if sizes is None:
                 return call
             (n, h, w, c, kh, kw, o), (x, weight) = sizes, call.args
+            extra = -c % amx.DEPTH
+            weight = _pad_axis(weight, 2, extra) if extra else weight
             if (kh, kw) == (1, 1):
                 strides = [int(v) for v in call.attrs.strides]
                 if strides != [1, 1]:  # the pixels a strided 1x1 conv reads, as an image of its output's size
                     x = self.builder_.normalize(relax.op.strided_slice(x, [1, 2], [0, 0], [h, w], strides))
                     h, w = static_shape(call)[1:3]
-                rows = self.builder_.normalize(relax.op.reshape(x, [n, h * w, c]))
-                weight = self.builder_.normalize(relax.op.reshape(weight, [c, o]))
+                if extra:
+                    x = self.builder_.normalize(relax.op.nn.pad(x, [0, 0, 0, 0, 0, 0, 0, extra]))
+                rows = self.builder_.normalize(relax.op.reshape(x, [n, h * w, c + extra]))
+                weight = self.builder_.normalize(relax.op.reshape(weight, [c + extra, o]))
                 return self.builder_.call_te(_pointwise_matmul, rows, weight, h, w, primfunc_name_hint="conv2d_rows")
-            phases = self.builder_.normalize(_conv_phases(call, n, h, w, c))
+            phases = self.builder_.normalize(_conv_phases(call, n, h, w, c, extra))
             out = self.builder_.call_te(_tap_matmul, phases, weight,
                                         *_padded_rows(*_tap_rows(call)), primfunc_name_hint="conv2d_taps")
             out_h, out_w = static_shape(call)[1:3]
