@@ -32,9 +32,9 @@ MIN_DEPTH = 192
 # rows to whole row blocks; where that is more than this many times its output, it stays on VNNI (a 3x3 conv on
 # 7 x 7 computes 96 rows for 49 and still runs in half VNNI's time)
 MAX_PADDED_ROWS = 2.5
-# Convs whose depth is no multiple of a tile row (DEPTH) get zero channels to one, up to this many times their depth
-# (96 -> 128); more stays on VNNI
-MAX_PADDED_DEPTH = 1.5
+# Convs whose depth is no multiple of a tile row (DEPTH), or whose output channels are none of COLS, get zero
+# channels to one, up to this many times their own (96 -> 128, 1000 -> 1024); more stays on VNNI
+MAX_PADDED_CHANNELS = 1.5
 ENABLED = True  # a module flag so a benchmark can build both (the VNNI tile where off)
 
 
@@ -115,7 +115,7 @@ def _description(depth: int, width: int, taps: tuple):
     a_shape, b_shape = _operand_shapes(depth, width, taps)
     a_region, b_region = (tuple(slice(0, n) for n in shape) for shape in (a_shape, b_shape))
     tap_rows, tap_cols, step, stride = taps or (1, 1, 0, 1)
-    has_taps = bool(taps)
+    has_taps, one_column, one_row = bool(taps), bool(taps) and tap_cols == 1, bool(taps) and tap_rows == 1
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
@@ -125,7 +125,20 @@ def _description(depth: int, width: int, taps: tuple):
         with T.sblock("root"):
             T.reads(C[0:ROWS, 0:width], A[a_region], B[b_region])
             T.writes(C[0:ROWS, 0:width])
-            if has_taps:
+            if one_column:  # a Kx1 conv: TE drops the unit reduction axis, the block has no tj loop to match
+                for i, j, ti, k in T.grid(ROWS, width, tap_rows, depth):
+                    with T.sblock("update"):
+                        vi, vj, vti, vk = T.axis.remap("SSRR", [i, j, ti, k])
+                        C[vi, vj] = C[vi, vj] + T.cast(
+                            A[vti % stride, vi * stride + vti // stride * step, vk], "int32") * T.cast(
+                            B[vj // 16, vti, 0, vk // 4, vj % 16, vk % 4], "int32")
+            elif one_row:  # a 1xK conv: no ti loop
+                for i, j, tj, k in T.grid(ROWS, width, tap_cols, depth):
+                    with T.sblock("update"):
+                        vi, vj, vtj, vk = T.axis.remap("SSRR", [i, j, tj, k])
+                        C[vi, vj] = C[vi, vj] + T.cast(A[0, vi * stride + vtj, vk], "int32") * T.cast(
+                            B[vj // 16, 0, vtj, vk // 4, vj % 16, vk % 4], "int32")
+            elif has_taps:
                 for i, j, ti, tj, k in T.grid(ROWS, width, tap_rows, tap_cols, depth):
                     with T.sblock("update"):
                         vi, vj, vti, vtj, vk = T.axis.remap("SSRRR", [i, j, ti, tj, k])

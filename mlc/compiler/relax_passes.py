@@ -384,8 +384,6 @@ def _tap_rows(call) -> tuple[int, int]:
 
 def _amx_conv_dims(call) -> Optional[tuple[int, ...]]:
     """(n, h, w, c, kh, kw, o) of a uint8 x int8 conv `int8_convs_as_rows` puts on AMX's tiles, else None."""
-    import tvm
-
     from mlc.compiler import amx
 
     at = call.attrs
@@ -397,10 +395,11 @@ def _amx_conv_dims(call) -> Optional[tuple[int, ...]]:
         return None
     (n, h, w, c), (kh, kw, _, o) = shape, kernel
     out_h, out_w = static_shape(call)[1:3]
-    depth = c + -c % amx.DEPTH  # zero channels to whole tile rows, in the input's padding and a constant weight
-    fits = (depth == c or isinstance(call.args[1], tvm.ir.GenericConst) and depth <= amx.MAX_PADDED_DEPTH * c) \
-        and kh * kw * depth >= amx.MIN_DEPTH and o % amx.COLS == 0 \
-        and n * out_h * out_w * kh * kw * c * o >= amx.MIN_MACS
+    # zero channels to whole tile rows and columns, in the input's padding and the weight's (a constant once
+    # FoldConstant has run, as the transposed weight is)
+    depth, columns = c + -c % amx.DEPTH, o + -o % amx.COLS
+    fits = depth <= amx.MAX_PADDED_CHANNELS * c and columns <= amx.MAX_PADDED_CHANNELS * o \
+        and kh * kw * depth >= amx.MIN_DEPTH and n * out_h * out_w * kh * kw * c * o >= amx.MIN_MACS
     if (kh, kw) == (1, 1):
         fits = fits and not any(int(p) for p in at.padding)
     else:
@@ -428,9 +427,9 @@ def _conv_phases(call, n: int, h: int, w: int, c: int, extra: int):
 
 
 def int8_convs_as_rows(mod, target):
-    """uint8 x int8 convs (groups 1, NHWC, static) whose channels fit AMX's tiles (input channels zero-padded to
-    whole tile rows where that adds at most amx.MAX_PADDED_DEPTH), as dense layers over the image's pixels on
-    targets with AMX (mlc.compiler.amx), which schedule_rules runs on the tiles:
+    """uint8 x int8 convs (groups 1, NHWC, static) whose channels fit AMX's tiles (zero-padded to whole tile rows
+    and columns where that adds at most amx.MAX_PADDED_CHANNELS, the extra outputs cropped), as dense layers over the
+    image's pixels on targets with AMX (mlc.compiler.amx), which schedule_rules runs on the tiles:
     - a 1x1 conv without padding reads its input as rows (`_pointwise_matmul`), a strided one the pixels it reads
       (a copy of a quarter of the image at stride 2);
     - a KxK conv reads its padded input, dealt into one phase per stride, as rows (`_tap_matmul`), computed on
@@ -454,9 +453,21 @@ def int8_convs_as_rows(mod, target):
             sizes = _amx_conv_dims(call) if call.op.same_as(conv2d) else None
             if sizes is None:
                 return call
-            (n, h, w, c, kh, kw, o), (x, weight) = sizes, call.args
-            extra = -c % amx.DEPTH
-            weight = _pad_axis(weight, 2, extra) if extra else weight
+            (*_, c, kh, kw, o), (x, weight) = sizes, call.args
+            extra, columns = -c % amx.DEPTH, -o % amx.COLS
+            if extra or columns:
+                weight = self.builder_.normalize(relax.op.nn.pad(weight, [0, 0, 0, 0, 0, extra, 0, columns]))
+            out = self.rows(call, x, weight, extra)
+            out = relax.op.strided_slice(out, axes=[3], begin=[0], end=[o]) if columns else out
+            if (kh, kw) == (1, 1):
+                return out
+            # assume_inbound (it is) marks the crop for sink_crops, which leaves it in a kernel of its own
+            return relax.op.strided_slice(out, axes=[1, 2], begin=[0, 0], end=static_shape(call)[1:3],
+                                          assume_inbound=True)
+
+        def rows(self, call, x, weight, extra: int):
+            """The conv as `_pointwise_matmul` or `_tap_matmul` on `extra` zero channels (in `weight` already)."""
+            (n, h, w, c), (kh, kw, _, o) = static_shape(x), static_shape(weight)
             if (kh, kw) == (1, 1):
                 strides = [int(v) for v in call.attrs.strides]
                 if strides != [1, 1]:  # the pixels a strided 1x1 conv reads, as an image of its output's size
@@ -468,11 +479,8 @@ def int8_convs_as_rows(mod, target):
                 weight = self.builder_.normalize(relax.op.reshape(weight, [c + extra, o]))
                 return self.builder_.call_te(_pointwise_matmul, rows, weight, h, w, primfunc_name_hint="conv2d_rows")
             phases = self.builder_.normalize(_conv_phases(call, n, h, w, c, extra))
-            out = self.builder_.call_te(_tap_matmul, phases, weight,
-                                        *_padded_rows(*_tap_rows(call)), primfunc_name_hint="conv2d_taps")
-            out_h, out_w = static_shape(call)[1:3]
-            # assume_inbound (it is) marks the crop for sink_crops, which leaves it in a kernel of its own
-            return relax.op.strided_slice(out, axes=[1, 2], begin=[0, 0], end=[out_h, out_w], assume_inbound=True)
+            return self.builder_.call_te(_tap_matmul, phases, weight, *_padded_rows(*_tap_rows(call)),
+                                         primfunc_name_hint="conv2d_taps")
 
     return rewrite_functions(Rewrite(mod), mod)
 

@@ -23,8 +23,8 @@ kernel a rule cannot handle is left unscheduled. Imports tvm."""
 from __future__ import annotations
 
 import math
-from typing import Optional
 from dataclasses import dataclass
+from typing import Optional
 
 from mlc.compiler import int8_dot, shared_tables
 from mlc.compiler.contract import Note, NoteKind
@@ -969,12 +969,14 @@ def _amx_dense_shape(sch, block, n_spatial: int, row_width=None):
     (`_tap_rows`: taps (I, J, step, stride)), W constant, of static shape whose columns and depth fit AMX's tiles
     (amx.COLS, amx.DEPTH), big and deep enough to pay for them (amx.MIN_MACS, amx.MIN_DEPTH over all taps); else
     None."""
+    from tvm import tirx
+
     from mlc.compiler import amx
 
     stmt = sch.get(block)
     loops = sch.get_loops(block)
     tap_count = len(loops) - n_spatial - 1
-    if n_spatial < 2 or tap_count not in (0, 2) or not int8_dot._int8_operands(stmt):
+    if n_spatial < 2 or tap_count not in (0, 1, 2) or not int8_dot._int8_operands(stmt):
         return None
     rows, columns, *taps, depth = (_extent(sch, loop) for loop in loops[n_spatial - 2:])
     if None in (rows, columns, depth, *taps) or columns % amx.COLS or depth % amx.DEPTH \
@@ -987,6 +989,12 @@ def _amx_dense_shape(sch, block, n_spatial: int, row_width=None):
             or not any(reads["int8"].source.same_as(c) for c in int8_dot.constant_params(sch)):
         return None
     a, w = ([x.min for x in reads[t].region] for t in ("uint8", "int8"))
+    if tap_count == 1:  # a Kx1 or 1xK conv: TE drops the unit reduction axis, its index is 0
+        unit = next((d for d in (1, 0) if len(w) == 4 and isinstance(w[d], tirx.IntImm) and w[d].value == 0), None)
+        if unit is None:
+            return None
+        tap_vars.insert(unit, w[unit])
+        taps.insert(unit, 1)
     if tap_vars:
         tap_rows = _tap_rows(reads["uint8"], i, tap_vars, taps, row_width)
         if tap_rows is None:
@@ -994,7 +1002,10 @@ def _amx_dense_shape(sch, block, n_spatial: int, row_width=None):
         taps.extend(tap_rows)
     elif not a[-2].same_as(i):
         return None
-    if len(w) != 2 + tap_count or not all(x.same_as(v) for x, v in zip(w, [*tap_vars, k, j])) \
+    def same(x, v) -> bool:
+        return x.same_as(v) or isinstance(x, tirx.IntImm) and isinstance(v, tirx.IntImm) and x.value == v.value
+
+    if len(w) != 2 + len(tap_vars) or not all(same(x, v) for x, v in zip(w, [*tap_vars, k, j])) \
             or not a[-1].same_as(k):
         return None
     return rows, columns, depth, tuple(taps)
@@ -1012,7 +1023,8 @@ def _tap_rows(activations, i, tap_vars, taps, row_width):
     stride = activations.source.shape[-3]
     (ti, tj), analyzer = tap_vars, tvm.sym.Analyzer()
     for var, extent in zip(tap_vars, taps):  # TE folds ti // stride to 0 where the kernel is no taller than it
-        analyzer.bind(var, tvm.ir.Range(0, extent))
+        if isinstance(var, tirx.Var):
+            analyzer.bind(var, tvm.ir.Range(0, extent))
     phase, row = (x.min for x in activations.region[-3:-1])
     step = stride * row_width
     if not isinstance(stride, tirx.IntImm) \
@@ -1023,10 +1035,10 @@ def _tap_rows(activations, i, tap_vars, taps, row_width):
 
 
 def _merge_pixel_rows(sch, block, n_spatial: int) -> tuple[int, Optional[int]]:
-    """relax_passes.int8_convs_as_rows's convs out[.., h, w, o] reading A[.., h * W + w (+ a tap's offset), k]: the
-    output (an intermediate the epilogue reads) laid out as rows too and (h, w) merged into one row iterator, so
-    the block is a dense layer out[.., h * W + w, o]. Returns its spatial loop count and W (unchanged and None
-    where this does not apply)."""
+    """relax_passes.int8_convs_as_rows's convs out[.., h, w, o] reading A[.., h * W + w, k] (a 1x1 conv) or
+    A[.., phase, s * (h * W + w) + a tap's offset, k]: the output (an intermediate the epilogue reads) laid out as
+    rows too and (h, w) merged into one row iterator, so the block is a dense layer out[.., h * W + w, o]. Returns its
+    spatial loop count and W (unchanged and None where this does not apply)."""
     from tvm import tirx
 
     stmt = sch.get(block)
