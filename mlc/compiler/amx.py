@@ -9,8 +9,9 @@ accumulators stay in tiles across the depth (stored and reloaded per 64 of depth
 and ldtilecfg (hundreds of cycles) runs once per block. The blocks of a column panel are neighbours in the
 parallel loop, so a panel's weights are read from L2 by every row block. benchmarks/int8 has the timings.
 
-Convs of stride 1 come as dense layers over rows of pixels (relax_passes.int8_convs_as_rows): a KxK conv's taps
-are the same rows shifted by i * (padded width) + j, so one call runs all taps into the same accumulators.
+Convs come as dense layers over rows of pixels (relax_passes.int8_convs_as_rows): a KxK conv's taps are the same
+rows shifted by a fixed offset (in one of the stride's phases of the padded image), so one call runs all taps into
+the same accumulators.
 
 Linux hands out AMX state only to a process that asks (arch_prctl ARCH_REQ_XCOMP_PERM); an AMX instruction
 before that is SIGILL. mlc.runtime.runner.request_amx asks, when the Runner loads an artifact that requires AMX

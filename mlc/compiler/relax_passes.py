@@ -375,7 +375,7 @@ def _padded_rows(out_height: int, width: int) -> tuple[int, int]:
                 for w in range(width, width + amx.ROWS) if h * w % amx.ROWS == 0), key=lambda hw: (hw[0] * hw[1], hw))
 
 
-def _tap_rows(call) -> tuple[int, int]:
+def _tap_output(call) -> tuple[int, int]:
     """A KxK conv's output rows and the least width `_tap_matmul` computes them on: its padded input's columns
     over the stride."""
     stride, width = int(call.attrs.strides[1]), static_shape(call.args[0])[2]
@@ -403,7 +403,7 @@ def _amx_conv_dims(call) -> Optional[tuple[int, ...]]:
     if (kh, kw) == (1, 1):
         fits = fits and not any(int(p) for p in at.padding)
     else:
-        rows, width = _padded_rows(*_tap_rows(call))
+        rows, width = _padded_rows(*_tap_output(call))
         fits = fits and rows * width <= amx.MAX_PADDED_ROWS * out_h * out_w
     return (n, h, w, c, kh, kw, o) if fits else None
 
@@ -415,7 +415,7 @@ def _conv_phases(call, n: int, h: int, w: int, c: int, extra: int):
 
     stride, kernel_h = int(call.attrs.strides[0]), static_shape(call.args[1])[0]
     top, left, _, _ = (int(p) for p in call.attrs.padding)
-    height, width = _padded_rows(*_tap_rows(call))
+    height, width = _padded_rows(*_tap_output(call))
     # each phase's rows: the output's, those its taps reach below, and one of zeros (the last pixel's taps read up
     # to kw - 1 past its image row)
     rows = height + (kernel_h - 1) // stride + 1
@@ -479,7 +479,7 @@ def int8_convs_as_rows(mod, target):
                 weight = self.builder_.normalize(relax.op.reshape(weight, [c + extra, o]))
                 return self.builder_.call_te(_pointwise_matmul, rows, weight, h, w, primfunc_name_hint="conv2d_rows")
             phases = self.builder_.normalize(_conv_phases(call, n, h, w, c, extra))
-            return self.builder_.call_te(_tap_matmul, phases, weight, *_padded_rows(*_tap_rows(call)),
+            return self.builder_.call_te(_tap_matmul, phases, weight, *_padded_rows(*_tap_output(call)),
                                          primfunc_name_hint="conv2d_taps")
 
     return rewrite_functions(Rewrite(mod), mod)
@@ -514,9 +514,8 @@ def _use_counts(mod) -> Counter:
 def sink_crops(mod):
     """A strided_slice moved below the elementwise ops it feeds, op(slice(x), c) -> slice(op(x, c)), where the other
     operands do not vary along the sliced axes (a conv's bias, scales, quantisation), so that a conv computed on
-    padding and cropped (`int8_convs_as_rows`, `int8_conv_rows`) keeps its epilogue fused, and the crop, on its
-    narrowest values, joins the next layer's padding. Only crops that keep at least half of their input: the ops
-    run on all of it."""
+    padding and cropped (`int8_convs_as_rows`, `int8_conv_rows`) keeps its epilogue fused, and the crop copies its
+    narrowest values. Only crops that keep at least half of their input: the ops run on all of it."""
     import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator

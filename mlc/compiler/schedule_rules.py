@@ -1002,7 +1002,8 @@ def _amx_dense_shape(sch, block, n_spatial: int, row_width=None):
         taps.extend(tap_rows)
     elif not a[-2].same_as(i):
         return None
-    def same(x, v) -> bool:
+
+    def same(x, v) -> bool:  # a tap var, or the 0 of a dropped unit tap axis
         return x.same_as(v) or isinstance(x, tirx.IntImm) and isinstance(v, tirx.IntImm) and x.value == v.value
 
     if len(w) != 2 + len(tap_vars) or not all(same(x, v) for x, v in zip(w, [*tap_vars, k, j])) \
