@@ -157,12 +157,17 @@ def bf16_matmul(mod, config: dict, target):
     reductions, elementwise, and matmuls of two activations that the bf16 tile does not fit: `_bf16_activations`)
     stays float32. Constant weights are cast at compile time (FoldConstant). A conv is shaped for the bf16 register
     tile: an even depth (`_shallow_input`), and output channels and a row count the tile fits
-    (`_conv_tile_padding`)."""
+    (`_conv_tile_padding`). On a target with AMX-BF16 only the matmuls and convs AMX's tiles take go to bf16
+    (`_amx_row_padding`, `_amx_conv_dims`): there vdpbf16ps ran slower than float32 (one Sapphire Rapids core:
+    resnet50 82 ms against 63, bert-base s128 244 against 183)."""
     import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
+    from mlc.compiler import amx
+
     matmul, conv2d = tvm.ir.Op.get("relax.matmul"), tvm.ir.Op.get("relax.nn.conv2d")
+    amx_bf16 = target is not None and target.kind.name == "llvm" and amx.has_amx(target, amx.BF16)
 
     def f32(expr) -> bool:
         return str(getattr(expr.ty, "dtype", "")) == "float32"
@@ -177,30 +182,85 @@ def bf16_matmul(mod, config: dict, target):
             if not isinstance(call.args[1], tvm.ir.GenericConst) and not _bf16_activations(call):
                 return call
             if call.op.same_as(matmul):
-                return relax.op.matmul(*(relax.op.astype(v, "bfloat16") for v in call.args[:2]), out_dtype="float32")
-            at = call.attrs
-            (width, extra_rows), (channels, extra_channels) = _conv_tile_padding(call)
-            if int(at.groups) > 1:  # per group, by grouped_conv.pad_group_channels
-                extra_channels = 0
-            padding = [int(p) for p in at.padding]
-            padding[3] += extra_rows * int(at.strides[1])
-            x, weight, padding = _shallow_input(*call.args[:2], at, padding)
-            if extra_channels:
-                weight = _pad_axis(weight, str(at.kernel_layout).index("O"), extra_channels)
-            conv = relax.op.nn.conv2d(relax.op.astype(x, "bfloat16"), relax.op.astype(weight, "bfloat16"),
-                                      strides=at.strides, padding=padding, dilation=at.dilation, groups=at.groups,
-                                      data_layout=at.data_layout, kernel_layout=at.kernel_layout,
-                                      out_layout=at.out_layout, out_dtype="float32")
-            sliced = [(str(at.out_layout).index(axis), end) for axis, end, extra in
-                      (("W", width, extra_rows), ("C", channels, extra_channels)) if extra]
-            if sliced:
-                axes, ends = zip(*sliced)
-                conv = relax.op.strided_slice(conv, axes=list(axes), begin=[0] * len(axes), end=list(ends))
-            return conv
+                bf16 = _bf16_matmul(call, amx_bf16)
+                return call if bf16 is None else bf16
+            if amx_bf16 and (int(call.attrs.groups) != 1 or not _amx_conv_dims(call, target, amx.BF16)):
+                return call  # not for AMX: float32
+            return _bf16_conv(call, amx_bf16)
 
     mod = relax.transform.FoldConstant()(mod)  # weights as constants (transposes folded)
     mod = relax.transform.FoldConstant()(rewrite_functions(Rewrite(mod), mod))
     return _conv_inputs_in_bf16(mod)
+
+
+def _bf16_matmul(call, amx_bf16: bool):
+    """bf16_matmul's matmul in bf16 (its rows padded for AMX where the target has AMX-BF16), or None where it stays
+    float32."""
+    from tvm import relax
+
+    x, weight = (relax.op.astype(v, "bfloat16") for v in call.args[:2])
+    rows, extra = _amx_row_padding(call) if amx_bf16 else (0, 0)
+    if rows is None and not _few_rows(call):  # not for AMX: float32
+        return None
+    if not extra:
+        return relax.op.matmul(x, weight, out_dtype="float32")
+    axis = len(static_shape(call)) - 2
+    out = relax.op.matmul(relax.op.nn.pad(x, [0] * (2 * axis) + [0, extra, 0, 0]), weight, out_dtype="float32")
+    return relax.op.strided_slice(out, axes=[axis], begin=[0], end=[rows])
+
+
+def _bf16_conv(call, amx_bf16: bool):
+    """bf16_matmul's conv in bf16, shaped for the bf16 register tile; for AMX (`amx_bf16`) as it is: the tiles pad
+    rows and channels their own way (convs_as_rows, whose crops sink_crops moves below the epilogue; this one's
+    crop would be one more between)."""
+    from tvm import relax
+
+    at = call.attrs
+    (width, extra_rows), (channels, extra_channels) = ((0, 0), (0, 0)) if amx_bf16 else _conv_tile_padding(call)
+    if int(at.groups) > 1:  # per group, by grouped_conv.pad_group_channels
+        extra_channels = 0
+    padding = [int(p) for p in at.padding]
+    padding[3] += extra_rows * int(at.strides[1])
+    x, weight, padding = _shallow_input(*call.args[:2], at, padding)
+    if extra_channels:
+        weight = _pad_axis(weight, str(at.kernel_layout).index("O"), extra_channels)
+    conv = relax.op.nn.conv2d(relax.op.astype(x, "bfloat16"), relax.op.astype(weight, "bfloat16"),
+                              strides=at.strides, padding=padding, dilation=at.dilation, groups=at.groups,
+                              data_layout=at.data_layout, kernel_layout=at.kernel_layout,
+                              out_layout=at.out_layout, out_dtype="float32")
+    sliced = [(str(at.out_layout).index(axis), end) for axis, end, extra in
+              (("W", width, extra_rows), ("C", channels, extra_channels)) if extra]
+    if sliced:
+        axes, ends = zip(*sliced)
+        conv = relax.op.strided_slice(conv, axes=list(axes), begin=[0] * len(axes), end=list(ends))
+    return conv
+
+
+def _amx_row_padding(call) -> tuple[Optional[int], int]:
+    """(rows, zero rows to add) for a matmul x[.., M, K] x constant W[K, N] that AMX's bf16 tiles take, M padded to
+    whole row blocks (a ViT's 197 tokens) in the graph, as mlc.compiler.amx pads bf16 rows; (None, 0) for a matmul
+    they do not take."""
+    from mlc.compiler import amx
+
+    x, weight = (static_shape(a) for a in call.args[:2])
+    if x is None or weight is None or len(weight) != 2 or len(x) < 2:
+        return None, 0
+    (rows, depth), (_, columns) = x[-2:], weight
+    extra = -rows % amx.ROWS
+    fits = depth % amx.BF16.depth == 0 and columns % amx.COLS == 0 \
+        and amx.pays(amx.BF16, math.prod(x) * columns, depth) and rows + extra <= amx.MAX_PADDED_ROWS * rows
+    return (rows, extra) if fits else (None, 0)
+
+
+def _few_rows(call) -> bool:
+    """A matmul of a constant weight and fewer rows than AMX's blocks (a classifier's fully connected layers at batch
+    1), whose time is the weight's bytes, which bf16 halves; or rows known only at run time (a symbolic batch)."""
+    import tvm
+
+    from mlc.compiler import amx
+
+    x = static_shape(call.args[0])
+    return isinstance(call.args[1], tvm.ir.GenericConst) and (x is None or math.prod(x[:-1]) < amx.ROWS)
 
 
 def _bf16_activations(call) -> bool:
@@ -337,20 +397,20 @@ def _out_width_channels(call) -> Optional[tuple[int, int]]:
         return None
 
 
-def _pointwise_matmul(x_rows, weight, height: int, width: int):
-    """out[n, h, w, o] = sum_k x_rows[n, h * width + w, k] * weight[k, o], int32: a 1x1 conv reading its NHWC input as
-    rows (the same memory), so the schedule can merge (h, w) into the one row axis AMX tiles span."""
+def _pointwise_matmul(x_rows, weight, height: int, width: int, out_dtype: str):
+    """out[n, h, w, o] = sum_k x_rows[n, h * width + w, k] * weight[k, o]: a 1x1 conv reading its NHWC input as rows
+    (the same memory), so the schedule can merge (h, w) into the one row axis AMX tiles span."""
     from tvm import te
 
     k = te.reduce_axis((0, x_rows.shape[2]), "k")
     return te.compute((x_rows.shape[0], height, width, weight.shape[1]),
-                      lambda n, h, w, o: te.sum(x_rows[n, h * width + w, k].astype("int32")
-                                                * weight[k, o].astype("int32"), axis=k), name="pointwise_matmul")
+                      lambda n, h, w, o: te.sum(x_rows[n, h * width + w, k].astype(out_dtype)
+                                                * weight[k, o].astype(out_dtype), axis=k), name="pointwise_matmul")
 
 
-def _tap_matmul(phases, weight, height: int, width: int):
+def _tap_matmul(phases, weight, height: int, width: int, out_dtype: str):
     """out[n, h, w, o] = sum_{i, j, k} phases[n, i % s, s * (h * width + w) + (i // s) * s * width + j, k]
-    * weight[i, j, k, o], int32: a KxK conv of stride s over its zero-padded NHWC input of s * width columns, its
+    * weight[i, j, k, o]: a KxK conv of stride s over its zero-padded NHWC input of s * width columns, its
     rows dealt into s phases (input row s * r + q is row r of phase q) and each phase read as rows of pixels. An
     output pixel's taps are then rows a fixed offset after the pixel at s times its own index, so merged (h, w) is a
     row axis AMX tiles span (at a row stride of s pixels), and each tap a shifted dense layer; the columns past the
@@ -362,7 +422,7 @@ def _tap_matmul(phases, weight, height: int, width: int):
     return te.compute((phases.shape[0], height, width, weight.shape[3]),
                       lambda n, h, w, o: te.sum(
                           phases[n, i % stride, stride * (h * width + w) + i // stride * stride * width + j,
-                                 k].astype("int32") * weight[i, j, k, o].astype("int32"), axis=[i, j, k]),
+                                 k].astype(out_dtype) * weight[i, j, k, o].astype(out_dtype), axis=[i, j, k]),
                       name="tap_matmul")
 
 
@@ -378,34 +438,60 @@ def _padded_rows(out_height: int, width: int) -> tuple[int, int]:
 def _tap_output(call) -> tuple[int, int]:
     """A KxK conv's output rows and the least width `_tap_matmul` computes them on: its padded input's columns
     over the stride."""
-    stride, width = int(call.attrs.strides[1]), static_shape(call.args[0])[2]
-    return static_shape(call)[1], -(-(width + int(call.attrs.padding[1]) + int(call.attrs.padding[3])) // stride)
+    at = call.attrs
+    (width,), (height,) = _dims(call.args[0], at.data_layout, "W"), _dims(call, at.out_layout, "H")
+    return height, -(-(width + int(at.padding[1]) + int(at.padding[3])) // int(at.strides[1]))
 
 
-def _amx_conv_dims(call) -> Optional[tuple[int, ...]]:
-    """(n, h, w, c, kh, kw, o) of a uint8 x int8 conv `int8_convs_as_rows` puts on AMX's tiles, else None."""
+def _dims(expr, layout, axes: str) -> list[int]:
+    """`expr`'s static extents along `axes` of its `layout` (a conv's "NHWC", "OIHW", ...)."""
+    shape, layout = static_shape(expr), str(layout)
+    return [shape[layout.index(a)] for a in axes]
+
+
+def _amx_conv_dims(call, target, kind=None):
+    """(kind, (n, h, w, c, kh, kw, o)) of a conv (any plain layout) that `convs_as_rows` puts on the target's AMX
+    tiles once in NHWC: a multiply of `kind` (from its dtypes where None: uint8 x int8 -> int32, bf16 x bf16 ->
+    float32, amx.Kind); else None."""
     from mlc.compiler import amx
 
     at = call.attrs
-    shape, kernel = static_shape(call.args[0]), static_shape(call.args[1])
-    if (str(at.data_layout), str(at.kernel_layout), str(at.out_layout)) != ("NHWC", "HWIO", "NHWC") \
-            or int(at.groups) != 1 or any(int(v) != 1 for v in at.dilation) or shape is None or kernel is None \
-            or (str(call.args[0].ty.dtype), str(call.args[1].ty.dtype)) != ("uint8", "int8") \
-            or len({int(v) for v in at.strides}) != 1:
+    kind = kind or amx.kind_of(*(str(getattr(e.ty, "dtype", "")) for e in (*call.args[:2], call)))
+    if int(at.groups) != 1 or any(int(v) != 1 for v in at.dilation) or len({int(v) for v in at.strides}) != 1 \
+            or any(len(str(layout)) != 4 for layout in (at.data_layout, at.kernel_layout, at.out_layout)) \
+            or None in (static_shape(e) for e in (*call.args[:2], call)) \
+            or kind is None or not amx.has_amx(target, kind):
         return None
-    (n, h, w, c), (kh, kw, _, o) = shape, kernel
-    out_h, out_w = static_shape(call)[1:3]
+    n, h, w, c = _dims(call.args[0], at.data_layout, "NHWC")
+    kh, kw, o = _dims(call.args[1], at.kernel_layout, "HWO")
+    out_h, out_w = _dims(call, at.out_layout, "HW")
     # zero channels to whole tile rows and columns, in the input's padding and the weight's (a constant once
     # FoldConstant has run, as the transposed weight is)
-    depth, columns = c + -c % amx.DEPTH, o + -o % amx.COLS
+    depth, columns = c + -c % kind.depth, o + -o % amx.COLS
     fits = depth <= amx.MAX_PADDED_CHANNELS * c and columns <= amx.MAX_PADDED_CHANNELS * o \
-        and kh * kw * depth >= amx.MIN_DEPTH and n * out_h * out_w * kh * kw * c * o >= amx.MIN_MACS
+        and amx.pays(kind, n * out_h * out_w * kh * kw * c * o, kh * kw * depth)
     if (kh, kw) == (1, 1):
+        rows, width = _pointwise_grid(kind, out_h, out_w)
         fits = fits and not any(int(p) for p in at.padding)
     else:
         rows, width = _padded_rows(*_tap_output(call))
-        fits = fits and rows * width <= amx.MAX_PADDED_ROWS * out_h * out_w
-    return (n, h, w, c, kh, kw, o) if fits else None
+    fits = fits and rows * width <= amx.MAX_PADDED_ROWS * out_h * out_w
+    return (kind, (n, h, w, c, kh, kw, o)) if fits else None
+
+
+def _nhwc(conv) -> bool:
+    """Whether a conv runs in the layout `convs_as_rows` rewrites (schedules.CONV_LAYOUT's)."""
+    at = conv.attrs
+    return (str(at.data_layout), str(at.kernel_layout), str(at.out_layout)) == ("NHWC", "HWIO", "NHWC")
+
+
+def _pointwise_grid(kind, height: int, width: int) -> tuple[int, int]:
+    """The (rows, columns) of pixels a 1x1 conv of this output size is computed on: its own, whose rows an int8
+    kernel pads to whole row blocks itself (pad_einsum); for bf16 `_padded_rows`, zero-padded in the graph and
+    cropped (mlc.compiler.amx: bf16 rows are never padded in the kernel)."""
+    from mlc.compiler import amx
+
+    return (height, width) if kind is amx.INT8 or height * width % amx.ROWS == 0 else _padded_rows(height, width)
 
 
 def _conv_phases(call, n: int, h: int, w: int, c: int, extra: int):
@@ -426,10 +512,10 @@ def _conv_phases(call, n: int, h: int, w: int, c: int, extra: int):
     return relax.op.reshape(dealt, [n, stride, rows * stride * width, c + extra])
 
 
-def int8_convs_as_rows(mod, target):
-    """uint8 x int8 convs (groups 1, NHWC, static) whose channels fit AMX's tiles (zero-padded to whole tile rows
-    and columns where that adds at most amx.MAX_PADDED_CHANNELS, the extra outputs cropped), as dense layers over the
-    image's pixels on targets with AMX (mlc.compiler.amx), which schedule_rules runs on the tiles:
+def convs_as_rows(mod, target):
+    """uint8 x int8 and bf16 convs (groups 1, NHWC, static) whose channels fit AMX's tiles (zero-padded to whole tile
+    rows and columns where that adds at most amx.MAX_PADDED_CHANNELS, the extra outputs cropped), as dense layers over
+    the image's pixels on targets with AMX (mlc.compiler.amx), which schedule_rules runs on the tiles:
     - a 1x1 conv without padding reads its input as rows (`_pointwise_matmul`), a strided one the pixels it reads
       (a copy of a quarter of the image at stride 2);
     - a KxK conv reads its padded input, dealt into one phase per stride, as rows (`_tap_matmul`), computed on
@@ -450,37 +536,40 @@ def int8_convs_as_rows(mod, target):
     class Rewrite(PyExprMutator):
         def visit_call_(self, call):
             call = self.builder_.normalize(super().visit_call_(call))
-            sizes = _amx_conv_dims(call) if call.op.same_as(conv2d) else None
-            if sizes is None:
+            fits = _amx_conv_dims(call, target) if call.op.same_as(conv2d) and _nhwc(call) else None
+            if fits is None:
                 return call
-            (*_, c, kh, kw, o), (x, weight) = sizes, call.args
-            extra, columns = -c % amx.DEPTH, -o % amx.COLS
+            kind, (*_, c, kh, kw, o), (x, weight) = *fits, call.args
+            extra, columns = -c % kind.depth, -o % amx.COLS
             if extra or columns:
                 weight = self.builder_.normalize(relax.op.nn.pad(weight, [0, 0, 0, 0, 0, extra, 0, columns]))
-            out = self.rows(call, x, weight, extra)
+            out = self.rows(call, x, weight, extra, kind)
             out = relax.op.strided_slice(out, axes=[3], begin=[0], end=[o]) if columns else out
-            if (kh, kw) == (1, 1):
+            if (kh, kw) == (1, 1) and static_shape(self.builder_.normalize(out))[1:3] == static_shape(call)[1:3]:
                 return out
             # assume_inbound (it is) marks the crop for sink_crops, which leaves it in a kernel of its own
             return relax.op.strided_slice(out, axes=[1, 2], begin=[0, 0], end=static_shape(call)[1:3],
                                           assume_inbound=True)
 
-        def rows(self, call, x, weight, extra: int):
-            """The conv as `_pointwise_matmul` or `_tap_matmul` on `extra` zero channels (in `weight` already)."""
+        def rows(self, call, x, weight, extra: int, kind):
+            """The conv as `_pointwise_matmul` (on `_pointwise_grid`) or `_tap_matmul` on `extra` zero channels (in
+            `weight` already)."""
             (n, h, w, c), (kh, kw, _, o) = static_shape(x), static_shape(weight)
             if (kh, kw) == (1, 1):
                 strides = [int(v) for v in call.attrs.strides]
                 if strides != [1, 1]:  # the pixels a strided 1x1 conv reads, as an image of its output's size
                     x = self.builder_.normalize(relax.op.strided_slice(x, [1, 2], [0, 0], [h, w], strides))
                     h, w = static_shape(call)[1:3]
-                if extra:
-                    x = self.builder_.normalize(relax.op.nn.pad(x, [0, 0, 0, 0, 0, 0, 0, extra]))
-                rows = self.builder_.normalize(relax.op.reshape(x, [n, h * w, c + extra]))
+                grid = _pointwise_grid(kind, h, w)
+                if extra or grid != (h, w):
+                    x = self.builder_.normalize(relax.op.nn.pad(x, [0, 0, 0, grid[0] - h, 0, grid[1] - w, 0, extra]))
+                rows = self.builder_.normalize(relax.op.reshape(x, [n, math.prod(grid), c + extra]))
                 weight = self.builder_.normalize(relax.op.reshape(weight, [c + extra, o]))
-                return self.builder_.call_te(_pointwise_matmul, rows, weight, h, w, primfunc_name_hint="conv2d_rows")
+                return self.builder_.call_te(_pointwise_matmul, rows, weight, *grid, kind.accumulator,
+                                             primfunc_name_hint="conv2d_rows")
             phases = self.builder_.normalize(_conv_phases(call, n, h, w, c, extra))
             return self.builder_.call_te(_tap_matmul, phases, weight, *_padded_rows(*_tap_output(call)),
-                                         primfunc_name_hint="conv2d_taps")
+                                         kind.accumulator, primfunc_name_hint="conv2d_taps")
 
     return rewrite_functions(Rewrite(mod), mod)
 
@@ -514,7 +603,7 @@ def _use_counts(mod) -> Counter:
 def sink_crops(mod):
     """A strided_slice moved below the elementwise ops it feeds, op(slice(x), c) -> slice(op(x, c)), where the other
     operands do not vary along the sliced axes (a conv's bias, scales, quantisation), so that a conv computed on
-    padding and cropped (`int8_convs_as_rows`, `int8_conv_rows`) keeps its epilogue fused, and the crop copies its
+    padding and cropped (`convs_as_rows`, `int8_conv_rows`) keeps its epilogue fused, and the crop copies its
     narrowest values. Only crops that keep at least half of their input: the ops run on all of it."""
     import tvm
     from tvm import relax
@@ -558,14 +647,15 @@ def sink_crops(mod):
     sunk: list = []
     mod = rewrite_functions(Sink(mod), mod)
     mod = relax.transform.DeadCodeElimination()(mod) if sunk else mod
-    return _crops_apart(mod) if any(gv.name_hint.startswith("conv2d_taps") for gv in mod.functions) else mod
+    return _crops_apart(mod) if any(gv.name_hint.startswith(("conv2d_taps", "conv2d_rows")) for gv in mod.functions) \
+        else mod
 
 
 def _crops_apart(mod):
-    """The crops of tap convs (`int8_convs_as_rows`, marked assume_inbound) as kernels of their own (op_pattern
-    opaque, which FuseOps keeps apart): fused into the conv's kernel, the epilogue read the accumulators through the
-    crop, which no write-back of a 32-row block can take (its rows are no rectangle of pixels), and it ran after
-    the kernel as one scalar loop over 4 bytes per output. Apart, the epilogue is elementwise on the accumulators
+    """The crops of convs computed on padding (`convs_as_rows`, marked assume_inbound) as kernels of their own
+    (op_pattern opaque, which FuseOps keeps apart): fused into the conv's kernel, the epilogue read the accumulators
+    through the crop, which no write-back of a 32-row block can take (its rows are no rectangle of pixels), and it ran
+    after the kernel as one scalar loop over 4 bytes per output. Apart, the epilogue is elementwise on the accumulators
     and the crop copies its narrow output."""
     import tvm
     from tvm import topi

@@ -963,12 +963,28 @@ def _parallelize_spatial(sch, spatial) -> None:
         sch.parallel(fused)
 
 
-def _amx_dense_shape(sch, block, n_spatial: int, row_width=None):
-    """(rows, columns, depth, taps) of a u8 x s8 -> int32 dense layer out[.., M, N] = A[.., M, K] x W[K, N] (taps
-    ()), or of relax_passes._tap_matmul's conv once `_merge_pixel_rows` made its pixels rows of `row_width`
-    (`_tap_rows`: taps (I, J, step, stride)), W constant, of static shape whose columns and depth fit AMX's tiles
-    (amx.COLS, amx.DEPTH), big and deep enough to pay for them (amx.MIN_MACS, amx.MIN_DEPTH over all taps); else
-    None."""
+def _amx_operands(sch, stmt):
+    """(kind, activations, weights) of a block out = A x W whose operand and output dtypes one AMX multiply takes
+    (amx.kind_of: u8 x s8 -> int32, bf16 x bf16 -> float32), W constant; else None."""
+    from mlc.compiler import amx
+
+    output = str(stmt.writes[0].source.dtype)
+    operands = [r for r in stmt.reads if str(r.source.dtype) != output]
+    constant = int8_dot.constant_params(sch)
+    weights = [r for r in operands if any(r.source.same_as(c) for c in constant)]
+    if len(operands) != 2 or len(weights) != 1:
+        return None
+    activations = next(r for r in operands if r is not weights[0])
+    kind = amx.kind_of(str(activations.source.dtype), str(weights[0].source.dtype), output)
+    return None if kind is None else (kind, activations, weights[0])
+
+
+def _amx_dense_shape(sch, block, n_spatial: int, target, row_width=None):
+    """(kind, rows, columns, depth, taps) of a dense layer out[.., M, N] = A[.., M, K] x W[K, N] (taps ()) of a
+    multiply the target's AMX takes (`_amx_operands`), or of relax_passes._tap_matmul's conv once
+    `_merge_pixel_rows` made its pixels rows of `row_width` (`_tap_rows`: taps (I, J, step, stride)), W constant, of
+    static shape whose columns and depth fit AMX's tiles (amx.COLS, Kind.depth), big and deep enough to pay for them
+    (amx.pays); else None."""
     from tvm import tirx
 
     from mlc.compiler import amx
@@ -976,19 +992,16 @@ def _amx_dense_shape(sch, block, n_spatial: int, row_width=None):
     stmt = sch.get(block)
     loops = sch.get_loops(block)
     tap_count = len(loops) - n_spatial - 1
-    if n_spatial < 2 or tap_count not in (0, 1, 2) or not int8_dot._int8_operands(stmt):
+    operands = _amx_operands(sch, stmt) if n_spatial >= 2 and tap_count in (0, 1, 2) else None
+    if operands is None or not amx.has_amx(target, operands[0]):
         return None
+    kind, activations, weights = operands
     rows, columns, *taps, depth = (_extent(sch, loop) for loop in loops[n_spatial - 2:])
-    if None in (rows, columns, depth, *taps) or columns % amx.COLS or depth % amx.DEPTH \
-            or depth * math.prod(taps) < amx.MIN_DEPTH or rows * columns * depth * math.prod(taps) < amx.MIN_MACS:
+    if None in (rows, columns, depth, *taps) or columns % amx.COLS or depth % kind.depth \
+            or not amx.pays(kind, rows * columns * depth * math.prod(taps), depth * math.prod(taps)):
         return None
     i, j, *tap_vars, k = (iv.var for iv in stmt.iter_vars[n_spatial - 2:])
-    operands = [r for r in stmt.reads if str(r.source.dtype) != "int32"]
-    reads = {str(r.source.dtype): r for r in operands}
-    if len(operands) != 2 or set(reads) != {"uint8", "int8"} \
-            or not any(reads["int8"].source.same_as(c) for c in int8_dot.constant_params(sch)):
-        return None
-    a, w = ([x.min for x in reads[t].region] for t in ("uint8", "int8"))
+    a, w = ([x.min for x in r.region] for r in (activations, weights))
     if tap_count == 1:  # a Kx1 or 1xK conv: TE drops the unit reduction axis, its index is 0
         unit = next((d for d in (1, 0) if len(w) == 4 and isinstance(w[d], tirx.IntImm) and w[d].value == 0), None)
         if unit is None:
@@ -996,7 +1009,7 @@ def _amx_dense_shape(sch, block, n_spatial: int, row_width=None):
         tap_vars.insert(unit, w[unit])
         taps.insert(unit, 1)
     if tap_vars:
-        tap_rows = _tap_rows(reads["uint8"], i, tap_vars, taps, row_width)
+        tap_rows = _tap_rows(activations, i, tap_vars, taps, row_width)
         if tap_rows is None:
             return None
         taps.extend(tap_rows)
@@ -1009,7 +1022,7 @@ def _amx_dense_shape(sch, block, n_spatial: int, row_width=None):
     if len(w) != 2 + len(tap_vars) or not all(same(x, v) for x, v in zip(w, [*tap_vars, k, j])) \
             or not a[-1].same_as(k):
         return None
-    return rows, columns, depth, tuple(taps)
+    return kind, rows, columns, depth, tuple(taps)
 
 
 def _tap_rows(activations, i, tap_vars, taps, row_width):
@@ -1036,18 +1049,19 @@ def _tap_rows(activations, i, tap_vars, taps, row_width):
 
 
 def _merge_pixel_rows(sch, block, n_spatial: int) -> tuple[int, Optional[int]]:
-    """relax_passes.int8_convs_as_rows's convs out[.., h, w, o] reading A[.., h * W + w, k] (a 1x1 conv) or
-    A[.., phase, s * (h * W + w) + a tap's offset, k]: the output (an intermediate the epilogue reads) laid out as
-    rows too and (h, w) merged into one row iterator, so the block is a dense layer out[.., h * W + w, o]. Returns its
-    spatial loop count and W (unchanged and None where this does not apply)."""
+    """relax_passes.convs_as_rows's convs out[.., h, w, o] reading A[.., h * W + w, k] (a 1x1 conv) or
+    A[.., phase, s * (h * W + w) + a tap's offset, k]: the output (an intermediate the epilogue reads, or a copy of
+    the kernel's output) laid out as rows too and (h, w) merged into one row iterator, so the block is a dense layer
+    out[.., h * W + w, o]. Returns its spatial loop count and W (unchanged and None where this does not apply)."""
     from tvm import tirx
 
     stmt = sch.get(block)
     if n_spatial < 3 or not stmt.name_hint.startswith(("pointwise_matmul", "tap_matmul")):
         return n_spatial, None
     output = stmt.writes[0].source
-    if any(output.same_as(b) for b in sch.mod["main"].params):  # no epilogue: a parameter stays 4-D
-        return n_spatial, None
+    if any(output.same_as(b) for b in sch.mod["main"].params):  # no epilogue (a densenet conv feeding a concat): the
+        sch.cache_write(block, 0, "global")  # rows written to a buffer of its own, copied out as an epilogue would be
+        output = sch.get(block).writes[0].source
     width = int(output.shape[-2])
     sch.transform_layout(block, ("write", 0), lambda *i: [*i[:-3], i[-3] * width + i[-2], i[-1]])
 
@@ -1069,12 +1083,13 @@ def _schedule_amx_dense(sch, block, n_spatial: int, target) -> bool:
     if not amx.has_amx(target):
         return False
     n_spatial, row_width = _merge_pixel_rows(sch, block, n_spatial)
-    shape = _amx_dense_shape(sch, block, n_spatial, row_width)
+    shape = _amx_dense_shape(sch, block, n_spatial, target, row_width)
     if shape is None:
         return False
-    rows, columns, depth, taps = shape
+    kind, rows, columns, depth, taps = shape
     if rows % amx.ROWS:
-        if taps:  # int8_convs_as_rows pads a conv's rows
+        # convs_as_rows pads a conv's rows, and bf16 rows are padded in the graph (mlc.compiler.amx)
+        if taps or kind is amx.BF16:
             return False
         factors = [1] * (n_spatial + 1)
         factors[n_spatial - 2] = amx.ROWS
@@ -1087,15 +1102,15 @@ def _schedule_amx_dense(sch, block, n_spatial: int, target) -> bool:
     width = next(w for w in amx.WIDTHS if columns % w == 0)
     *outer, i, j = sch.get_loops(block)[:n_spatial]
     reduction = sch.get_loops(block)[n_spatial:]
-    _pack_weights(sch, block, sch.get(block).iter_vars[n_spatial - 1].var, 16, pairs=int8_dot.QUAD)
+    _pack_weights(sch, block, sch.get(block).iter_vars[n_spatial - 1].var, 16, pairs=kind.group)
     io, ii = sch.split(i, factors=[None, amx.ROWS])
     jo, ji = sch.split(j, factors=[None, width])
     sch.reorder(*outer, jo, io, ii, ji, *reduction)
     loops = _TileLoops(head=[*outer, jo, io], serial=[], rows=None, row_loop=None, col_loop=None)
     _parallel_tiles_with_write_back(sch, block, loops, 16)
     init = sch.decompose_reduction(block, ii)
-    sch.tensorize(sch.get_loops(init)[-2], amx.zero_intrinsic(width))
-    sch.tensorize(ii, amx.intrinsic(depth, width, taps))
+    sch.tensorize(sch.get_loops(init)[-2], amx.zero_intrinsic(width, kind))
+    sch.tensorize(ii, amx.intrinsic(depth, width, taps, kind))
     return True
 
 

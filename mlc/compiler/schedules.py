@@ -75,13 +75,13 @@ def _legalize_and_fuse(mod, target, notes: Optional[list[Note]] = None):
 
     from mlc.compiler.grouped_conv import pad_group_channels
     from mlc.compiler.sorting import portable_argsort, portable_topk
-    from mlc.compiler.relax_passes import int8_conv_rows, int8_convs_as_rows, nan_preserving_legalizations, sink_crops
+    from mlc.compiler.relax_passes import int8_conv_rows, convs_as_rows, nan_preserving_legalizations, sink_crops
     from mlc.compiler.unit_reductions import fold_unit_reductions
 
     with target, portable_argsort(target):
         mod = portable_topk(_convert_layout(mod, notes if notes is not None else []), target)
         mod = pad_group_channels(mod, target)  # groups no multiple of the vector: padded to whole vectors
-        mod = sink_crops(int8_conv_rows(int8_convs_as_rows(mod, target), target))
+        mod = sink_crops(int8_conv_rows(convs_as_rows(mod, target), target))
         # relu/clip/max/min that keep NaN first; TVM's LegalizeOps then handles the other ops. Reductions over unit
         # axes (a 1x1 pool) become elementwise blocks, before a rule inlines an epilogue into their init.
         return tvm.transform.Sequential(cpu.library_dispatch_passes(target)

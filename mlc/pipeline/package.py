@@ -122,8 +122,9 @@ def _target_info(preset: targets.Target, recipe: Recipe, precision: str, quantiz
     names no features: without it, a host lacking them would die of SIGILL instead of being told)."""
     info = preset.to_json()
     bf16 = targets.bf16_dot_feature(preset)
-    if precision == "bf16" and not recipe.options.get("emulated") and bf16:  # vdpbf16ps, bfdot
-        info["required_cpu_features"] = list(dict.fromkeys(info["required_cpu_features"] + [bf16]))
+    if precision == "bf16" and not recipe.options.get("emulated") and bf16:  # vdpbf16ps, bfdot; AMX's tdpbf16ps
+        amx = ["amx_tile", "amx_bf16"] if targets.has_amx(preset) else []
+        info["required_cpu_features"] = list(dict.fromkeys(info["required_cpu_features"] + [bf16] + amx))
     int8 = targets.int8_dot_feature(preset)
     if quantized and not recipe.options.get("emulated") and int8:  # vpdpbusd, sdot/udot; AMX's tdpbusd
         amx = ["amx_tile", "amx_int8"] if targets.has_amx(preset) else []

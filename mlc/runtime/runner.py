@@ -375,7 +375,7 @@ def _check_machine(manifest: Mapping[str, Any]) -> None:
         )
 
 
-AMX_FEATURES = ("amx_tile", "amx_int8")
+AMX_FEATURES = ("amx_tile", "amx_int8", "amx_bf16")
 _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158
 
 

@@ -334,7 +334,8 @@ def int8_dot_feature(target: Target) -> str | None:
 
 
 def has_amx(target: Target) -> bool:
-    """Whether the target's CPU has AMX tiles (x86 Sapphire Rapids and later: int8 dense layers run on them)."""
+    """Whether the target's CPU has AMX tiles (x86 Sapphire Rapids and later: int8 and bf16 dense layers and convs
+    run on them)."""
     cpu = _llvm_cpu(target)
     return cpu is not None and not cpu[2] and cpu_features.has(cpu[0], cpu[1], "amx-tile", False)
 
