@@ -90,7 +90,7 @@ def _odd_id(case) -> str:
 def test_odd_group_widths_run_on_whole_vectors(tools, case):
     """A group of 20, 40, 12 or 24 output channels is zero-padded to whole 16-float vectors (32, 48, 16, 32): the
     conv kernel writes groups x padded channels, its tile per group spans the padded width and its vectorized
-    loops are 16 lanes wide (before: 4- or 8-lane vectors, `_narrow_lanes`). Groups of 3 and 8 stay unpadded."""
+    loops are 16 lanes wide (before: 4- or 8-lane vectors, `narrow_lanes`). Groups of 3 and 8 stay unpadded."""
     tvm = tools[0]
     cin, cout, size, kernel, groups, stride, bias = case
     width = cout // groups

@@ -1,6 +1,7 @@
 """--precision bf16/fp16: the accuracy gate (figures, verdicts, exit 3 naming the output) and the target check."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -290,15 +291,18 @@ def test_bf16_conv_the_tile_does_not_fit_runs_on_vdpbf16ps(channels, size, kerne
 
 
 @pytest.mark.parametrize("channels,out_channels,groups,kernel,dot", [
-    (64, 64, 2, 3, True),  # alexnet's group-2 3x3 convs: 32 channels a group
-    (32, 64, 2, 5, True),  # its 5x5 (16 in a group, 32 out)
-    (60, 60, 3, 1, True),  # ShuffleNet's 20 a group: padded to 32 per group (grouped_conv)
-    (64, 64, 8, 3, False)])  # resnext's 8 a group: the narrow tile, no bf16 instruction
+    (64, 64, 2, 3, "zmm"),  # alexnet's group-2 3x3 convs: 32 channels a group
+    (32, 64, 2, 5, "zmm"),  # its 5x5 (16 in a group, 32 out)
+    (60, 60, 3, 1, "zmm"),  # ShuffleNet's 20 a group: padded to 32 per group (grouped_conv)
+    (64, 64, 8, 3, "ymm"),  # resnext's 8 a group: the narrow tile on 8 lanes
+    (128, 128, 32, 3, "xmm"),  # and its 4 a group, on 4
+    (32, 32, 16, 3, None)])  # 2 a group: depthwise-like, float32
 def test_bf16_grouped_conv_runs_per_group_on_vdpbf16ps(channels, out_channels, groups, kernel, dot):
-    """A grouped conv of whole vectors a group (or a group padded to them) runs its bf16 per-group tile on
-    vdpbf16ps (before, grouped convs stayed fp32 in a bf16 build: alexnet's at 2x OpenVINO's bf16); its padding is
-    a copy, not a select in the tile's loads, which tensorize cannot match. The values are within bf16 rounding of
-    numpy's, the narrow groups' too."""
+    """A grouped conv of whole vectors a group (or a group padded to them, or of 8 or 4 channels, on vdpbf16ps's
+    ymm and xmm forms) runs its bf16 per-group tile on vdpbf16ps (before, grouped convs stayed fp32 in a bf16
+    build: alexnet's at 2x OpenVINO's bf16, and resnext's narrow groups until the ymm/xmm forms); its padding is a
+    copy, not a select in the tile's loads, which tensorize cannot match. The values are within bf16 rounding of
+    numpy's."""
     tvm = pytest.importorskip("tvm")
     from tvm import relax
 
@@ -320,7 +324,8 @@ def test_bf16_grouped_conv_runs_per_group_on_vdpbf16ps(channels, out_channels, g
     target = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4", "num-cores": 1}
     executable, report = schedules.build(relax_passes.convert_layout(mod, {}, None), target, None, True, [])
     assert not report["unscheduled"], report
-    assert ("vdpbf16ps" in executable.mod.imports[0].inspect_source("asm")) is dot
+    registers = set(re.findall(r"vdpbf16ps\s+[^,]*%([xyz]mm)", executable.mod.imports[0].inspect_source("asm")))
+    assert registers == ({dot} if dot else set())
     if not targets.has_bf16_dot(targets.resolve("x86")):
         return
     feed = rng.standard_normal((1, channels, size, size)).astype(np.float32)

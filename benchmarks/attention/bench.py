@@ -13,8 +13,9 @@ AVX512-BF16), interleaved call by call in one process (the order rotated each ro
 "before" is the same tree built with `--disable-pass pad_attention`, or with `--before-tree DIR` the mlc of another
 commit (a git worktree: `git worktree add DIR COMMIT`), built with the same flags. Rows: the list's ViTs, compiled
 with the list's flags, and "attention-197": deit_tiny's attention alone (3 heads, 197 tokens, depth 64, 12 in a
-chain). Each row: p50 ms per build and the median (p10-p90) of per-round ratios, after / before and mlc / OpenVINO
-at the same precision (below 1: mlc faster)."""
+chain). `--models` takes other labels of the broad list (`benchmarks/grouped-conv`: resnext50_32x4d). Each row: p50
+ms per build and the median (p10-p90) of per-round ratios, after / before and mlc / OpenVINO at the same precision
+(below 1: mlc faster)."""
 
 from __future__ import annotations
 
@@ -94,6 +95,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--broad", type=Path, required=True, help="model_set.py's --work folder of the broad list")
+    parser.add_argument("--models", default=",".join(("attention-197", *VITS)),
+                        help="comma-separated: attention-197 and labels of the broad list")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--before-tree", type=lambda p: Path(p).resolve(),
@@ -110,14 +113,14 @@ def main() -> None:
     if args.before_tree is not None:
         doc["before_commit"] = subprocess.run(["git", "-C", str(args.before_tree), "rev-parse", "--short", "HEAD"],
                                               capture_output=True, text=True).stdout.strip()
-    for name in ("attention-197", *VITS):
-        folder = args.work.resolve() / name
+    for name in args.models.split(","):
+        folder = args.work.resolve() / name.replace(" ", "-")
         folder.mkdir(parents=True, exist_ok=True)
-        if name in VITS:
-            source, flags = args.broad.resolve() / name / "model.onnx", BROAD[name][2]
-        else:
+        if name == "attention-197":
             source, flags = folder / "model.onnx", []
             onnx.save(attention_model(), source)
+        else:
+            source, flags = args.broad.resolve() / name.replace(" ", "-") / "model.onnx", BROAD[name][2]
         builds = build(source, flags, folder, args.before_tree)
         for threads in map(int, args.threads.split(",")):
             load_start = load_average()

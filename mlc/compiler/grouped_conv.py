@@ -2,7 +2,7 @@
 to a whole number of vectors, then the padding sliced off.
 
 ShuffleNet v1's reduce convs (3 groups of 20 or 40 output channels) ran their per-group register tile
-(schedule_rules `_split_groups`) on 4- or 8-lane vectors (`_narrow_lanes`: the widest that divides the group),
+(schedule_rules `_split_groups`) on 4- or 8-lane vectors (`narrow_lanes`: the widest that divides the group),
 ~60 GFLOP/s and 0.41x ONNX Runtime's kernel speed. Here the weight gets zero output channels appended to every group
 (20 -> 32, 40 -> 48; a constant, folded at compile time), so the tile runs on full vectors; one injective op drops
 the padding, and FuseOps puts it, with the conv's bias and ReLU, into the kernel that follows (ShuffleNet's channel

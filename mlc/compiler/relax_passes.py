@@ -151,7 +151,7 @@ def gpu_bf16(mod):
 
 
 def bf16_matmul(mod, config: dict, target):
-    """matmul (dense, batch matmul) and conv2d (groups 1, or groups of whole vectors: `_bf16_groups`) with a
+    """matmul (dense, batch matmul) and conv2d (groups 1, or groups the bf16 tile fits: `_bf16_groups`) with a
     constant weight on float32 -> bf16 inputs and weights with a float32 result: the kernels accumulate in float32
     (mlc's CPU schedule runs them on AVX512-BF16's vdpbf16ps), and everything else (normalisations, softmax,
     reductions, elementwise, and matmuls of two activations that the bf16 tile does not fit: `_bf16_activations`)
@@ -348,9 +348,11 @@ def _target_lanes() -> int:
 
 def _bf16_groups(call) -> bool:
     """A grouped conv the bf16 register tile runs per group (schedule_rules `_split_groups`): an even depth per
-    group (vdpbf16ps's pairs) and a group of whole vectors, or one grouped_conv pads to them; not depthwise-like
-    convs (a few channels a group), whose narrow tile has no bf16 instruction."""
+    group (vdpbf16ps's pairs) and a group of whole vectors, or one grouped_conv pads to them, or (x86) of a narrower
+    vector vdpbf16ps also has (ymm/xmm: resnext's groups of 8 and 4 channels); not depthwise-like convs (fewer
+    channels a group), whose tile has no bf16 instruction."""
     from mlc.compiler.grouped_conv import padded_group_width
+    from mlc.compiler.schedule_rules import narrow_lanes
 
     weight, at = call.args[1], call.attrs
     layout, groups = str(at.kernel_layout), int(at.groups)
@@ -360,7 +362,9 @@ def _bf16_groups(call) -> bool:
         return False
     lanes = _target_lanes()
     width = channels // groups
-    return depth % 2 == 0 and channels % groups == 0 and (width % lanes == 0 or padded_group_width(width, lanes))
+    narrow = lanes == 16 and narrow_lanes(width, lanes) is not None  # vdpbf16ps on 8 or 4 lanes (ARM: 4 only)
+    return depth % 2 == 0 and channels % groups == 0 and (width % lanes == 0 or padded_group_width(width, lanes)
+                                                          or narrow)
 
 
 def _conv_tile_padding(call) -> tuple[tuple[int, int], tuple[int, int]]:

@@ -131,7 +131,7 @@ def _vector_rows(sch, loops, lanes: int):
     if len(loops) < 2 or last < lanes or last % lanes == 0:
         return None
     rows = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
-    width = _narrow_lanes(last, lanes)
+    width = narrow_lanes(last, lanes)
     if width is not None:
         _, inner = sch.split(loops[-1], factors=[None, width])
         sch.vectorize(inner)
@@ -529,7 +529,7 @@ def _schedule_padding(sch, pad, lanes: int, columns) -> None:
         sch.parallel(sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0])
 
 
-def _narrow_lanes(j_extent, lanes: int):
+def narrow_lanes(j_extent, lanes: int):
     """A narrower vector (8 or 4 floats) that divides a J no multiple of `lanes`, e.g. ghostnet's 12-, 36- and
     72-channel convs (J is padded only in einsum blocks; a conv's predicated J tail made LLVM emit scalar code,
     and a J below `lanes` was not vectorized at all); None when none divides it."""
@@ -543,9 +543,9 @@ PAD_NARROW_WIDTHS = True
 
 
 def no_vector_fits(j_extent: int, lanes: int) -> bool:
-    """A static J of more than half a vector that neither `lanes` nor a narrower vector (`_narrow_lanes`) divides:
+    """A static J of more than half a vector that neither `lanes` nor a narrower vector (`narrow_lanes`) divides:
     its kernels run a predicated tail, which LLVM emits as scalar code, unless J is padded to whole vectors."""
-    return bool(j_extent % lanes) and j_extent > lanes // 2 and _narrow_lanes(j_extent, lanes) is None
+    return bool(j_extent % lanes) and j_extent > lanes // 2 and narrow_lanes(j_extent, lanes) is None
 
 
 def _pads_width(j_extent: int, lanes: int) -> bool:
@@ -588,18 +588,23 @@ def _panels_per_block(n_panels, depth, width: int) -> int:
     return _divisor_at_most(n_panels, fit) if fit > 1 else 1
 
 
-# C[lanes] (fp32) += A[2] (bf16) . B[lanes, 2] (bf16), one instruction: lanes -> (intrinsic, LLVM function, the
-# instruction's LLVM intrinsic, the target feature). AVX512-BF16's vdpbf16ps (16 lanes), ARM BF16's bfdot (4 lanes,
-# Neoverse V1/V2: Graviton 3/4): each adds to every fp32 lane the products of a pair of bf16 values broadcast from A
-# with that lane's pair of B.
-BF16_DOTS = {16: ("mlc_bf16_dot_16x2", "mlc_dpbf16ps", "llvm.x86.avx512bf16.dpbf16ps.512", "avx512bf16"),
-             4: ("mlc_bf16_dot_4x2", "mlc_bfdot", "llvm.aarch64.neon.bfdot.v4f32.v8bf16", "bf16")}
+# C[lanes] (fp32) += A[2] (bf16) . B[lanes, 2] (bf16), one instruction: (lanes, aarch64) -> (intrinsic, LLVM
+# function, the instruction's LLVM intrinsic, the target feature). AVX512-BF16's vdpbf16ps (16 lanes; 8 and 4 on
+# ymm/xmm, for the narrow tiles of groups of 8 or 4 channels: resnext's), ARM BF16's bfdot (4 lanes, Neoverse
+# V1/V2: Graviton 3/4): each adds to every fp32 lane the products of a pair of bf16 values broadcast from A with
+# that lane's pair of B.
+BF16_DOTS = {(16, False): ("mlc_bf16_dot_16x2", "mlc_dpbf16ps", "llvm.x86.avx512bf16.dpbf16ps.512", "avx512bf16"),
+             (8, False): ("mlc_bf16_dot_8x2", "mlc_dpbf16ps_8", "llvm.x86.avx512bf16.dpbf16ps.256", "avx512bf16"),
+             (4, False): ("mlc_bf16_dot_4x2_x86", "mlc_dpbf16ps_4", "llvm.x86.avx512bf16.dpbf16ps.128",
+                          "avx512bf16"),
+             (4, True): ("mlc_bf16_dot_4x2", "mlc_bfdot", "llvm.aarch64.neon.bfdot.v4f32.v8bf16", "bf16")}
 
 
-def bf16_dot_llvm(lanes: int) -> str:
-    """The instruction with bfloat operands, in LLVM IR: a kernel using the intrinsic imports it
-    (pragma_import_llvm). TVM's LLVM codegen has no bfloat type, so the kernel passes bf16 bits as integers."""
-    _, function, instruction, _ = BF16_DOTS[lanes]
+def bf16_dot_llvm(dot: tuple) -> str:
+    """The instruction of BF16_DOTS key `dot` with bfloat operands, in LLVM IR: a kernel using the intrinsic imports
+    it (pragma_import_llvm). TVM's LLVM codegen has no bfloat type, so the kernel passes bf16 bits as integers."""
+    lanes = dot[0]
+    _, function, instruction, _ = BF16_DOTS[dot]
     return f"""
 define linkonce_odr <{lanes} x float> @{function}(<{lanes} x float> %c, i32 %a, <{2 * lanes} x i16> %b) alwaysinline {{
   %one = insertelement <{lanes} x i32> poison, i32 %a, i64 0
@@ -614,13 +619,14 @@ declare <{lanes} x float> @{instruction}(<{lanes} x float>, <{2 * lanes} x bfloa
 """
 
 
-def _bf16_intrinsic(lanes: int) -> str:
-    """Register the bf16 dot-product tensor intrinsic of `lanes` fp32 lanes (TVM 0.27 ships none); weights packed
+def _bf16_intrinsic(dot: tuple) -> str:
+    """Register the bf16 dot-product tensor intrinsic of BF16_DOTS key `dot` (TVM 0.27 ships none); weights packed
     [.., K/2, lanes, 2]."""
     from tvm.s_tir import TensorIntrin
     from tvm.script import tirx as T
 
-    name, function, _, _ = BF16_DOTS[lanes]
+    lanes = dot[0]
+    name, function, _, _ = BF16_DOTS[dot]
     if TensorIntrin.get(name, allow_missing=True) is not None:
         return name
     vector = f"float32x{lanes}"
@@ -660,26 +666,25 @@ def _bf16_intrinsic(lanes: int) -> str:
     return name
 
 
-def _bf16_dot_block(sch, block, reduction, lanes: int, target) -> bool:
-    """Whether a register-tile block can run on a bf16 dot-product instruction: fp32 output from two bf16 operands,
-    an even innermost reduction, and a target with vdpbf16ps at 16 lanes or bfdot at 4 (an --emulated build has
-    neither: plain casts there)."""
+def _bf16_dot_block(sch, block, reduction, lanes: int, target) -> Optional[tuple]:
+    """The BF16_DOTS key of the instruction a register-tile block of `lanes` can run on: fp32 output from two bf16
+    operands, an even innermost reduction, and a target with vdpbf16ps (16, 8 or 4 lanes) or bfdot (4); None where
+    it cannot (an --emulated build has neither: plain casts there)."""
     from tvm.target import codegen
 
     stmt = sch.get(block)
-    if lanes not in BF16_DOTS or str(stmt.writes[0].source.dtype) != "float32" or len(stmt.reads) < 2:
-        return False
+    dot = (lanes, "aarch64" in str(target.attrs.get("mtriple", "")))  # bfdot is ARM's, vdpbf16ps x86's
+    if dot not in BF16_DOTS or str(stmt.writes[0].source.dtype) != "float32" or len(stmt.reads) < 2:
+        return None
     if sum(str(r.source.dtype) == "bfloat16" for r in stmt.reads) < 2:
-        return False
-    if (lanes == 4) != ("aarch64" in str(target.attrs.get("mtriple", ""))):  # bfdot is ARM's, vdpbf16ps x86's
-        return False
+        return None
     depth = _extent(sch, reduction[-1])
     if depth is None or depth % 2:
-        return False
+        return None
     try:
-        return bool(codegen.target_has_features(BF16_DOTS[lanes][3], target))
+        return dot if codegen.target_has_features(BF16_DOTS[dot][3], target) else None
     except Exception:  # not an LLVM target of that architecture
-        return False
+        return None
 
 
 @dataclass
@@ -855,13 +860,13 @@ def _annotate_symbolic_tails(sch, block, loops: _TileLoops, plan: _TilePlan, row
         sch.annotate(loops.col_loop, ROW_COUNT, columns.name)
 
 
-def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf16: bool = False,
+def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf16: Optional[tuple] = None,
                             int8: bool = False, registers=None, columns=None, row_count=None,
                             padded_rows: bool = False) -> None:
     """out[M, J] += ... with J contiguous: a (rows x vectors) accumulator tile in registers,
     the reduction loops around it, blocks of J tiles outermost so their weight slices stay in
     cache while the rows stream past (each row tile visits the block's tiles in turn), epilogue
-    applied on the tile."""
+    applied on the tile. `bf16`: the BF16_DOTS key of the tile's instruction."""
     plan = _plan_tile(sch, spatial, reduction, lanes, bf16, int8, registers, columns)
     if row_count is None:  # (else the row count before `_pad_symbolic_width` padded it)
         row_count = sch.get(spatial[-2]).extent if len(spatial) > 1 else None
@@ -890,8 +895,8 @@ def _schedule_register_tile(sch, block, spatial, reduction, last, lanes: int, bf
     _annotate_symbolic_tails(sch, block, loops, plan, row_count, columns)
     # The dot-product tiles must have no predicate (TVM 0.27's tensorize rejects one): rows padded by `_pad_width`
     if bf16:
-        sch.tensorize(ji, _bf16_intrinsic(lanes))
-        sch.annotate(tile, "pragma_import_llvm", bf16_dot_llvm(lanes))
+        sch.tensorize(ji, _bf16_intrinsic(bf16))
+        sch.annotate(tile, "pragma_import_llvm", bf16_dot_llvm(bf16))
     if int8:
         sch.tensorize(ji, int8_dot.vnni_intrinsic())
 
@@ -921,7 +926,7 @@ def _schedule_static_width_tile(sch, block, n_spatial: int, spatial, reduction, 
     if _pad_rows(sch, block, spatial, len(reduction), j_extent, lanes):
         spatial, reduction = _loops_of(sch, block, n_spatial)
         last = sch.get(block).iter_vars[n_spatial - 1].var
-    bf16 = target is not None and _bf16_dot_block(sch, block, reduction, lanes, target)
+    bf16 = target is not None and _bf16_dot_block(sch, block, reduction, lanes, target) or None
     int8 = int8 and int8_dot.depth_padding(sch, reduction) == 1
     padded = len(spatial) > 1 and _extent(sch, spatial[-2]) != rows_before
     _schedule_register_tile(sch, block, spatial, reduction, last, lanes, bf16, int8, padded_rows=padded)
@@ -1142,9 +1147,10 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None, def
             _schedule_register_tile(sch, block, spatial, reduction, sch.get(block).iter_vars[n_spatial - 1].var,
                                     lanes, columns=columns, row_count=row_count)
             return
-    narrow = _narrow_lanes(j_extent, lanes) if contiguous else None
+    narrow = narrow_lanes(j_extent, lanes) if contiguous else None
     if narrow is not None:
-        _schedule_register_tile(sch, block, spatial, reduction, last, narrow, registers=_registers(lanes))
+        bf16 = target is not None and _bf16_dot_block(sch, block, reduction, narrow, target) or None
+        _schedule_register_tile(sch, block, spatial, reduction, last, narrow, bf16, registers=_registers(lanes))
         return
     if j_extent is not None and j_extent >= lanes and contiguous:
         _schedule_vector_rows(sch, block, spatial, reduction, lanes)
@@ -1300,7 +1306,7 @@ def _finish_partial_sums(sch, block, rows: int, lanes: int) -> None:
     except Exception:  # not movable: the consumer keeps its own loops (a pass of its own)
         return
     inner = sch.get_loops(consumer)[-1]
-    width = _narrow_lanes(_extent(sch, inner), lanes)
+    width = narrow_lanes(_extent(sch, inner), lanes)
     if width is not None:
         _, vec = sch.split(inner, factors=[None, width])
         sch.vectorize(vec)
