@@ -16,11 +16,11 @@ INSTRUCTIONS = {"int8": ("tdpbusd", "vpdpbusd"), "bf16": ("tdpbf16ps", "vdpbf16p
 
 
 def _operands(rng, x_shape, w_shape, precision: str):
-    """(activations, weight, the weight as float64, the activations' dtype in the graph): uint8 x int8, or float32
-    activations (cast to bf16 in the graph, as bf16_matmul does) x a bf16 weight."""
+    """(activations, weight, the weight as float64, the accumulator's dtype): uint8 x int8 -> int32, or float32
+    activations (cast to bf16 in the graph, as bf16_matmul does) x a bf16 weight -> float32."""
     if precision == "int8":
         weight = rng.integers(-128, 128, w_shape).astype(np.int8)
-        return rng.integers(0, 256, x_shape).astype(np.uint8), weight, weight.astype(np.float64), "uint8"
+        return rng.integers(0, 256, x_shape).astype(np.uint8), weight, weight.astype(np.float64), "int32"
     import ml_dtypes
 
     weight = rng.standard_normal(w_shape).astype(ml_dtypes.bfloat16)
@@ -62,8 +62,7 @@ def _dense(rows: int, depth: int, columns: int, target: dict, seed: int = 0, pre
     from tvm import relax
 
     rng = np.random.default_rng(seed)
-    x, weight, weight64, _ = _operands(rng, (1, rows, depth), (depth, columns), precision)
-    accumulator = "int32" if precision == "int8" else "float32"
+    x, weight, weight64, accumulator = _operands(rng, (1, rows, depth), (depth, columns), precision)
     shift = rng.integers(-1000, 1000, columns).astype(accumulator)
     executable, _ = _build(x, lambda v: relax.op.matmul(v, relax.const(weight), out_dtype=accumulator), shift,
                            target, precision)
@@ -157,8 +156,7 @@ def _conv(height: int, width: int, channels: int, out: int, stride: int, target:
 
     (kh, kw), (ph, pw) = (v if isinstance(v, tuple) else (v, v) for v in (kernel, padding))
     rng = np.random.default_rng(1)
-    x, weight, weight64, _ = _operands(rng, (1, height, width, channels), (kh, kw, channels, out), precision)
-    accumulator = "int32" if precision == "int8" else "float32"
+    x, weight, weight64, accumulator = _operands(rng, (1, height, width, channels), (kh, kw, channels, out), precision)
     shift = rng.integers(-1000, 1000, out).astype(accumulator)
     executable, report = _build(
         x, lambda v: relax.op.nn.conv2d(v, relax.const(weight), strides=stride, padding=[ph, pw, ph, pw],

@@ -669,9 +669,11 @@ def _bf16_intrinsic(dot: tuple) -> str:
 def _bf16_dot_block(sch, block, reduction, lanes: int, target) -> Optional[tuple]:
     """The BF16_DOTS key of the instruction a register-tile block of `lanes` can run on: fp32 output from two bf16
     operands, an even innermost reduction, and a target with vdpbf16ps (16, 8 or 4 lanes) or bfdot (4); None where
-    it cannot (an --emulated build has neither: plain casts there)."""
+    it cannot (no target, or an --emulated build, which has neither: plain casts there)."""
     from tvm.target import codegen
 
+    if target is None:
+        return None
     stmt = sch.get(block)
     dot = (lanes, "aarch64" in str(target.attrs.get("mtriple", "")))  # bfdot is ARM's, vdpbf16ps x86's
     if dot not in BF16_DOTS or str(stmt.writes[0].source.dtype) != "float32" or len(stmt.reads) < 2:
@@ -913,7 +915,7 @@ def _dot_product_depth(sch, block, reduction, lanes: int, target, contiguous: bo
     int8 = target is not None and contiguous and int8_dot.vnni_dot_block(sch, block, target, lanes)
     depth = int8_dot.depth_padding(sch, reduction) if int8 else 0
     int8 = int8 and depth > 0
-    if target is not None and contiguous and not int8 and _bf16_dot_block(sch, block, reduction, lanes, target):
+    if contiguous and not int8 and _bf16_dot_block(sch, block, reduction, lanes, target):
         depth = 1  # vdpbf16ps: rows padded (an odd depth has no bf16 tile)
     return int8, depth
 
@@ -926,7 +928,7 @@ def _schedule_static_width_tile(sch, block, n_spatial: int, spatial, reduction, 
     if _pad_rows(sch, block, spatial, len(reduction), j_extent, lanes):
         spatial, reduction = _loops_of(sch, block, n_spatial)
         last = sch.get(block).iter_vars[n_spatial - 1].var
-    bf16 = target is not None and _bf16_dot_block(sch, block, reduction, lanes, target) or None
+    bf16 = _bf16_dot_block(sch, block, reduction, lanes, target)
     int8 = int8 and int8_dot.depth_padding(sch, reduction) == 1
     padded = len(spatial) > 1 and _extent(sch, spatial[-2]) != rows_before
     _schedule_register_tile(sch, block, spatial, reduction, last, lanes, bf16, int8, padded_rows=padded)
@@ -1149,7 +1151,7 @@ def _schedule_reduction(sch, block, n_spatial: int, lanes: int, target=None, def
             return
     narrow = narrow_lanes(j_extent, lanes) if contiguous else None
     if narrow is not None:
-        bf16 = target is not None and _bf16_dot_block(sch, block, reduction, narrow, target) or None
+        bf16 = _bf16_dot_block(sch, block, reduction, narrow, target)
         _schedule_register_tile(sch, block, spatial, reduction, last, narrow, bf16, registers=_registers(lanes))
         return
     if j_extent is not None and j_extent >= lanes and contiguous:
