@@ -204,3 +204,40 @@ def gpt2_kv_inputs(past: int, seq: int = 1, batch: int = 1, seed: int = 0) -> di
             feeds[f"past_{kind}_{layer}"] = rng.standard_normal(
                 (batch, GPT2_KV_HEADS, past, GPT2_KV_HEAD_DIM)).astype(np.float32)
     return feeds
+
+
+WORDS = ["cat", "dog", "bird", "fish"]  # string_model_onnx's vocabulary
+LABELS = ["low", "high"]
+
+
+def string_model_onnx(path: Path, sandwich: bool = False) -> Path:
+    """A text classifier as sklearn-onnx or a tokenizer export writes them: words -> ids (LabelEncoder, a string op),
+    then numbers (an embedding, a dense layer, ArgMax), then the class id -> its label (LabelEncoder again) beside the
+    scores. `sandwich`: a string op between two numeric parts (the label re-read as a number)."""
+    rng = np.random.default_rng(0)
+    table = numpy_helper.from_array(rng.standard_normal((len(WORDS) + 1, 8)).astype(np.float32), "table")
+    dense = numpy_helper.from_array(rng.standard_normal((8, len(LABELS))).astype(np.float32), "dense")
+    one = numpy_helper.from_array(np.array(1, np.int64), "one")
+    nodes = [
+        helper.make_node("LabelEncoder", ["words"], ["ids"], domain="ai.onnx.ml", keys_strings=WORDS,
+                         values_int64s=list(range(len(WORDS))), default_int64=-1),
+        helper.make_node("Add", ["ids", "one"], ["rows"]),  # unknown words (-1) read row 0
+        helper.make_node("Gather", ["table", "rows"], ["vectors"]),
+        helper.make_node("MatMul", ["vectors", "dense"], ["scores"]),
+        helper.make_node("ArgMax", ["scores"], ["class"], axis=1, keepdims=0),
+        helper.make_node("LabelEncoder", ["class"], ["label"], domain="ai.onnx.ml", keys_int64s=[0, 1],
+                         values_strings=LABELS, default_string="?"),
+    ]
+    outputs = [helper.make_tensor_value_info("label", TensorProto.STRING, ["n"]),
+               helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["n", len(LABELS)])]
+    if sandwich:
+        nodes.append(helper.make_node("LabelEncoder", ["label"], ["again"], domain="ai.onnx.ml",
+                                      keys_strings=LABELS, values_floats=[0.0, 1.0]))
+        nodes.append(helper.make_node("Neg", ["again"], ["negated"]))
+        outputs.append(helper.make_tensor_value_info("negated", TensorProto.FLOAT, ["n"]))
+    graph = helper.make_graph(nodes, "text_classifier",
+                              [helper.make_tensor_value_info("words", TensorProto.STRING, ["n"])],
+                              outputs, [table, dense, one])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), path)
+    return path

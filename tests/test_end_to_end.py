@@ -127,7 +127,7 @@ def test_zoo_models_compile_and_pass(tmp_path):
 
 def test_manifest_records_what_the_issue_asks(mlp_artifact, mlp_model):
     manifest = json.loads((mlp_artifact / "manifest.json").read_text())
-    assert manifest["schema_version"] == 4
+    assert manifest["schema_version"] == 5
     assert manifest["tvm_version"].startswith("0.27")
     assert manifest["target"]["tvm"]["kind"] == "llvm" and manifest["target"]["tvm"]["num-cores"] >= 1
     from mlc.runtime.runner import sha256_file

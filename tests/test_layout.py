@@ -170,10 +170,10 @@ def test_only_the_compiler_imports_tvm():
 
 # What the thin runtime (copied into artifacts, run where only numpy and apache-tvm-ffi are installed) may import.
 # ml_dtypes: optional (bf16 arrays where installed); mlc_compare, mlc_gate: mlc.check's modules an artifact ships
-# beside the runtime for `run.py --check`.
+# beside the runtime for `run.py --check`; mlc_host_ops: mlc.runtime.host_ops, shipped by artifacts with string ops.
 _RUNTIME_IMPORTS = {"numpy", "tvm_ffi", "mlc_runtime", "__future__", "argparse", "ctypes", "hashlib", "importlib",
-                    "json", "math", "os", "platform", "shutil", "subprocess", "sys", "tempfile", "time", "pathlib",
-                    "typing", "zipfile", "mlc", "ml_dtypes", "mlc_compare", "mlc_gate"}
+                    "json", "math", "os", "platform", "re", "shutil", "subprocess", "sys", "tempfile", "time",
+                    "pathlib", "typing", "zipfile", "mlc", "ml_dtypes", "mlc_compare", "mlc_gate", "mlc_host_ops"}
 
 
 def _init_files() -> list[Path]:

@@ -144,6 +144,28 @@ def test_run_py_check_in_thin_venv_judges_against_the_reference(thin_python, mlp
     assert "check FAILED for y" in proc.stdout and "Traceback" not in proc.stderr
 
 
+def test_a_string_model_runs_and_checks_in_thin_venv(thin_python, tmp_path):
+    """The host's string ops ship with the artifact (runtime/mlc_host_ops.py): run.py --check passes on new words
+    without mlc or onnx, and fails naming the label output once its reference strings are wrong."""
+    import mlc.api as api
+    from helpers import reseal, string_model_onnx
+
+    art = api.compile(str(string_model_onnx(tmp_path / "text.onnx")), target="x86", output=tmp_path / "art").path
+    np.savez(tmp_path / "words.npz", words=np.array(["fish", "zebra", "cat"]))
+    proc = subprocess.run([thin_python, art / "run.py", "-i", tmp_path / "words.npz", "-o", tmp_path / "out.npz"],
+                          capture_output=True, text=True, env=thin_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert np.load(tmp_path / "out.npz")["label"].shape == (3,)
+    reference = dict(np.load(art / "reference/outputs.npz"))
+    reference["label"] = np.array(["nonsense"] * reference["label"].size)
+    np.savez(art / "reference/outputs.npz", **reference)
+    reseal(art)
+    proc = subprocess.run([thin_python, art / "run.py", "--check", "--repeat", "0"], capture_output=True,
+                          text=True, env=thin_env(), cwd=tmp_path)
+    assert proc.returncode == 3, (proc.stdout, proc.stderr)
+    assert "check FAILED for label" in proc.stdout and "Traceback" not in proc.stderr
+
+
 def test_runner_closes_what_it_loaded_once_and_refuses_to_run_after(tmp_path):
     """close() (or the end of a `with` block) drops the VM and the weights: their file is no longer mapped. (The
     library's code stays: its shared object is never unloaded.)"""

@@ -141,6 +141,18 @@ class BucketInfo(_Strict):
     checks: list[BucketCheck] = Field(default_factory=list)
 
 
+class HostInfo(_Strict):
+    """String ops the runtime runs on the host before and after the compiled part (mlc.runtime.host_ops): TVM
+    compiles numbers only. The manifest's inputs and outputs are then the model's, and these the compiled part's."""
+
+    module: str  # the artifact's copy of mlc.runtime.host_ops
+    before: list[dict[str, Any]]
+    after: list[dict[str, Any]]
+    constants: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    core_inputs: list[TensorSpec]
+    core_outputs: list[TensorSpec]
+
+
 class Manifest(_Strict):
     schema_version: int = SCHEMA_VERSION
     mlc_version: str
@@ -168,3 +180,4 @@ class Manifest(_Strict):
     frozen: dict[str, dict[str, Any]] = Field(default_factory=dict)
     # --quantize: mode, calibration (source, count), the ops quantised and those kept fp32 (mlc.passes.quantize)
     quantization: Optional[dict[str, Any]] = None
+    host: Optional[HostInfo] = None  # string ops run on the host (schema 5)

@@ -120,6 +120,13 @@ def compare_one(name: str, reference: np.ndarray, actual: np.ndarray, tol: Toler
     if reference.size == 0:
         return OutputStats(name, str(reference.dtype), list(reference.shape), tol.atol, tol.rtol,
                            0.0, 0.0, 1.0, 0.0, 0, True)
+    if reference.dtype.kind in "UOS":  # strings: equal or not
+        if actual.dtype.kind not in "UOS":
+            return failed(f"dtype {actual.dtype} differs from reference (strings)")
+        mismatches = int(np.count_nonzero(reference.astype(str) != actual.astype(str)))
+        return OutputStats(name, "string", list(reference.shape), 0.0, 0.0, 0.0, 0.0, 1.0,
+                           mismatches / reference.size, 0, mismatches == 0,
+                           "" if mismatches == 0 else f"{mismatches} of {reference.size} strings differ")
     ref = reference.astype(np.float64)
     act = actual.astype(np.float64)
     if np.isnan(ref).all():

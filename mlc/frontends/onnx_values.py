@@ -34,7 +34,8 @@ def is_empty_sequence(key: str) -> bool:
 
 
 def refuse_strings(model: onnx.ModelProto) -> None:
-    """A string graph input or output is a one-line error: TVM has no string type (its import fails on dtype
+    """A string graph input or output is a one-line error where mlc.pipeline.strings does not split the string ops
+    off (every command but `mlc compile` of an ONNX file): TVM has no string type (its import fails on dtype
     `object`)."""
     for kind, values in (("input", model.graph.input), ("output", model.graph.output)):
         for value in values:
@@ -43,7 +44,9 @@ def refuse_strings(model: onnx.ModelProto) -> None:
                 type_ = getattr(type_, type_.WhichOneof("value")).elem_type
             if type_.WhichOneof("value") == "tensor_type" and type_.tensor_type.elem_type == TensorProto.STRING:
                 raise UnsupportedModelError(f"{kind} '{value.name}' holds strings, and TVM compiles numbers only: "
-                                            "keep the string processing (tokenizer, label encoding) outside the model")
+                                            "`mlc compile MODEL.onnx` runs an ONNX model's string ops on the host "
+                                            "around the compiled part; other commands, and framework models, take "
+                                            "numeric models only")
 
 
 def non_tensor(values) -> list[onnx.ValueInfoProto]:

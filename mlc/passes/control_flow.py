@@ -75,17 +75,26 @@ def _inlined(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     graph = model.graph
     producers = {out: n for n in graph.node for out in n.output}
     nodes, added, count = [], [], 0
-    for node in graph.node:
+    for index, node in enumerate(graph.node):
         taken = None
         if node.op_type == "If" and node.domain in ("", "ai.onnx"):
             condition = _condition(node.input[0], model, producers)
             if condition is not None:
                 branch = "then_branch" if condition else "else_branch"
-                taken = next(a.g for a in node.attribute if a.name == branch)
+                taken = onnx.GraphProto()
+                taken.CopyFrom(next(a.g for a in node.attribute if a.name == branch))
         if taken is None:
             nodes.append(node)
             continue
         count += 1
+        # The branch's own values renamed: copies of one If (an unrolled loop's) would define the same names
+        local = [t.name for t in taken.initializer] + [out for n in taken.node for out in n.output if out]
+        names = {name: f"{name}__if{index}" for name in local}
+        for weight in taken.initializer:
+            weight.name = names[weight.name]
+        for inner in taken.node:
+            inner.output[:] = [names.get(o, o) for o in inner.output]
+        _rename_outer(taken, names)
         added.extend(taken.initializer)
         nodes.extend(taken.node)
         for inner, outer in zip(taken.output, node.output):
@@ -109,6 +118,20 @@ def _sequence_items(graph: onnx.GraphProto) -> dict[str, list[str]]:
     return items
 
 
+def _structural_value(node: onnx.NodeProto, items: dict, producers: dict) -> Optional[np.ndarray]:
+    """What a node answers from the graph's structure alone, else None: SequenceLength of a sequence whose items are
+    known (a tuple's length is static); OptionalHasElement where the node that made its input says it (Optional() is
+    empty; Optional(x), and any value a plain op makes, a sequence or a tensor, is not)."""
+    if node.op_type == "SequenceLength" and node.input[0] in items:
+        return np.array(len(items[node.input[0]]), np.int64)
+    if node.op_type != "OptionalHasElement" or not node.input or not node.input[0]:
+        return None
+    source = producers.get(node.input[0])
+    if source is None or source.op_type in ("If", "Loop", "Scan", "Identity", "OptionalGetElement"):
+        return None
+    return np.array(not (source.op_type == "Optional" and not [i for i in source.input if i]))
+
+
 # Only small values are folded (shape arithmetic, trip counts): a weight stays as the model has it (a QDQ pair
 # folded to float would lose its int8 kernel).
 MAX_FOLDED_ELEMENTS = 4096
@@ -127,10 +150,12 @@ def _folded(model: onnx.ModelProto) -> onnx.ModelProto:
     items = _sequence_items(graph)
     opsets = {o.domain: o.version for o in model.opset_import}
     kept, added = [], []
+    producers = {out: n for n in graph.node for out in n.output}
     for node in graph.node:
-        if node.op_type == "SequenceLength" and node.input[0] in items:  # a tuple's length is static
-            values[node.output[0]] = np.array(len(items[node.input[0]]), np.int64)
-            added.append(numpy_helper.from_array(values[node.output[0]], node.output[0]))
+        structural = _structural_value(node, items, producers)
+        if structural is not None:
+            values[node.output[0]] = structural
+            added.append(numpy_helper.from_array(structural, node.output[0]))
             continue
         known = all(i == "" or i in values for i in node.input)
         reads_shape = node.op_type in ("Shape", "Size") and node.input[0] in shapes
@@ -217,6 +242,9 @@ class _Unroller:
             copy = onnx.NodeProto()
             copy.CopyFrom(node)
             copy.input[:] = [names.get(i, i) for i in node.input]
+            for attribute in copy.attribute:  # an If's branches read the body's values by name
+                for graph in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
+                    _rename_outer(graph, names)
             for k, out in enumerate(node.output):
                 if out:
                     names[out] = self.fresh(out)
@@ -245,6 +273,20 @@ class _Unroller:
         return self.emit("Gather", [value, position], self.fresh(value), axis=axis)
 
 
+def _rename_outer(graph: onnx.GraphProto, names: dict[str, str]) -> None:
+    """Rename in place the values `graph` (a subgraph, and its own subgraphs) reads from its enclosing scope."""
+    local = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    local |= {out for node in graph.node for out in node.output}
+    outer = {name: renamed for name, renamed in names.items() if name not in local}
+    for node in graph.node:
+        node.input[:] = [outer.get(i, i) for i in node.input]
+        for attribute in node.attribute:
+            for inner in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
+                _rename_outer(inner, outer)
+    for value in graph.output:
+        value.name = outer.get(value.name, value.name)
+
+
 def _has_subgraphs(graph: onnx.GraphProto) -> bool:
     return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node
                for a in n.attribute)
@@ -256,7 +298,7 @@ def _unrolled_loop(node, model, values, shapes, unroller: _Unroller) -> bool:
     body = _body(node)
     trip = values.get(node.input[0]) if node.input and node.input[0] else None
     start = values.get(node.input[1]) if len(node.input) > 1 and node.input[1] else np.array(True)
-    if trip is None or start is None or not bool(np.asarray(start).reshape(-1)[0]) or _has_subgraphs(body):
+    if trip is None or start is None or not bool(np.asarray(start).reshape(-1)[0]):
         return False
     trips = int(np.asarray(trip).reshape(-1)[0])
     if trips <= 0 or trips * max(len(body.node), 1) > MAX_UNROLLED_NODES:
@@ -421,10 +463,36 @@ def static_control_flow(model: onnx.ModelProto, config: dict) -> onnx.ModelProto
         changed = True
     if not changed:
         return original
+    model = _without_identities(model)
     try:
         return constant_folding(model, config)
     except Exception:  # onnxslim's folding fails on some graphs (a SequenceConstruct of constants): unfolded, then
         return model
+
+
+def _without_identities(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The Identity nodes inlining and unrolling leave, their readers reading the source: TVM's importer takes a
+    sequence of several items through an Identity as its first item (it unpacks what a single-output node returns)."""
+    graph = model.graph
+    keep = {o.name for o in graph.output}
+    source = {n.output[0]: n.input[0] for n in graph.node
+              if n.op_type == "Identity" and n.domain in ("", "ai.onnx") and n.output[0] not in keep}
+    if not source:
+        return model
+    for name in list(source):  # chains: the first value that no dropped Identity made
+        while source[name] in source:
+            source[name] = source[source[name]]
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes = [n for n in out.graph.node if not (n.op_type == "Identity" and n.output and n.output[0] in source)]
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    for node in out.graph.node:
+        node.input[:] = [source.get(i, i) for i in node.input]
+        for attribute in node.attribute:
+            for inner in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
+                _rename_outer(inner, source)
+    return out
 
 
 def _rebuilt(model: onnx.ModelProto, nodes: list, initializers: list, count: int) -> tuple[onnx.ModelProto, int]:

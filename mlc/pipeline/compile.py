@@ -24,6 +24,7 @@ from mlc.passes.registry import QUANTIZE_MODES
 from mlc.pipeline import buckets as bucketing
 from mlc.pipeline import schedules as tuning_records
 from mlc.pipeline import source as sources
+from mlc.pipeline import strings as string_ops
 from mlc.pipeline.options import Buckets, CompileOptions, ModelSpec, recipe, worker_options
 from mlc.pipeline.package import KERNELS, LIBRARY, OBJECTS, default_output, package
 from mlc.pipeline.prepare import (Prepared, References, bind_to_reference, drop_quantization, dynamic_ranges, prepare,
@@ -81,8 +82,10 @@ def compile(model: ModelSpec, options: CompileOptions, step: StepReporter = quie
     plan = plan_compile(model, options)
     with tempfile.TemporaryDirectory(prefix="mlc-compile-") as scratch:
         workdir = Path(scratch)
-        prepared = prepare(plan.model, workdir, timed, static=options.db is not None and not plan.dynamic,
-                           steps=plan.steps, dump_ir=options.pass_options.dump_ir, calibration=options.calibration)
+        strings = string_ops.split(plan.model, options, workdir)  # string ops run on the host around the rest
+        prepared = prepare(strings.numeric if strings else plan.model, workdir, timed,
+                           static=options.db is not None and not plan.dynamic, steps=plan.steps,
+                           dump_ir=options.pass_options.dump_ir, calibration=options.calibration)
         if prepared.declared_dynamic:  # a .pt2's own dynamic dims, as if given with --dynamic
             plan = dataclasses.replace(plan, dynamic=prepared.declared_dynamic,
                                        ranges={d: r for d, r in prepared.declared_dynamic.items() if r})
@@ -100,8 +103,9 @@ def compile(model: ModelSpec, options: CompileOptions, step: StepReporter = quie
             if changed:
                 raise InputError(f"{', '.join(changed)} changed during the compile (its weights were read from it "
                                  "as the compile went); compile again once it is written")
-            manifest, result = _package(plan, prepared, refs, bucket_plan, results, staged, timed)
+            manifest, result = _package(plan, prepared, refs, bucket_plan, results, staged, timed, strings)
     notes = texts(prepared.notes) + texts(result.notes) + _schedule_notes(plan, result)
+    notes += [string_ops.note(manifest.host)] if strings else []
     check_result, verify_notes = _verify(plan, timed)
     if check_result is not None and check_result.gate is not None:  # the gate's figures go into the manifest
         manifest = artifacts.seal(plan.output, manifest.model_copy(update={"gate": check_result.gate.to_json()}))
@@ -298,10 +302,10 @@ def _user_cause(e: CompilerError, plan: CompilePlan, prepared: Prepared, refs: R
 
 
 def _package(plan: CompilePlan, prepared: Prepared, refs: References, bucket_plan: Optional[bucketing.Plan],
-             results: dict[str, WorkerCompileResult], staged: Path, timed: Timer
-             ) -> tuple[Manifest, WorkerCompileResult]:
+             results: dict[str, WorkerCompileResult], staged: Path, timed: Timer,
+             strings: Optional[string_ops.StringModel] = None) -> tuple[Manifest, WorkerCompileResult]:
     """Write the manifest (and the buckets' reference runs) and publish the artifact; returns the manifest and
-    the builds' merged worker result."""
+    the builds' merged worker result. `strings`: the model's string ops, which the artifact runs on the host."""
     result = bucketing.merge_results(list(results.values()))
     bucket_info, bucket_axes = None, []
     if bucket_plan:
@@ -316,6 +320,8 @@ def _package(plan: CompilePlan, prepared: Prepared, refs: References, bucket_pla
                            timings=timed.timings, recipe=recipe(plan.model, plan.options), buckets=bucket_info,
                            bucket_axes=bucket_axes, ranges=plan.ranges,
                            weights=weights)
+        if strings:
+            manifest = string_ops.attach(staged, manifest, strings)
         artifacts.publish(staged, plan.output)
     return manifest, result
 

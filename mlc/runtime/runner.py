@@ -34,7 +34,8 @@ except ImportError:
 # 2: bucketed artifacts (manifest "buckets": one static library per length, inputs padded).
 # 3: weights in a file beside each library (manifest "weights"), passed to `main` after the inputs.
 # 4: CUDA code compiled into the library (manifest runtime.gpu_code), checked against the GPU before loading.
-SCHEMA_VERSION = 4
+# 5: string ops run on the host around the compiled part (manifest "host"; inputs/outputs are then the model's).
+SCHEMA_VERSION = 5
 MANIFEST = "manifest.json"
 # DLDeviceType codes the VM is initialised with.
 _DEVICE_TYPES = {"cpu": 1, "cuda": 2, "metal": 8}
@@ -599,6 +600,12 @@ def validate_feeds(specs: list[dict[str, Any]], feeds: Mapping[str, np.ndarray],
         array = np.asarray(feeds[spec["name"]])
         if spec["dtype"] == "bfloat16":
             array = as_bfloat16(array)
+        if spec["dtype"] == STRING:  # run by the host's ops, not handed to compiled code
+            if array.dtype.kind not in "UOS":
+                raise FeedError(f"input '{spec['name']}' expects strings, got {array.dtype}")
+            arrays.append(_host_ops().as_strings(array))
+            _bind_dims(spec, array, dims)
+            continue
         if array.dtype != spec_dtype(spec["dtype"]):
             raise FeedError(f"input '{spec['name']}' expects dtype {spec['dtype']}, got {array.dtype}")
         _bind_dims(spec, array, dims)
@@ -711,8 +718,13 @@ class _ArtifactRunner:
         if not device_present(self.device_kind):
             raise DeviceMissing(f"this artifact runs on a {self.device_kind.upper()} device and none is usable here "
                                 f"(target {self.manifest['target'].get('name')})")
-        self.inputs: list[dict[str, Any]] = self.manifest["inputs"]
+        self.inputs: list[dict[str, Any]] = self.manifest["inputs"]  # the model's: what a user feeds
         self.outputs: list[dict[str, Any]] = self.manifest["outputs"]
+        # String ops run on the host (mlc.runtime.host_ops) before and after the compiled part, which then takes and
+        # gives core_inputs and core_outputs.
+        self.host: dict[str, Any] | None = self.manifest.get("host")
+        self.core_inputs = self.host["core_inputs"] if self.host else self.inputs
+        self.core_outputs = self.host["core_outputs"] if self.host else self.outputs
         self.buckets: dict[str, Any] | None = self.manifest.get("buckets")
         self.last_bucket: tuple[int, int] | None = None  # (length, bucket) of the last bucketed run
 
@@ -749,6 +761,9 @@ class _ArtifactRunner:
         Bucketed artifacts: inputs are padded to the smallest bucket that fits, outputs sliced back."""
         self._check_open()
         arrays, warnings = self.prepare(feeds)
+        if self.host:
+            outputs, times = self._measure_with_host(arrays, warmup, repeat)
+            return outputs, latency_stats(times) if times else None, warnings
         bucket = None
         if self.buckets:
             arrays, length, bucket = pad_to_bucket(self.buckets, self.inputs, arrays)
@@ -758,6 +773,39 @@ class _ArtifactRunner:
             outputs = slice_outputs(self.buckets["dim"], self.outputs, outputs, length)
         batch = int(arrays[0].shape[0]) if arrays and arrays[0].ndim else 1
         return outputs, latency_stats(times, batch) if times else None, warnings
+
+    def core_arrays(self, arrays: list[np.ndarray]) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+        """The compiled part's inputs for the model's (validated) `arrays`: the host's ops before it run first;
+        with every value computed so far."""
+        values = {spec["name"]: array for spec, array in zip(self.inputs, arrays)}
+        if not self.host:
+            return arrays, values
+        _host_ops().run(self.host, "before", values)
+        try:
+            core = validate_feeds(self.core_inputs, {spec["name"]: values[spec["name"]] for spec in self.core_inputs},
+                                  self.manifest.get("dynamic_ranges"))[0]
+        except FeedError as e:
+            raise FeedError(f"after the model's string ops, the compiled part's {e}") from None
+        return core, values
+
+    def _measure_with_host(self, arrays: list[np.ndarray], warmup: int, repeat: int
+                           ) -> tuple[dict[str, np.ndarray], list[float]]:
+        """The whole model timed call by call: the host's string ops, the compiled part, the copies between."""
+        def call() -> dict[str, np.ndarray]:
+            core, values = self.core_arrays(arrays)
+            values.update(self._measure(core, 0, 0)[0])
+            _host_ops().run(self.host, "after", values)
+            return {spec["name"]: values[spec["name"]] for spec in self.outputs}
+
+        outputs = call()
+        for _ in range(warmup):
+            call()
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        return outputs, times
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.measure(feeds, 0, 0)[0]
@@ -865,7 +913,7 @@ class Runner(_ArtifactRunner):
         one by one over `runs` runs after a warm-up, summed per callee, slowest first. On a GPU each
         call's time is the device's, between CUDA events recorded before and after it on the stream."""
         self._check_open()
-        arrays, _ = self.prepare(feeds)
+        arrays = self.core_arrays(self.prepare(feeds)[0])[0]
         bucket = None
         if self.buckets:
             arrays, _, bucket = pad_to_bucket(self.buckets, self.inputs, arrays)
@@ -937,13 +985,14 @@ class Runner(_ArtifactRunner):
         self._check_open()
         if not device_outputs and not any(_on_device(value) for value in feeds.values()):
             return super().run(feeds)
-        if self.buckets:
-            raise FeedError("a bucketed artifact pads its inputs on the host: give numpy arrays")
+        if self.buckets or self.host:
+            what = "a bucketed artifact pads its inputs" if self.buckets else "this model runs string ops"
+            raise FeedError(f"{what} on the host: give numpy arrays")
         tensors = self._device_feeds(feeds)
         results = _flatten(self._mains[None](*tensors))
         if device_outputs:
-            return {spec["name"]: tensor for spec, tensor in zip(self.outputs, results)}
-        return {spec["name"]: self._to_host(tensor) for spec, tensor in zip(self.outputs, results)}
+            return {spec["name"]: tensor for spec, tensor in zip(self.core_outputs, results)}
+        return {spec["name"]: self._to_host(tensor) for spec, tensor in zip(self.core_outputs, results)}
 
     def _device_feeds(self, feeds: Mapping[str, Any]) -> list[Any]:
         """The feeds as tensors on the artifact's device: those there already as they are, the others checked by
@@ -981,7 +1030,7 @@ class Runner(_ArtifactRunner):
             return _flatten(main(*tensors))
 
         tensors = [self._to_device(a) for a in arrays]  # transfers are not timed
-        outputs = {spec["name"]: self._to_host(r) for spec, r in zip(self.outputs, call(tensors))}
+        outputs = {spec["name"]: self._to_host(r) for spec, r in zip(self.core_outputs, call(tensors))}
         for _ in range(warmup):
             call(tensors)
         self._sync()
@@ -1039,7 +1088,7 @@ class NativeRunner(_ArtifactRunner):
                 raise ArtifactError(f"the native runner failed: {reason}")
             times = json.loads(proc.stdout.strip().splitlines()[-1])["times_ms"]
             results = {spec["name"]: np.load(outputs / f"out_{i}.npy", allow_pickle=False)
-                       for i, spec in enumerate(self.outputs)}
+                       for i, spec in enumerate(self.core_outputs)}
         return results, [t / 1e3 for t in times[warmup:]]
 
     def measure(self, feeds, warmup=3, repeat=50):
@@ -1049,6 +1098,18 @@ class NativeRunner(_ArtifactRunner):
             if stats:
                 stats["emulated"] = True
         return outputs, stats, warnings
+
+
+STRING = "string"  # a string tensor's dtype in the manifest
+
+
+def _host_ops() -> Any:
+    """mlc.runtime.host_ops where mlc is installed, else the copy an artifact with string ops ships beside this file."""
+    try:
+        from mlc.runtime import host_ops
+    except ImportError:
+        import mlc_host_ops as host_ops  # type: ignore[no-redef]
+    return host_ops
 
 
 def _accuracy() -> tuple[Any, Any]:
@@ -1130,7 +1191,10 @@ def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
             for name, array in arrays.items():
                 with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
-                    np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
+                    array = np.asanyarray(array)
+                    if array.dtype == object:  # strings as ONNX Runtime gives them: unicode, never pickled
+                        array = _host_ops().as_strings(array)
+                    np.lib.format.write_array(member, array, allow_pickle=False)
         os.replace(tmp, path)
     except OSError as e:
         raise FeedError(f"cannot write {path}: {e.strerror or e}") from None
