@@ -23,7 +23,6 @@ from mlc.runtime import host_ops
 from mlc.runtime import runner as thin_runtime
 
 HOST_MODULE = "runtime/mlc_host_ops.py"  # the name the thin runtime imports it by in an artifact
-STRING = "string"  # a string tensor's dtype in the manifest
 NUMERIC_MODEL, NUMERIC_INPUTS = "numeric.onnx", "numeric_inputs.npz"
 
 
@@ -53,6 +52,8 @@ def split(model: ModelSpec, options: CompileOptions, workdir: Path) -> Optional[
         return None
     onnx_model = onnx.load(path)  # with its weights: the numeric part is written out whole
     parts = onnx_strings.split(onnx_model)
+    if parts is None:  # a LabelEncoder of numbers, say: nothing for the host
+        return None
     _refuse_options(model, options)
     specs = onnx_frontend.input_specs(onnx_model)
     feeds = _feeds(model, specs, {i for n in onnx_model.graph.node if n.op_type in ("Cast", "CastLike")
@@ -92,8 +93,8 @@ def _refuse_options(model: ModelSpec, options: CompileOptions) -> None:
                                       ("--quantize", options.quantize), ("--precision", options.precision != "fp32"))
              if value]
     if given:
-        raise InputError(f"{given[0]} is not supported yet for a model with string ops (the artifact runs them on the "
-                         "host at the shapes of the --inputs samples, in fp32): compile without it")
+        raise InputError(f"{given[0]} is not supported yet for a model with string ops: compile it without (the dims "
+                         "the model leaves open stay open; --inputs FILE.npz gives the reference inputs)")
 
 
 def _feeds(model: ModelSpec, specs: list, cast: set[str]) -> dict[str, np.ndarray]:
@@ -123,7 +124,7 @@ def _feeds(model: ModelSpec, specs: list, cast: set[str]) -> dict[str, np.ndarra
 
 
 def _dtype(array: np.ndarray) -> str:
-    return STRING if host_ops.is_strings(array) else str(array.dtype)
+    return thin_runtime.STRING if host_ops.is_strings(array) else str(array.dtype)
 
 
 def attach(staged: Path, manifest: Manifest, strings: StringModel) -> Manifest:
@@ -151,4 +152,4 @@ def note(host: HostInfo) -> str:
     ops = [node["op"] for node in host.before + host.after]
     counts = ", ".join(f"{op} x{ops.count(op)}" for op in dict.fromkeys(ops))
     return (f"{len(ops)} string op(s) run on the host in numpy, before and after the compiled part ({counts}): TVM "
-            "compiles numbers only; the artifact's runtime ships them (runtime/mlc_host_ops.py)")
+            f"compiles numbers only; the artifact's runtime ships them ({HOST_MODULE})")

@@ -775,8 +775,8 @@ class _ArtifactRunner:
         return outputs, latency_stats(times, batch) if times else None, warnings
 
     def core_arrays(self, arrays: list[np.ndarray]) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
-        """The compiled part's inputs for the model's (validated) `arrays`: the host's ops before it run first;
-        with every value computed so far."""
+        """The compiled part's inputs for the model's (validated) `arrays`, the host's ops before it run first; and
+        every value computed so far, by name."""
         values = {spec["name"]: array for spec, array in zip(self.inputs, arrays)}
         if not self.host:
             return arrays, values
