@@ -15,20 +15,6 @@ def test_input_specs_keep_symbolic_dims_and_find_index_ranges():
     assert specs["attention_mask"].value_range is None
 
 
-def test_an_index_shifted_by_a_constant_shifts_its_valid_range():
-    """Gather(table, ids + 1), padding ids shifted past a reserved row: ids in [-1, rows - 2], not [0, rows - 1]."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    weights = [numpy_helper.from_array(np.zeros((5, 2), np.float32), "table"),
-               numpy_helper.from_array(np.array(1, np.int64), "one")]
-    graph = helper.make_graph([helper.make_node("Add", ["ids", "one"], ["rows"]),
-                               helper.make_node("Gather", ["table", "rows"], ["y"])], "g",
-                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 2])], weights)
-    (spec,) = frontend.input_specs(helper.make_model(graph))
-    assert spec.value_range == (-1, 3)
-
-
 def test_parse_input_shape():
     assert frontend.parse_input_shape("input_ids:1x128") == ("input_ids", [1, 128])
     assert frontend.parse_input_shape("serving_default:0:1x3") == ("serving_default:0", [1, 3])

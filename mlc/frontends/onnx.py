@@ -233,22 +233,11 @@ def _attach_index_ranges(model: onnx.ModelProto, specs: list[InputSpec]) -> None
     """Integer inputs that are Gather indices into a constant table get that table's range."""
     tables = {init.name: list(init.dims) for init in model.graph.initializer}
     aliases = {s.name: s.name for s in specs}  # value name -> the graph input its values come from
-    shifts = {s.name: 0 for s in specs}  # what Adds (Subs) of a constant integer scalar added to the input's values
-    scalars = {t.name: int(numpy_helper.to_array(t)) for t in model.graph.initializer
-               if t.data_type in (TensorProto.INT32, TensorProto.INT64) and not t.dims}
     for node in model.graph.node:  # topological order
-        if node.op_type in _INDEX_PRESERVING | {"Sub"} and node.output:
-            source = next((i for i in node.input if i in aliases), None)
-            if source is None:
-                continue
-            aliases[node.output[0]] = aliases[source]
-            other = next((scalars[i] for i in node.input[1:] if i in scalars), None)
-            shift = 0
-            if other is not None and node.op_type == "Add":
-                shift = other
-            elif other is not None and node.op_type == "Sub" and node.input[0] == source:
-                shift = -other
-            shifts[node.output[0]] = shifts[source] + shift
+        if node.op_type in _INDEX_PRESERVING and node.output:
+            source = next((aliases[i] for i in node.input if i in aliases), None)
+            if source is not None:
+                aliases[node.output[0]] = source
     by_name = {s.name: s for s in specs}
     for node in model.graph.node:
         # Integer divisors: a zero in the reference inputs would trap (SIGFPE) in the compiled code.
@@ -267,10 +256,8 @@ def _attach_index_ranges(model: onnx.ModelProto, specs: list[InputSpec]) -> None
         spec = by_name[aliases[node.input[1]]]
         if np.dtype(spec.dtype).kind not in "iu":
             continue
-        shift = shifts.get(node.input[1], 0)  # Gather(table, ids + 1): ids in [-1, rows - 2]
-        lo, hi = -shift, table[axis] - 1 - shift
-        spec.value_range = (lo, hi) if spec.value_range is None else (max(lo, spec.value_range[0]),
-                                                                      min(hi, spec.value_range[1]))
+        hi = table[axis] - 1
+        spec.value_range = (0, hi if spec.value_range is None else min(hi, spec.value_range[1]))
 
 
 # Ops whose input 1 indexes input 0 (ScatterND and GatherND index its leading axes).
