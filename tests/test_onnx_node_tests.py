@@ -4,21 +4,10 @@ and ONNX Runtime. mlc must pass each case ONNX Runtime passes; cases TVM cannot 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-RUN = Path(__file__).resolve().parent.parent / "benchmarks" / "onnx_node_tests" / "run.py"
-
-
-@pytest.fixture(scope="module")
-def node_tests():
-    spec = importlib.util.spec_from_file_location("onnx_node_tests_run", RUN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 PASSING = [

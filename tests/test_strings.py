@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,6 @@ from mlc.frontends import onnx_strings
 from mlc.runtime import host_ops
 
 NODE_TESTS = Path(onnx.__file__).parent / "backend" / "test" / "data" / "node"
-RUN = Path(__file__).resolve().parent.parent / "benchmarks" / "onnx_node_tests" / "run.py"
 # Every string node test of onnx 1.17 (ONNX Runtime fails five of them: its locale and float-to-string formatting)
 STRING_CASES = sorted(p.name for p in NODE_TESTS.iterdir()
                       if any(k in p.name for k in ("string", "label_encoder", "STRING", "regex", "strnormalizer")))
@@ -53,14 +51,6 @@ def test_host_ops_compute_the_shipped_outputs(name):
             np.testing.assert_allclose(got, expected, rtol=1e-6)
         else:
             np.testing.assert_array_equal(got, expected)
-
-
-@pytest.fixture(scope="module")
-def node_tests():
-    spec = importlib.util.spec_from_file_location("onnx_node_tests_run", RUN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("name, shipped", [("test_string_split_maxsplit", True),

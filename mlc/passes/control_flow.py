@@ -242,9 +242,8 @@ class _Unroller:
             copy = onnx.NodeProto()
             copy.CopyFrom(node)
             copy.input[:] = [names.get(i, i) for i in node.input]
-            for attribute in copy.attribute:  # an If's branches read the body's values by name
-                for graph in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
-                    _rename_outer(graph, names)
+            for graph in _subgraphs(copy):  # an If's branches read the body's values by name
+                _rename_outer(graph, names)
             for k, out in enumerate(node.output):
                 if out:
                     names[out] = self.fresh(out)
@@ -273,6 +272,12 @@ class _Unroller:
         return self.emit("Gather", [value, position], self.fresh(value), axis=axis)
 
 
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs a node holds as attributes (an If's branches, a Loop's body)."""
+    return [g for a in node.attribute
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs))]
+
+
 def _rename_outer(graph: onnx.GraphProto, names: dict[str, str]) -> None:
     """Rename in place the values `graph` (a subgraph, and its own subgraphs) reads from its enclosing scope."""
     local = {v.name for v in graph.input} | {t.name for t in graph.initializer}
@@ -280,9 +285,8 @@ def _rename_outer(graph: onnx.GraphProto, names: dict[str, str]) -> None:
     outer = {name: renamed for name, renamed in names.items() if name not in local}
     for node in graph.node:
         node.input[:] = [outer.get(i, i) for i in node.input]
-        for attribute in node.attribute:
-            for inner in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
-                _rename_outer(inner, outer)
+        for inner in _subgraphs(node):
+            _rename_outer(inner, outer)
     for value in graph.output:
         value.name = outer.get(value.name, value.name)
 
@@ -489,9 +493,8 @@ def _without_identities(model: onnx.ModelProto) -> onnx.ModelProto:
     out.graph.node.extend(nodes)
     for node in out.graph.node:
         node.input[:] = [source.get(i, i) for i in node.input]
-        for attribute in node.attribute:
-            for inner in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
-                _rename_outer(inner, source)
+        for inner in _subgraphs(node):
+            _rename_outer(inner, source)
     return out
 
 
