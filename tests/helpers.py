@@ -217,10 +217,12 @@ def string_model_onnx(path: Path, sandwich: bool = False) -> Path:
     rng = np.random.default_rng(0)
     table = numpy_helper.from_array(rng.standard_normal((len(WORDS) + 1, 8)).astype(np.float32), "table")
     dense = numpy_helper.from_array(rng.standard_normal((8, len(LABELS))).astype(np.float32), "dense")
-    nodes = [  # unknown words read row 0
+    one = numpy_helper.from_array(np.array(1, np.int64), "one")
+    nodes = [
         helper.make_node("LabelEncoder", ["words"], ["ids"], domain="ai.onnx.ml", keys_strings=WORDS,
-                         values_int64s=list(range(1, len(WORDS) + 1)), default_int64=0),
-        helper.make_node("Gather", ["table", "ids"], ["vectors"]),
+                         values_int64s=list(range(len(WORDS))), default_int64=-1),
+        helper.make_node("Add", ["ids", "one"], ["rows"]),  # unknown words (-1) read row 0
+        helper.make_node("Gather", ["table", "rows"], ["vectors"]),
         helper.make_node("MatMul", ["vectors", "dense"], ["scores"]),
         helper.make_node("ArgMax", ["scores"], ["class"], axis=1, keepdims=0),
         helper.make_node("LabelEncoder", ["class"], ["label"], domain="ai.onnx.ml", keys_int64s=[0, 1],
@@ -235,7 +237,7 @@ def string_model_onnx(path: Path, sandwich: bool = False) -> Path:
         outputs.append(helper.make_tensor_value_info("negated", TensorProto.FLOAT, ["n"]))
     graph = helper.make_graph(nodes, "text_classifier",
                               [helper.make_tensor_value_info("words", TensorProto.STRING, ["n"])],
-                              outputs, [table, dense])
+                              outputs, [table, dense, one])
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
     onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), path)
     return path

@@ -15,6 +15,57 @@ def test_input_specs_keep_symbolic_dims_and_find_index_ranges():
     assert specs["attention_mask"].value_range is None
 
 
+def _index_graph(nodes, extra_inputs=(), constants=None):
+    """ids (int64, 1x3) -> nodes -> Gather(table of 10 rows, "index") -> y."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = numpy_helper.from_array(np.arange(40, dtype=np.float32).reshape(10, 4), "table")
+    inits = [table] + [numpy_helper.from_array(np.array(v, dtype=np.int64), k) for k, v in (constants or {}).items()]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, [1, 3]) for n in ("ids", *extra_inputs)]
+    graph = helper.make_graph([*nodes, helper.make_node("Gather", ["table", "index"], ["y"])], "g", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 4])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("nodes, constants, extra, expected", [
+    # a LabelEncoder's -1 for unknown words, shifted onto row 0: -1 is valid, the last row + 1 reads past the table
+    ([("Add", ["ids", "one"], "index")], {"one": 1}, (), (-1, 8)),
+    # Keras's wrap, Where(ids < 0, ids + vocab, ids): every index from -vocab
+    ([("Less", ["ids", "zero"], "neg"), ("Add", ["ids", "ten"], "wrapped"),
+      ("Where", ["neg", "wrapped", "ids"], "index")], {"zero": 0, "ten": 10}, (), (-10, 9)),
+    ([("Cast", ["ids"], "index")], {}, (), (0, 9)),
+    ([("Mul", ["ids", "two"], "index")], {"two": 2}, (), (0, 4)),
+    # an operand from another input: not followed, the table's rows as if indexed directly
+    ([("Add", ["ids", "offset"], "index")], {}, ("offset",), (0, 9)),
+])
+def test_index_ranges_follow_the_arithmetic_before_the_gather(nodes, constants, extra, expected):
+    from onnx import helper
+
+    made = [helper.make_node(op, ins, [out], **({"to": 7} if op == "Cast" else {})) for op, ins, out in nodes]
+    specs = {s.name: s for s in frontend.input_specs(_index_graph(made, extra, constants))}
+    assert specs["ids"].value_range == expected
+    ids = frontend.make_inputs(list(specs.values()), {"ids": [1, 3], "offset": [1, 3]})["ids"]
+    assert ids.min() >= 0 and ids.max() <= expected[1]  # seeded ids as an eager framework takes them
+
+
+def test_the_runtime_refuses_ids_the_shift_takes_past_the_table_and_takes_those_it_brings_in(tmp_path):
+    """Gather(table, ids + 1): the compiled take reads unchecked, so ids = 9 must be refused (it read other memory
+    before) and ids = -1, row 0, taken."""
+    import onnx
+    from onnx import helper
+
+    from mlc.runtime.runner import FeedError, Runner
+    from helpers import run_mlc
+
+    onnx.save(_index_graph([helper.make_node("Add", ["ids", "one"], ["index"])], constants={"one": 1}),
+              tmp_path / "shift.onnx")
+    run_mlc("compile", tmp_path / "shift.onnx", "-o", tmp_path / "art", check=True)
+    runner = Runner(tmp_path / "art")
+    np.testing.assert_array_equal(runner.run({"ids": np.array([[-1, 8, 0]])})["y"][0, :, 0], [0, 36, 4])
+    with pytest.raises(FeedError, match=r"accepts only \[-1, 8\]"):
+        runner.run({"ids": np.array([[9, 0, 0]])})
+
+
 def test_parse_input_shape():
     assert frontend.parse_input_shape("input_ids:1x128") == ("input_ids", [1, 128])
     assert frontend.parse_input_shape("serving_default:0:1x3") == ("serving_default:0", [1, 3])

@@ -17,6 +17,7 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper, numpy_helper
 
 from mlc.errors import InputError, UnsupportedModelError
+from mlc.frontends.onnx_indices import index_ranges
 from mlc.frontends.options import MAX_DIM
 
 REFERENCE_SEED = 0
@@ -223,8 +224,8 @@ def _sanitize_dim(name: str) -> str:
     return re.sub(r"\W", "_", name) or "dim"
 
 
-# Ops through which token ids keep their meaning on the way to a Gather: casts and reshapes, and the
-# negative-index wrap Keras exports (ids < 0 -> Where/Mul/Add ids + vocab).
+# Ops through which token ids keep their meaning on the way to a Gather, where `index_ranges` cannot follow the
+# arithmetic (an operand from another input): casts and reshapes, and the negative-index wrap Keras exports.
 _INDEX_PRESERVING = {"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Where", "Add", "Mul", "Mod",
                      "Clip", "Max", "Min"}
 
@@ -246,16 +247,18 @@ def _attach_index_ranges(model: onnx.ModelProto, specs: list[InputSpec]) -> None
             spec.divisor = np.dtype(spec.dtype).kind in "iu"
     _attach_index_limits(model, by_name)
     _attach_parameters(model, by_name)
-    for node in model.graph.node:
+    integers = [s.name for s in specs if np.dtype(s.dtype).kind in "iu"]
+    followed = index_ranges(model, integers)
+    for name, interval in followed.items():
+        by_name[name].value_range = interval
+    for node in model.graph.node:  # what the arithmetic could not follow: the table's rows, as if indexed directly
         if node.op_type != "Gather" or len(node.input) < 2 or node.input[1] not in aliases:
             continue
         table = tables.get(node.input[0])
-        if not table:
+        spec = by_name[aliases[node.input[1]]]
+        if not table or spec.name in followed or spec.name not in integers:
             continue
         axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        spec = by_name[aliases[node.input[1]]]
-        if np.dtype(spec.dtype).kind not in "iu":
-            continue
         hi = table[axis] - 1
         spec.value_range = (0, hi if spec.value_range is None else min(hi, spec.value_range[1]))
 
@@ -496,6 +499,7 @@ def make_inputs(specs: list[InputSpec], shapes: dict[str, list[int]],
             value = np.ones(shape, dtype)
         else:
             lo, hi = spec.value_range if spec.value_range else (int(spec.divisor), 3)
+            lo = max(lo, 0) if hi >= 0 else lo  # ids as a framework's eager run takes them (TF refuses negatives)
             if spec.index_limit:
                 hi = min(hi, spec.index_limit - 1)
             value = rng.integers(lo, max(lo, hi) + 1, size=shape).astype(dtype)
