@@ -119,3 +119,22 @@ def test_batch_norm_as_mul_add_by_unsqueezed_constants_is_the_convs_epilogue(tvm
     assert len([n for n in names if re.match("fused_conv2d.*_multiply.*_add.*relu", n)]) == 2, names
     assert len([n for n in names if "transpose" in n]) <= 2, names  # the model's input and output only
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("pool", [dict(op_type="MaxPool", kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4),
+                                  dict(op_type="AveragePool", kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4),
+                                  dict(op_type="AveragePool", kernel_shape=[2, 2], strides=[2, 2])])
+def test_a_pool_after_a_concatenation_pools_each_piece(tvm_tools, pool):
+    """SqueezeNet's fire module before a downsampling: two convs (16 and 24 channels), their concatenation, a pool.
+    Each conv's output is pooled on its own (no concatenation copied at the full resolution), the same values."""
+    weights = {"w0": RNG.standard_normal((16, 8, 1, 1)) * 0.5, "w1": RNG.standard_normal((24, 8, 3, 3)) * 0.3}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"]),
+             helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1] * 4),
+             helper.make_node("Concat", ["c0", "c1"], ["cat"], axis=1),
+             helper.make_node(pool.pop("op_type"), ["cat"], ["p"], **pool),
+             helper.make_node("Relu", ["p"], ["y"])]
+    x = RNG.standard_normal((1, 8, 8, 8)).astype(np.float32)
+    names, actual, expected = _kernels_and_outputs(tvm_tools, _model(nodes, weights, [1, 8, 8, 8], [1, 40, 4, 4]), x)
+    pools = [n for n in names if "pool" in n]
+    assert len(pools) == 2, names  # one per piece (16 and 24 channels: two kernels)
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)

@@ -3,7 +3,8 @@ relax.clip, so it wraps every clip between two NHWC convs in permute_dims to NCH
 each such clip became a transpose-clip-transpose kernel of its own instead of the conv's epilogue
 (mobilenetv2: 4 kernels, ~0.7 ms of 13). `cancel_transposes` rewrites permute_dims(op(permute_dims(x, p)), q)
 with q after p the identity to op(x), for elementwise ops of one tensor input; `lrn_as_window_sum` rewrites ONNX LRN
-(a 3-d pool over channels) on the layout ConvertLayout chose. Before ConvertLayout, `full_rank_constants` rewrites
+(a 3-d pool over channels) on the layout ConvertLayout chose; `pools_before_concat` pools each piece of a
+concatenation instead of the concatenated tensor. Before ConvertLayout, `full_rank_constants` rewrites
 binary ops with (C, 1, 1) constants, which it would otherwise leave in NCHW between transposes (inception v1 / v2,
 #39; benchmarks/inception). Imports tvm."""
 
@@ -199,6 +200,43 @@ def lrn_as_window_sum(mod):
     return relax.transform.DeadCodeElimination()(rewrite_functions(Rewrite(mod), mod))
 
 
+POOLS = ("relax.nn.max_pool2d", "relax.nn.avg_pool2d")
+
+
+def pools_before_concat(mod):
+    """pool(concat(pieces)) -> concat(pool(piece), ...) where the concatenation's axis is not one the pool slides
+    over (channels): a concatenation before a pool (SqueezeNet's fire modules before each downsampling, Inception's
+    blocks before their pool branch) was a copy kernel of its own at the full resolution; the pieces' pools read what
+    the pool read, and the smaller concatenation is left to its consumer's kernel."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    concat = tvm.ir.Op.get("relax.concat")
+    pools = [tvm.ir.Op.get(name) for name in POOLS]
+
+    @mutator
+    class Rewrite(PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if not any(call.op.same_as(op) for op in pools):
+                return call
+            source = call.args[0]
+            source = self.lookup_binding(source) if isinstance(source, relax.Var) else source
+            if not isinstance(source, tvm.ir.Call) or not source.op.same_as(concat):
+                return call
+            pieces = source.args[0]
+            pieces = self.lookup_binding(pieces) if isinstance(pieces, relax.Var) else pieces
+            layout = str(call.attrs.layout)
+            axis = int(source.attrs.axis) % len(layout) if source.attrs.axis is not None else None
+            if not isinstance(pieces, relax.Tuple) or axis is None or not layout.isupper() or layout[axis] in "DHW":
+                return call
+            pooled = [relax.Call(call.op, [piece], call.attrs) for piece in pieces.fields]
+            return relax.op.concat(relax.Tuple(pooled), axis)
+
+    return relax.transform.DeadCodeElimination()(rewrite_functions(Rewrite(mod), mod))
+
+
 def _each_optional(mod, rewrites):
     """Each rewrite in turn, an optimisation: skipped (the module as it was) where it fails."""
     for rewrite in rewrites:
@@ -215,4 +253,4 @@ def before_convert_layout(mod):
 
 def after_convert_layout(mod):
     """Also where ConvertLayout failed: the LRN rewrite pays in NCHW too."""
-    return _each_optional(mod, (cancel_transposes, lrn_as_window_sum))
+    return _each_optional(mod, (cancel_transposes, lrn_as_window_sum, pools_before_concat))
