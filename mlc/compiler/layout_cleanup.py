@@ -206,8 +206,8 @@ POOLS = ("relax.nn.max_pool2d", "relax.nn.avg_pool2d")
 def pools_before_concat(mod):
     """pool(concat(pieces)) -> concat(pool(piece), ...) where the concatenation's axis is not one the pool slides
     over (channels): a concatenation before a pool (SqueezeNet's fire modules before each downsampling, Inception's
-    blocks before their pool branch) was a copy kernel of its own at the full resolution; the pieces' pools read what
-    the pool read, and the smaller concatenation is left to its consumer's kernel."""
+    blocks before their pool branch) is a copy kernel of its own; pooled first, it copies the pooled pieces (a
+    quarter of the bytes after a stride-2 pool), and the pools read what the one pool read."""
     import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
