@@ -21,6 +21,21 @@ def _axes(call):
     return None if axes is None else [int(a) for a in axes]
 
 
+def _bound(mutator_, expr):
+    """What a Relax variable is bound to in the function `mutator_` is rewriting; any other expression as it is."""
+    from tvm import relax
+
+    return mutator_.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+
+
+def _call_of(mutator_, expr, ops):
+    """The call `expr` is (or is bound to), if it calls one of `ops`; else None."""
+    import tvm
+
+    expr = _bound(mutator_, expr)
+    return expr if isinstance(expr, tvm.ir.Call) and any(expr.op.same_as(op) for op in ops) else None
+
+
 def cancel_transposes(mod):
     import tvm
     from tvm import relax
@@ -29,23 +44,16 @@ def cancel_transposes(mod):
     permute = tvm.ir.Op.get("relax.permute_dims")
     elementwise = {tvm.ir.Op.get(name) for name in ELEMENTWISE}
 
-    def call_of(mutator_, expr, ops):
-        if isinstance(expr, relax.Var):
-            expr = mutator_.lookup_binding(expr)
-        if isinstance(expr, tvm.ir.Call) and any(expr.op.same_as(op) for op in ops):
-            return expr
-        return None
-
     @mutator
     class Rewrite(PyExprMutator):
         def visit_call_(self, call):
             call = super().visit_call_(call)
             if not call.op.same_as(permute):
                 return call
-            inner = call_of(self, call.args[0], elementwise)
+            inner = _call_of(self, call.args[0], elementwise)
             if inner is None:
                 return call
-            source = call_of(self, inner.args[0], [permute])
+            source = _call_of(self, inner.args[0], [permute])
             outer_axes, inner_axes = _axes(call), source is not None and _axes(source)
             if not outer_axes or not inner_axes or len(outer_axes) != len(inner_axes):
                 return call
@@ -221,12 +229,10 @@ def pools_before_concat(mod):
             call = super().visit_call_(call)
             if not any(call.op.same_as(op) for op in pools):
                 return call
-            source = call.args[0]
-            source = self.lookup_binding(source) if isinstance(source, relax.Var) else source
-            if not isinstance(source, tvm.ir.Call) or not source.op.same_as(concat):
+            source = _call_of(self, call.args[0], [concat])
+            if source is None:
                 return call
-            pieces = source.args[0]
-            pieces = self.lookup_binding(pieces) if isinstance(pieces, relax.Var) else pieces
+            pieces = _bound(self, source.args[0])
             layout = str(call.attrs.layout)
             axis = int(source.attrs.axis) % len(layout) if source.attrs.axis is not None else None
             if not isinstance(pieces, relax.Tuple) or axis is None or not layout.isupper() or layout[axis] in "DHW":
